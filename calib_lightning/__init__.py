@@ -1,0 +1,20 @@
+"""Calibration diagnostics for neural posterior estimators, for PyTorch Lightning.
+
+Metrics (torchmetrics), their functional cores, and Lightning callbacks that check
+a conditional normalizing flow while it trains.
+"""
+
+from calib_lightning import functional, kernels, tasks
+from calib_lightning.metrics import KCCSD
+from calib_lightning.posteriors import Posterior, as_posterior
+
+__all__ = [
+    "KCCSD",
+    "Posterior",
+    "as_posterior",
+    "functional",
+    "kernels",
+    "tasks",
+]
+
+__version__ = "0.1.0"
