@@ -220,7 +220,7 @@ class KCCSD(Metric):
 
     def compute(self) -> dict[str, Tensor]:
         """Statistic, p-value, bandwidths and the number of pairs used."""
-        if not self.theta:
+        if isinstance(self.theta, list) and not self.theta:
             raise ValueError("KCCSD.compute() needs at least one update, got none")
         theta, score = dim_zero_cat(self.theta), dim_zero_cat(self.score)
         base_scores = dim_zero_cat(self.base_scores) if self.distribution_kernel else None

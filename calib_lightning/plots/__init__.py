@@ -1,0 +1,7 @@
+"""Matplotlib figures for TensorBoard and files, one module per diagnostic.
+
+Every function returns a :class:`matplotlib.figure.Figure` and never calls
+``plt.show``, so callbacks can hand it to ``SummaryWriter.add_figure``.
+"""
+
+__all__: list[str] = []

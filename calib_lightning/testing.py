@@ -1,0 +1,92 @@
+"""Helpers for testing metrics under ``torch.distributed`` on the CPU.
+
+:func:`run_distributed` forks ``world_size`` processes that join one gloo process
+group and run a function; it returns what each rank returned. Forking (rather than
+spawning) lets tests pass local closures.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import os
+import tempfile
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["run_distributed"]
+
+
+def _worker(
+    fn: Callable[[int, int], Any], rank: int, world_size: int, init_file: str, queue: Any
+) -> None:
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group(
+            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size
+        )
+        try:
+            result = fn(rank, world_size)
+        finally:
+            dist.destroy_process_group()
+        buffer = io.BytesIO()
+        torch.save(_to_plain(result), buffer)  # bytes: no shared-memory tensor handles
+        queue.put((rank, "ok", buffer.getvalue()))
+    except BaseException:  # report any failure to the parent instead of hanging it
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def _to_plain(value: Any) -> Any:
+    """Tensors become detached CPU clones."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, dict):
+        return {k: _to_plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_to_plain(v) for v in value)
+    return value
+
+
+def run_distributed(
+    fn: Callable[[int, int], Any], world_size: int = 2, timeout: float = 120.0
+) -> list[Any]:
+    """Run ``fn(rank, world_size)`` in ``world_size`` processes joined by a gloo group.
+
+    Arguments:
+        fn: the function each rank runs; it may be a closure.
+        world_size: number of processes.
+        timeout: seconds to wait for all ranks.
+
+    Returns:
+        The return values, indexed by rank.
+
+    Raises:
+        RuntimeError: with the rank's traceback if any rank failed or timed out.
+    """
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "init")
+        procs = [
+            ctx.Process(target=_worker, args=(fn, rank, world_size, init_file, queue))
+            for rank in range(world_size)
+        ]
+        for proc in procs:
+            proc.start()
+        results: dict[int, Any] = {}
+        try:
+            for _ in range(world_size):
+                rank, status, value = queue.get(timeout=timeout)
+                if status != "ok":
+                    raise RuntimeError(f"rank {rank} failed:\n{value}")
+                results[rank] = torch.load(io.BytesIO(value), weights_only=False)
+        finally:
+            for proc in procs:
+                proc.join(timeout=10)
+                if proc.is_alive():
+                    proc.kill()
+    return [results[rank] for rank in range(world_size)]
