@@ -25,7 +25,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -218,26 +219,42 @@ def _to_standard_normal(dist: Distribution, value: Tensor) -> Tensor:
     )
 
 
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 class NflowsPosterior(Posterior):
     """Adapter for an ``nflows.flows.Flow`` conditioned on ``x`` through its context.
 
     nflows works on flat batches: ``(*, N, D)`` inputs are flattened and the
-    context repeated, then reshaped back.
+    context repeated, then reshaped back. nflows draws its base noise in torch's
+    default dtype; the adapter samples under the flow's own dtype so float64 flows
+    work.
 
     Arguments:
         module: an ``nflows.flows.base.Flow``.
     """
 
+    def _dtype(self, x: Tensor) -> torch.dtype:
+        param = next(iter(self.module.parameters()), None)
+        return param.dtype if param is not None else x.dtype
+
     def sample(self, x: Tensor, num_samples: int) -> Tensor:
         num_samples = _check_num_samples(num_samples)
         x = _check_x(x)
-        with torch.no_grad():
+        with torch.no_grad(), _default_dtype(self._dtype(x)):
             return self.module.sample(num_samples, context=x).transpose(0, 1)
 
     def sample_and_log_prob(self, x: Tensor, num_samples: int) -> tuple[Tensor, Tensor]:
         num_samples = _check_num_samples(num_samples)
         x = _check_x(x)
-        with torch.no_grad():
+        with torch.no_grad(), _default_dtype(self._dtype(x)):
             theta, log_prob = self.module.sample_and_log_prob(num_samples, context=x)
         return theta.transpose(0, 1), log_prob.transpose(0, 1)
 
