@@ -138,6 +138,8 @@ def check_pairs(theta: Tensor, x: Tensor, *, min_rows: int = 1) -> tuple[Tensor,
         raise ValueError(
             f"x must be on the same device as theta ({theta.device}), got {x.device}"
         )
+    if x.is_floating_point() and x.dtype != theta.dtype:
+        raise ValueError(f"x must have the same dtype as theta ({theta.dtype}), got {x.dtype}")
     return theta, x
 
 

@@ -22,6 +22,14 @@ from calib_lightning.functional.samples import (
     mmd,
     vendi_score,
 )
+from calib_lightning.functional.skce import (
+    gaussian_mmd_sq,
+    sample_mmd_sq,
+    skce_matrix_gaussian,
+    skce_matrix_samples,
+    skce_test,
+    wasserstein_sq_gaussian,
+)
 from calib_lightning.functional.tarp import (
     expected_coverage,
     tarp,
@@ -42,6 +50,7 @@ __all__ = [
     "frechet_distance",
     "frechet_distance_from_moments",
     "gaussian_base_points",
+    "gaussian_mmd_sq",
     "gaussian_moments",
     "kccsd",
     "kccsd_matrix",
@@ -50,6 +59,10 @@ __all__ = [
     "mmd",
     "posterior_scores",
     "rademacher",
+    "sample_mmd_sq",
+    "skce_matrix_gaussian",
+    "skce_matrix_samples",
+    "skce_test",
     "tarp",
     "tarp_counts",
     "tarp_fit_scale",
@@ -59,5 +72,6 @@ __all__ = [
     "u_statistic",
     "uniform_multinomial",
     "vendi_score",
+    "wasserstein_sq_gaussian",
     "wild_bootstrap",
 ]

@@ -1,0 +1,383 @@
+"""KCCSD: signs (Stein identity), exact algebra, bootstrap moments, level, power, gradients."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from torch.distributions import Independent, MultivariateNormal, Normal
+
+import calib_lightning as cl
+from calib_lightning import kernels
+from calib_lightning.functional import (
+    bootstrap_p_value,
+    gaussian_base_points,
+    kccsd,
+    kccsd_matrix,
+    kccsd_test,
+    posterior_scores,
+    u_statistic,
+    wild_bootstrap,
+)
+from calib_lightning.tasks import HGM, LGM, MGM, QGM
+
+F64 = torch.float64
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+# -- signs and algebra ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel", ["rbf", "imq"])
+def test_stein_identity_holds_under_the_model_and_fails_off_it(kernel):
+    """E_{Y~P} h((P, Y), (P', y')) = 0 for fixed (P', y'): every sign and argument
+    order of the Stein kernel matters here. Under Y ~ Q != P it must not vanish."""
+    g = _gen(0)
+    d, n = 2, 400_000
+    chol = torch.tensor([[1.0, 0.0], [0.6, 0.8]], dtype=F64)
+    p = MultivariateNormal(torch.tensor([0.5, -0.3], dtype=F64), scale_tril=chol)
+    p_other = MultivariateNormal(torch.tensor([1.0, 1.0], dtype=F64), 0.5 * torch.eye(d, dtype=F64))
+    y_fixed = torch.tensor([[0.2, 0.7]], dtype=F64)
+    s_fixed = cl.as_posterior(lambda x: p_other.expand((1,))).score(y_fixed, y_fixed)
+
+    def mean_and_se(y):
+        s = cl.as_posterior(lambda x: p.expand((len(x),))).score(y, y)
+        h = kernels.stein_kernel(y, s, y_fixed, s_fixed, kernel, 1.1)[:, 0]
+        return float(h.mean()), float(h.std() / n**0.5)
+
+    y = p.mean + torch.randn(n, d, generator=g, dtype=F64) @ chol.T
+    mean, se = mean_and_se(y)
+    assert abs(mean) < 4 * se
+    mean, se = mean_and_se(y + torch.tensor([0.8, 0.0], dtype=F64))  # Y ~ Q, shifted
+    assert abs(mean) > 10 * se
+
+
+def _naive_statistic(theta, score, base_scores, ell, sigma):
+    """2 / (n (n-1)) sum_{i<j} k(P_i, P_j) h_ij with every term written out."""
+    n, d = theta.shape
+    m = base_scores.shape[1]
+    total = 0.0
+    for i in range(n):
+        for j in range(i + 1, n):
+            r = theta[i] - theta[j]
+            q = float(r @ r)
+            lij = np.exp(-q / (2 * ell**2))
+            grad_i = -r / ell**2 * lij  # grad_{y_i} l
+            grad_j = r / ell**2 * lij  # grad_{y_j} l
+            trace = lij * (d / ell**2 - q / ell**4)
+            h = lij * float(score[i] @ score[j]) + float(score[i] @ grad_j)
+            h = h + float(score[j] @ grad_i) + trace
+            gfd = sum(float(((base_scores[i, k] - base_scores[j, k]) ** 2).sum()) for k in range(m))
+            total += np.exp(-gfd / m / (2 * sigma**2)) * h
+    return 2 * total / (n * (n - 1))
+
+
+def test_vectorized_statistic_equals_naive_double_loop():
+    g = _gen(1)
+    n, m, d = 9, 5, 3
+    theta, score = (
+        torch.randn(n, d, generator=g, dtype=F64),
+        torch.randn(n, d, generator=g, dtype=F64),
+    )
+    base_scores = torch.randn(n, m, d, generator=g, dtype=F64)
+    ell, sigma = 1.7, 2.3
+    naive = _naive_statistic(theta, score, base_scores, ell, sigma)
+    kwargs = {"bandwidth": ell, "distribution_bandwidth": sigma}
+    matrix = kccsd_matrix(theta, score, base_scores, **kwargs)
+    assert torch.equal(torch.diagonal(matrix), torch.zeros(n, dtype=F64))
+    torch.testing.assert_close(u_statistic(matrix), torch.tensor(naive, dtype=F64))
+    # the block-wise test gives the same statistic whatever the block size
+    for block_size in (1, 4, 100):
+        out = kccsd_test(
+            theta, score, base_scores, num_bootstrap=10, block_size=block_size, **kwargs
+        )
+        torch.testing.assert_close(out["statistic"], torch.tensor(naive, dtype=F64))
+
+
+def test_bootstrap_draws_have_exact_mean_and_variance_by_enumeration():
+    g = _gen(2)
+    n = 8
+    a = torch.randn(n, n, generator=g, dtype=F64)
+    matrix = (a + a.T).fill_diagonal_(0.0)
+    signs = torch.tensor(list(itertools.product([-1.0, 1.0], repeat=n)), dtype=F64).T  # (n, 2^n)
+    draws = wild_bootstrap(matrix, weights=signs)
+    assert draws.shape == (2**n,)
+    assert abs(float(draws.mean())) < 1e-12
+    expected_var = 2 * float((matrix**2).sum()) / (n * (n - 1)) ** 2
+    assert float(draws.var(unbiased=False)) == pytest.approx(expected_var, rel=1e-12)
+    # and random multipliers are signs, shaped (*, B)
+    random_draws = wild_bootstrap(matrix.expand(3, n, n), 1000, _gen(3))
+    assert random_draws.shape == (3, 1000)
+
+
+def test_bootstrap_p_value_formula():
+    draws = torch.tensor([[0.1, 0.2, 0.3, 0.4], [1.0, 2.0, 3.0, 4.0]])
+    p = bootstrap_p_value(torch.tensor([0.25, 5.0]), draws)
+    torch.testing.assert_close(p, torch.tensor([(1 + 2) / 5, 1 / 5]))
+
+
+# -- level and power, vectorized over datasets -------------------------------------------
+
+
+def _batched_test(model, truth, n, reps, seed, kernel="rbf", distribution_kernel="gfd"):
+    """p-values of `reps` independent datasets of size n, tested in one batched call."""
+    g = _gen(seed)
+    theta, x = truth.sample(n * reps, g)
+    base = gaussian_base_points(theta, 32, g)
+    score, base_scores = posterior_scores(model, theta, x, base)
+    d = theta.shape[1]
+    out = kccsd_test(
+        theta.reshape(reps, n, d),
+        score.reshape(reps, n, d),
+        base_scores.reshape(reps, n, -1, d),
+        base,
+        kernel=kernel,
+        distribution_kernel=distribution_kernel,
+        num_bootstrap=500,
+        generator=g,
+        block_size=256,
+    )
+    return out["p_value"].numpy()
+
+
+def _max_excess(p_values):
+    alphas = np.linspace(0.01, 1.0, 100)
+    ecdf = (p_values[None, :] <= alphas[:, None]).mean(1)
+    return float((ecdf - alphas).max())
+
+
+@pytest.mark.parametrize(
+    ("model", "kernel", "distribution_kernel"),
+    [
+        (MGM(0.0, dtype=F64), "rbf", "gfd"),
+        (MGM(0.0, dtype=F64), "imq", "kgfd"),
+        (LGM(0.0, dtype=F64), "rbf", "gfd"),
+        (LGM(0.0, dtype=F64), "imq", "kgfd"),
+    ],
+    ids=["MGM-rbf-gfd", "MGM-imq-kgfd", "LGM-rbf-gfd", "LGM-imq-kgfd"],
+)
+def test_level_on_calibrated_models(model, kernel, distribution_kernel):
+    p = _batched_test(model, model, n=100, reps=200, seed=10, kernel=kernel,
+                      distribution_kernel=distribution_kernel)  # fmt: skip
+    assert _max_excess(p) < 0.1
+    assert 0.01 <= (p <= 0.05).mean() <= 0.10
+
+
+@pytest.mark.parametrize(
+    ("truth", "model"),
+    [(HGM(0.0), HGM(1.0)), (QGM(0.0), QGM(1.0)), (MGM(0.0), MGM(0.1))],
+    ids=["HGM", "QGM", "MGM-shift-0.1"],
+)
+def test_power_grows_with_n(truth, model):
+    rates = [
+        float((_batched_test(model, truth, n=n, reps=100, seed=20 + n) <= 0.05).mean())
+        for n in (32, 128, 512)
+    ]
+    assert rates[0] < rates[1] < rates[2] or rates[1] == rates[2] == 1.0, rates
+    assert rates[2] >= 0.6, rates
+
+
+# -- differentiability ------------------------------------------------------------------
+
+
+class LinearGaussian(torch.nn.Module):
+    def __init__(self, d=2, x_dim=2):
+        super().__init__()
+        g = _gen(4)
+        self.weight = torch.nn.Parameter(torch.randn(d, x_dim, generator=g, dtype=F64))
+        self.bias = torch.nn.Parameter(0.1 * torch.randn(d, generator=g, dtype=F64))
+        self.log_scale = torch.nn.Parameter(0.2 * torch.randn(d, generator=g, dtype=F64))
+
+    def forward(self, x):
+        return Independent(Normal(x @ self.weight.T + self.bias, self.log_scale.exp()), 1)
+
+
+def test_gradcheck_of_statistic_with_respect_to_model_parameters():
+    g = _gen(5)
+    module = LinearGaussian()
+    theta = torch.randn(6, 2, generator=g, dtype=F64)
+    x = torch.randn(6, 2, generator=g, dtype=F64)
+    base = torch.randn(4, 2, generator=g, dtype=F64)
+    params = tuple(module.parameters())
+
+    def statistic(weight, bias, log_scale):
+        def model(x):
+            return Independent(Normal(x @ weight.T + bias, log_scale.exp()), 1)
+
+        out = kccsd(model, theta, x, bandwidth=1.0, distribution_bandwidth=1.5, base_points=base,
+                    num_bootstrap=1, create_graph=True)  # fmt: skip
+        return out["statistic"]
+
+    assert torch.autograd.gradcheck(statistic, params, eps=1e-6, atol=1e-7)
+
+
+# -- the metric ---------------------------------------------------------------------------
+
+
+def _data(n=120, seed=6, model=None):
+    model = model or MGM(0.0, dtype=F64)
+    theta, x = model.sample(n, _gen(seed))
+    return model, theta, x
+
+
+def test_metric_many_small_updates_equal_one_big_update():
+    model, theta, x = _data()
+    one = cl.KCCSD()
+    one.update(model, theta, x)
+    many = cl.KCCSD()
+    for start in range(0, 120, 25):
+        many.update(model, theta[start : start + 25], x[start : start + 25])
+    # the base measure is fitted on the first batch, so fix it to compare exactly
+    many_fixed, one_fixed = (
+        cl.KCCSD(base_points=one.base_points),
+        cl.KCCSD(base_points=one.base_points),
+    )
+    one_fixed.update(model, theta, x)
+    for start in range(0, 120, 25):
+        many_fixed.update(model, theta[start : start + 25], x[start : start + 25])
+    a, b = one_fixed.compute(), many_fixed.compute()
+    for key in ("statistic", "p_value", "bandwidth", "distribution_bandwidth"):
+        torch.testing.assert_close(a[key], b[key])
+    assert int(many.compute()["num_samples"]) == 120
+
+
+def test_metric_result_does_not_depend_on_data_order():
+    model, theta, x = _data()
+    perm = torch.randperm(120, generator=_gen(7))
+    base = gaussian_base_points(theta, 16, _gen(8))
+    a, b = cl.KCCSD(base_points=base), cl.KCCSD(base_points=base)
+    a.update(model, theta, x)
+    b.update(model, theta[perm], x[perm])
+    torch.testing.assert_close(a.compute()["p_value"], b.compute()["p_value"])
+    torch.testing.assert_close(a.compute()["statistic"], b.compute()["statistic"])
+
+
+def test_metric_two_process_ddp_equals_one_process():
+    from calib_lightning.testing import run_distributed
+
+    model, theta, x = _data(n=160)
+
+    def rank_fn(rank, world_size):
+        metric = cl.KCCSD(distribution_kernel="kgfd")
+        rows = slice(rank, None, world_size)  # interleaved split, unequal batches
+        metric.update(model, theta[rows][:50], x[rows][:50])
+        metric.update(model, theta[rows][50:], x[rows][50:])
+        return metric.compute()
+
+    results = run_distributed(rank_fn, world_size=2)
+    # under DDP the base measure is fitted on the pooled first batches of both ranks;
+    # the one-process reference is given the same base points
+    reference = cl.KCCSD(distribution_kernel="kgfd", base_points=_pooled_base(theta))
+    reference.update(model, theta, x)
+    expected = reference.compute()
+    for result in results:
+        for key in ("statistic", "p_value", "num_samples"):
+            torch.testing.assert_close(result[key], expected[key])
+
+
+def _pooled_base(theta):
+    """The base points a KCCSD fits from the union of both ranks' first batches."""
+    metric = cl.KCCSD(distribution_kernel="kgfd")
+    metric._fit_base_points(torch.cat([theta[0::2][:50], theta[1::2][:50]]))
+    return metric.base_points
+
+
+def test_forward_returns_a_differentiable_batch_statistic_and_accumulates():
+    module = LinearGaussian()
+    g = _gen(9)
+    theta, x = (
+        torch.randn(40, 2, generator=g, dtype=F64),
+        torch.randn(40, 2, generator=g, dtype=F64),
+    )
+    metric = cl.KCCSD(num_bootstrap=50)
+    out = metric(module, theta[:20], x[:20])
+    assert out["statistic"].requires_grad
+    out["statistic"].backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in module.parameters())
+    metric(module, theta[20:], x[20:])
+    assert int(metric.compute()["num_samples"]) == 40
+    assert not metric.theta[0].requires_grad  # stored states hold no graph
+    with torch.no_grad():
+        assert not metric(module, theta[:5], x[:5])["statistic"].requires_grad
+
+
+def test_state_dict_round_trip_keeps_the_base_points():
+    model, theta, x = _data()
+    metric = cl.KCCSD()
+    metric.update(model, theta[:60], x[:60])
+    restored = cl.KCCSD()
+    restored.load_state_dict(metric.state_dict())
+    torch.testing.assert_close(restored.base_points, metric.base_points)
+    metric.update(model, theta[60:], x[60:])
+    restored.update(model, theta, x)
+    torch.testing.assert_close(restored.compute()["p_value"], metric.compute()["p_value"])
+
+
+def test_memory_bound_warns_and_keeps_max_samples():
+    model, theta, x = _data()
+    metric = cl.KCCSD(max_samples=100)
+    metric.update(model, theta[:80], x[:80])
+    with pytest.warns(UserWarning, match="at most max_samples=100"):
+        metric.update(model, theta[80:], x[80:])
+    assert int(metric.compute()["num_samples"]) == 100
+
+
+def test_without_distribution_kernel():
+    model, theta, x = _data()
+    out = kccsd(model, theta, x, distribution_kernel=None, generator=_gen(1))
+    assert torch.isnan(out["distribution_bandwidth"])
+    assert 0 < float(out["p_value"]) <= 1
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+
+def test_bad_input_raises_value_errors_naming_the_argument():
+    model, theta, x = _data(n=10)
+    metric = cl.KCCSD()
+    with (
+        pytest.raises(ValueError, match="needs at least one update"),
+        pytest.warns(UserWarning, match="called before the ``update``"),
+    ):
+        metric.compute()
+    bad = theta.clone()
+    bad[3, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"theta must be finite, got 1 NaN/inf entries in 1 of 10"):
+        metric.update(model, bad, x)
+    with pytest.raises(ValueError, match=r"theta must have shape \(N, D\), got \(10,\)"):
+        metric.update(model, theta[:, 0], x)
+    with pytest.raises(ValueError, match=r"x must have the same number of rows as theta \(10\)"):
+        metric.update(model, theta, x[:5])
+    with pytest.raises(ValueError, match=r"x must have the same dtype as theta"):
+        metric.update(model, theta, x.float())
+    metric.update(model, theta[:1], x[:1])
+    with pytest.raises(ValueError, match=r"at least N >= 2 calibration pairs, got N = 1"):
+        metric.compute()
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        cl.KCCSD(kernel="gauss")
+    with pytest.raises(ValueError, match="distribution_kernel must be one of"):
+        cl.KCCSD(distribution_kernel="mmd")
+    with pytest.raises(ValueError, match="num_bootstrap must be a positive integer"):
+        cl.KCCSD(num_bootstrap=0)
+    fixed = cl.KCCSD(base_points=torch.zeros(4, 3, dtype=F64))
+    with pytest.raises(ValueError, match="theta must have D = 3 columns like base_points"):
+        fixed.update(model, theta, x)
+    with pytest.raises(ValueError, match="N >= 2"):
+        kccsd(model, theta[:1], x[:1])
+
+
+def test_non_finite_scores_are_reported():
+    def broken(x):
+        loc = torch.zeros_like(x)
+        loc[0] = float("nan")
+        return Independent(Normal(loc, 1.0, validate_args=False), 1)
+
+    g = _gen(3)
+    theta, x = torch.randn(6, 2, generator=g), torch.randn(6, 2, generator=g)
+    with pytest.raises(
+        ValueError, match=r"score at the base points must be finite, .* in 1 of 6 rows"
+    ):
+        kccsd(broken, theta, x)

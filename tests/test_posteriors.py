@@ -1,0 +1,230 @@
+"""Posterior adapters: one shape convention, correct scores and latents for every backend."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import zuko
+from nflows.distributions.normal import ConditionalDiagonalNormal, StandardNormal
+from nflows.flows.base import Flow
+from nflows.transforms import CompositeTransform, MaskedAffineAutoregressiveTransform
+from scipy import stats
+from torch.distributions import (
+    AffineTransform,
+    ExpTransform,
+    Independent,
+    MultivariateNormal,
+    Normal,
+    TransformedDistribution,
+)
+
+import calib_lightning as cl
+from calib_lightning.posteriors import DistributionPosterior, NflowsPosterior
+
+D, X = 3, 2
+
+
+def zuko_flow(dtype=torch.float64):
+    torch.manual_seed(0)
+    flow = zuko.flows.NSF(features=D, context=X, transforms=2, hidden_features=(16,))
+    return flow.to(dtype)
+
+
+def nflows_flow(base="standard", dtype=torch.float64):
+    torch.manual_seed(0)
+    transform = CompositeTransform(
+        [
+            MaskedAffineAutoregressiveTransform(features=D, hidden_features=16, context_features=X),
+            MaskedAffineAutoregressiveTransform(features=D, hidden_features=16, context_features=X),
+        ]
+    )
+    if base == "standard":
+        distribution = StandardNormal([D])
+    else:
+        distribution = ConditionalDiagonalNormal([D], context_encoder=torch.nn.Linear(X, 2 * D))
+    return Flow(transform, distribution).to(dtype)
+
+
+def mvn_model():
+    torch.manual_seed(1)
+    weight = torch.randn(D, X, dtype=torch.float64)
+    a = torch.randn(D, D, dtype=torch.float64)
+    cov = a @ a.T + D * torch.eye(D, dtype=torch.float64)
+
+    def model(x):
+        return MultivariateNormal(x @ weight.T, covariance_matrix=cov)
+
+    return model, weight, cov
+
+
+def transformed_model(x):
+    base = Independent(Normal(x[:, :1].expand(-1, D).clone(), 0.5), 1)
+    return TransformedDistribution(base, [AffineTransform(1.0, 2.0, event_dim=1), ExpTransform()])
+
+
+ALL = {
+    "zuko": lambda: zuko_flow(),
+    "nflows": lambda: nflows_flow(),
+    "nflows-cond-base": lambda: nflows_flow("conditional"),
+    "mvn": lambda: mvn_model()[0],
+    "transformed": lambda: transformed_model,
+}
+
+
+@pytest.fixture
+def x():
+    return torch.randn(7, X, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+
+
+def test_as_posterior_dispatch():
+    assert isinstance(cl.as_posterior(zuko_flow()), DistributionPosterior)
+    assert isinstance(cl.as_posterior(nflows_flow()), NflowsPosterior)
+    post = cl.as_posterior(transformed_model)
+    assert cl.as_posterior(post) is post
+    with pytest.raises(ValueError, match="posterior must be"):
+        cl.as_posterior(3.0)
+
+
+@pytest.mark.parametrize("name", list(ALL))
+def test_shapes_are_the_same_for_every_backend(name, x):
+    post = cl.as_posterior(ALL[name]())
+    n = x.shape[0]
+    samples = post.sample(x, 5)
+    assert samples.shape == (5, n, D)
+    assert post.log_prob(samples, x).shape == (5, n)
+    assert post.log_prob(samples[0], x).shape == (n,)
+    assert post.log_prob(samples.reshape(5, 1, n, D), x).shape == (5, 1, n)
+    assert post.score(samples, x).shape == (5, n, D)
+    assert post.to_latent(samples[0], x).shape == (n, D)
+    theta, log_prob = post.sample_and_log_prob(x, 4)
+    assert theta.shape == (4, n, D)
+    assert log_prob.shape == (4, n)
+    torch.testing.assert_close(log_prob, post.log_prob(theta, x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(ALL))
+def test_to_latent_of_posterior_samples_is_standard_normal(name):
+    x = torch.randn(4000, X, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    post = cl.as_posterior(ALL[name]())
+    torch.manual_seed(6)
+    z = post.to_latent(post.sample(x, 1)[0], x).detach().numpy()
+    for a in range(D):
+        assert stats.kstest(z[:, a], "norm").pvalue > 1e-3
+    # and the coordinates are uncorrelated (a full-covariance MVN must be whitened)
+    corr = np.corrcoef(z.T)
+    assert np.abs(corr - np.eye(D)).max() < 0.1
+
+
+def test_to_latent_is_exact_for_gaussians(x):
+    model, weight, cov = mvn_model()
+    theta = torch.randn(x.shape[0], D, dtype=torch.float64)
+    z = cl.as_posterior(model).to_latent(theta, x)
+    chol = torch.linalg.cholesky(cov)
+    expected = torch.linalg.solve_triangular(chol, (theta - x @ weight.T).T, upper=False).T
+    torch.testing.assert_close(z, expected)
+
+
+def test_gaussian_scores_equal_closed_form(x):
+    model, weight, cov = mvn_model()
+    theta = torch.randn(2, x.shape[0], D, dtype=torch.float64)
+    score = cl.as_posterior(model).score(theta, x)
+    expected = -(theta - x @ weight.T) @ torch.linalg.inv(cov)  # cov is symmetric
+    torch.testing.assert_close(score, expected, rtol=1e-10, atol=1e-10)
+
+    loc, scale = torch.randn(x.shape[0], D, dtype=torch.float64), torch.rand(D) + 0.5
+    post = cl.as_posterior(lambda x: Independent(Normal(loc, scale.double()), 1))
+    torch.testing.assert_close(post.score(theta, x), -(theta - loc) / scale.double() ** 2)
+
+
+@pytest.mark.parametrize("name", ["zuko", "nflows", "transformed"])
+def test_scores_match_finite_differences(name, x):
+    post = cl.as_posterior(ALL[name]())
+    theta = post.sample(x, 1)[0]
+    score = post.score(theta, x)
+    eps = 1e-6
+    for a in range(D):
+        step = torch.zeros_like(theta)
+        step[:, a] = eps
+        fd = (post.log_prob(theta + step, x) - post.log_prob(theta - step, x)) / (2 * eps)
+        torch.testing.assert_close(score[:, a], fd, rtol=1e-5, atol=1e-6)
+
+
+def test_score_create_graph_reaches_parameters(x):
+    flow = zuko_flow()
+    post = cl.as_posterior(flow)
+    theta = post.sample(x, 1)[0]
+    score = post.score(theta, x, create_graph=True)
+    score.square().sum().backward()
+    grads = [p.grad for p in flow.parameters() if p.grad is not None]
+    assert grads
+    assert any(float(g.abs().sum()) > 0 for g in grads)
+    # without create_graph, the score is a plain tensor
+    assert not post.score(theta, x).requires_grad
+
+
+def test_score_works_under_no_grad(x):
+    post = cl.as_posterior(zuko_flow())
+    with torch.no_grad():
+        score = post.score(post.sample(x, 2), x)
+    assert torch.isfinite(score).all()
+
+
+def test_normal_with_batch_dims_is_reinterpreted(x):
+    post = cl.as_posterior(lambda x: Normal(torch.zeros(x.shape[0], D), 1.0))
+    assert post.log_prob(torch.zeros(x.shape[0], D), x).shape == (x.shape[0],)
+    torch.testing.assert_close(
+        post.log_prob(torch.zeros(x.shape[0], D), x),
+        torch.full((x.shape[0],), -0.5 * D * math.log(2 * math.pi)),
+    )
+
+
+def test_bad_input_errors_name_the_argument(x):
+    post = cl.as_posterior(zuko_flow())
+    with pytest.raises(ValueError, match=r"x must have shape \(N, X\)"):
+        post.sample(torch.zeros(3), 2)
+    with pytest.raises(ValueError, match=r"theta must have shape \(\*, N, D\) with N = 7"):
+        post.log_prob(torch.zeros(5, D), x)
+    with pytest.raises(ValueError, match="num_samples must be a positive integer"):
+        post.sample(x, 0)
+    bad = cl.as_posterior(lambda x: torch.zeros(len(x)))
+    with pytest.raises(ValueError, match=r"must return a torch\.distributions\.Distribution"):
+        bad.sample(x, 1)
+    wrong_batch = cl.as_posterior(lambda x: Independent(Normal(torch.zeros(2, D), 1.0), 1))
+    with pytest.raises(ValueError, match=r"batch shape \(N,\) and event shape \(D,\)"):
+        wrong_batch.sample(x, 1)
+
+
+def test_sbi_estimators_follow_the_same_convention(x):
+    pytest.importorskip("sbi")
+    from sbi.inference import NPE
+    from sbi.utils import BoxUniform
+
+    from calib_lightning.posteriors import SbiPosterior
+
+    torch.manual_seed(0)
+    prior = BoxUniform(-2 * torch.ones(D), 2 * torch.ones(D))
+    inference = NPE(prior=prior, density_estimator="nsf", show_progress_bars=False)
+    theta_train = prior.sample((200,))
+    x_train = theta_train[:, :X] + 0.1 * torch.randn(200, X)
+    estimator = inference.append_simulations(theta_train, x_train).train(max_num_epochs=15)
+    post = cl.as_posterior(estimator)
+    assert isinstance(post, SbiPosterior)
+    assert isinstance(cl.as_posterior(inference.build_posterior(estimator)), SbiPosterior)
+    xf = x.float()
+    samples = post.sample(xf, 5)
+    assert samples.shape == (5, 7, D)
+    assert post.log_prob(samples, xf).shape == (5, 7)
+    assert post.log_prob(samples[0], xf).shape == (7,)
+    theta, log_prob = post.sample_and_log_prob(xf, 3)
+    torch.testing.assert_close(log_prob, post.log_prob(theta, xf), rtol=1e-4, atol=1e-4)
+    assert post.score(samples, xf).shape == (5, 7, D)
+    z = post.to_latent(post.sample(xf.repeat(300, 1), 1)[0], xf.repeat(300, 1)).detach()
+    assert abs(float(z.mean())) < 0.15
+    assert abs(float(z.std()) - 1) < 0.15
+    # each sample belongs to its own condition: samples at x_i must have higher density
+    # under q(. | x_i) than under the other conditions, on average
+    theta, _ = post.sample_and_log_prob(xf, 200)
+    own = post.log_prob(theta, xf).mean()
+    other = post.log_prob(theta, xf.roll(1, 0)).mean()
+    assert own > other
