@@ -320,6 +320,7 @@ def test_sample_metrics_under_ddp_equal_one_process():
 
 
 # -- bad input ------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:The ``compute`` method")
 def test_bad_input_raises_value_errors_naming_the_argument():
     x, y = torch.randn(10, 2), torch.randn(12, 2)
     nan = x.clone()

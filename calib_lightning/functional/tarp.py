@@ -209,9 +209,12 @@ def uniform_multinomial(
 ) -> Tensor:
     r"""Draws of :math:`\mathrm{Multinomial}(\mathrm{total}, (1/\mathrm{cells}, \dots))`.
 
-    Binary splitting: a block of ``c`` cells holding ``t`` counts sends
+    Two exact samplers, picked by cost: for small totals (``total <= 8 cells``) each
+    draw puts ``total`` uniform indices into the cells (cost ``B * total``); otherwise
+    binary splitting: a block of ``c`` cells holding ``t`` counts sends
     :math:`\mathrm{Binomial}(t, \lfloor c/2 \rfloor / c)` to its left half, level by
-    level, so the cost is ``log2(cells)`` vectorized binomial draws.
+    level (cost ``log2(cells)`` vectorized binomial draws of size ``B * cells``,
+    whatever ``total``).
 
     Arguments:
         total: number of trials ``(*)`` (integer valued).
@@ -225,6 +228,9 @@ def uniform_multinomial(
     check_positive("cells", cells, integer=True)
     check_positive("num_draws", num_draws, integer=True)
     total = torch.as_tensor(total, dtype=torch.float64).cpu()
+    largest = int(total.max()) if total.numel() else 0
+    if largest <= 8 * cells:
+        return _multinomial_by_indices(total, largest, cells, num_draws, generator)
     counts = total[..., None, None].expand(*total.shape, num_draws, 1).contiguous()
     sizes = [cells]
     while any(s > 1 for s in sizes):
@@ -236,6 +242,23 @@ def uniform_multinomial(
         keep = torch.tensor([size > 0 for size in children])
         counts, sizes = counts[..., keep], [size for size in children if size > 0]
     return counts
+
+
+def _multinomial_by_indices(
+    total: Tensor, largest: int, cells: int, num_draws: int, generator: torch.Generator | None
+) -> Tensor:
+    """Multinomial draws as histograms of ``total`` uniform indices, in bounded chunks."""
+    flat = total.reshape(-1)
+    out = torch.zeros(flat.shape[0], num_draws, cells, dtype=torch.float64)
+    used = (torch.arange(largest, dtype=torch.float64) < flat[:, None]).double()  # (T, largest)
+    step = max(1, (1 << 22) // max(largest, 1))
+    for start in range(0, num_draws, step):
+        stop = min(start + step, num_draws)
+        index = torch.randint(0, cells, (flat.shape[0], stop - start, largest),
+                              generator=generator)
+        weights = used[:, None, :].expand(-1, stop - start, -1)
+        out[:, start:stop].scatter_add_(-1, index, weights)
+    return out.reshape(*total.shape, num_draws, cells)
 
 
 def tarp_test(
