@@ -34,7 +34,12 @@ the :math:`N` ranks), and its null distribution is simulated *exactly*: under
 :math:`B` independent histograms are drawn and
 :math:`p = (1 + \#\{T_b \ge T\}) / (1 + B)`. This Monte Carlo test has level at most
 :math:`\alpha` for every ``N``, ``S`` and binning (Besag and Clifford, 1989): no
-asymptotic KS distribution, no continuity correction for discrete ranks. The
+asymptotic KS distribution, no continuity correction for discrete ranks. (The one
+approximation: the default box and scale are fitted on all :math:`N` calibration
+parameters, so a reference depends on its own :math:`\theta^*_i` through a min, max or
+standard deviation over :math:`N` values; over 5 x 300 simulated datasets at
+:math:`N = 1000` the rejection rate at 0.05 was 0.03 to 0.07. Pass ``references`` and
+``scale`` fixed in advance, e.g. from the prior, for an exact test.) The
 :math:`1 - \alpha` quantile of the :math:`T_b` is a simultaneous band around the
 diagonal, drawn by :func:`calib_lightning.plots.tarp_figure`.
 
