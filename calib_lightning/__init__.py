@@ -5,11 +5,14 @@ a conditional normalizing flow while it trains.
 """
 
 from calib_lightning import functional, kernels, tasks
-from calib_lightning.metrics import KCCSD
+from calib_lightning.metrics import KCCSD, TARP, DensityCoverage, FrechetDistance
 from calib_lightning.posteriors import Posterior, as_posterior
 
 __all__ = [
     "KCCSD",
+    "TARP",
+    "DensityCoverage",
+    "FrechetDistance",
     "Posterior",
     "as_posterior",
     "functional",
