@@ -5,12 +5,13 @@ a conditional normalizing flow while it trains.
 """
 
 from calib_lightning import functional, kernels, tasks
-from calib_lightning.metrics import KCCSD
+from calib_lightning.metrics import KCCSD, RankCalibration
 from calib_lightning.posteriors import Posterior, as_posterior
 
 __all__ = [
     "KCCSD",
     "Posterior",
+    "RankCalibration",
     "as_posterior",
     "functional",
     "kernels",

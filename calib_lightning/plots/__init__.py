@@ -4,4 +4,10 @@ Every function returns a :class:`matplotlib.figure.Figure` and never calls
 ``plt.show``, so callbacks can hand it to ``SummaryWriter.add_figure``.
 """
 
-__all__: list[str] = []
+from calib_lightning.plots.ranks import (
+    plot_expected_coverage,
+    plot_rank_ecdf,
+    plot_rank_histograms,
+)
+
+__all__ = ["plot_expected_coverage", "plot_rank_ecdf", "plot_rank_histograms"]
