@@ -101,7 +101,7 @@ def test_ecdf_test_level_and_agreement_with_band():
 
 def test_ecdf_test_rejects_skewed_ranks_and_reports_tiny_p_values():
     g = torch.Generator().manual_seed(4)
-    ranks = (torch.rand(2, 300, 1, generator=g) ** torch.tensor([1.0, 3.0])[:, None, None])
+    ranks = torch.rand(2, 300, 1, generator=g) ** torch.tensor([1.0, 3.0])[:, None, None]
     ranks = (ranks * 50).long().clamp_max(49)  # second dataset piles up at low ranks
     levels, ecdf = rank_ecdf(rank_histogram(ranks, 49)[:, 0], ecdf_levels(49, None))
     _, p = ecdf_test(ecdf, levels, 300)

@@ -335,8 +335,10 @@ def _rank_chunk(
         joint, energy_zeros = _count_below(energy, generator)
         # A NaN draw looks like a tie to the counts; an infinite one shows in the moments
         # or its log-density. Only then check element by element, to name the pairs.
-        if zeros or energy_zeros or not bool(
-            total_sq.isfinite().all() and log_prob.sum(0).isfinite().all()
+        if (
+            zeros
+            or energy_zeros
+            or not bool(total_sq.isfinite().all() and log_prob.sum(0).isfinite().all())
         ):
             _check_draws(samples, log_prob, log_prob_theta, start)
         below[:, :d] += marginal

@@ -239,8 +239,16 @@ def plot_expected_coverage(
             label=f"observed (signed area {float(error):+.3f})")  # fmt: skip
     ax.text(0.04, 0.96, "UNDER-CONFIDENT\n(conservative: regions\ntoo wide, cover too often)",
             color="tab:blue", fontsize=8, va="top", transform=ax.transAxes)  # fmt: skip
-    ax.text(0.96, 0.04, "OVER-CONFIDENT\n(regions too narrow or\nmisplaced, cover too rarely)",
-            color="tab:red", fontsize=8, ha="right", va="bottom", transform=ax.transAxes)
+    ax.text(
+        0.96,
+        0.04,
+        "OVER-CONFIDENT\n(regions too narrow or\nmisplaced, cover too rarely)",
+        color="tab:red",
+        fontsize=8,
+        ha="right",
+        va="bottom",
+        transform=ax.transAxes,
+    )
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_aspect("equal")
