@@ -5,7 +5,13 @@ a conditional normalizing flow while it trains.
 """
 
 from calib_lightning import functional, kernels, tasks
-from calib_lightning.metrics import KCCSD, TARP, DensityCoverage, FrechetDistance
+from calib_lightning.metrics import (
+    KCCSD,
+    TARP,
+    DensityCoverage,
+    FrechetDistance,
+    RankCalibration,
+)
 from calib_lightning.posteriors import Posterior, as_posterior
 
 __all__ = [
@@ -14,6 +20,7 @@ __all__ = [
     "DensityCoverage",
     "FrechetDistance",
     "Posterior",
+    "RankCalibration",
     "as_posterior",
     "functional",
     "kernels",

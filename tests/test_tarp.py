@@ -16,7 +16,7 @@ from calib_lightning.functional import (
 )
 from calib_lightning.functional.tarp import _ks_atc
 from calib_lightning.metrics import TARP
-from calib_lightning.plots import tarp_figure
+from calib_lightning.plots import plot_tarp
 from calib_lightning.tasks import GaussianToy
 from calib_lightning.testing import run_distributed
 
@@ -198,7 +198,7 @@ def test_figure_shows_the_curve_and_band():
     counts, g = toy_datasets(reps=1, n=500, num_samples=50, seed=9, variance_scale=2.0)
     out = {k: (v[0] if v.ndim and k not in ("alpha", "level") else v)
            for k, v in tarp_test(counts, num_null=100, generator=g).items()}
-    fig = tarp_figure(out)
+    fig = plot_tarp(out)
     assert isinstance(fig, Figure)
     (ax,) = fig.axes
     assert ax.get_xlabel().startswith("credibility level")
@@ -206,9 +206,9 @@ def test_figure_shows_the_curve_and_band():
     assert "conservative (too wide)" in labels
     assert "expected coverage" in labels
     with pytest.raises(ValueError, match="one curve"):
-        tarp_figure(tarp_test(torch.cat([counts, counts]), num_null=10))
+        plot_tarp(tarp_test(torch.cat([counts, counts]), num_null=10))
     with pytest.raises(ValueError, match="must contain 'band'"):
-        tarp_figure({"alpha": out["alpha"], "ecp": out["ecp"]})
+        plot_tarp({"alpha": out["alpha"], "ecp": out["ecp"]})
 
 
 @pytest.mark.filterwarnings("ignore:The ``compute`` method")

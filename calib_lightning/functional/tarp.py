@@ -41,7 +41,7 @@ standard deviation over :math:`N` values; over 5 x 300 simulated datasets at
 :math:`N = 1000` the rejection rate at 0.05 was 0.03 to 0.07. Pass ``references`` and
 ``scale`` fixed in advance, e.g. from the prior, for an exact test.) The
 :math:`1 - \alpha` quantile of the :math:`T_b` is a simultaneous band around the
-diagonal, drawn by :func:`calib_lightning.plots.tarp_figure`.
+diagonal, drawn by :func:`calib_lightning.plots.plot_tarp`.
 
 The ATC summary is the signed area
 :math:`\mathrm{ATC} = \int_{1/2}^{1} (\mathrm{ECP}(\alpha) - \alpha)\, d\alpha`:

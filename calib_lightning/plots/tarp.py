@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from matplotlib.figure import Figure
 from torch import Tensor
 
-__all__ = ["tarp_figure"]
+__all__ = ["plot_tarp"]
 
 
-def tarp_figure(
+def plot_tarp(
     result: Mapping[str, Tensor],
     *,
     title: str | None = "TARP expected coverage",
