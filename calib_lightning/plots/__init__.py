@@ -4,4 +4,6 @@ Every function returns a :class:`matplotlib.figure.Figure` and never calls
 ``plt.show``, so callbacks can hand it to ``SummaryWriter.add_figure``.
 """
 
-__all__: list[str] = []
+from calib_lightning.plots.history import plot_history
+
+__all__ = ["plot_history"]
