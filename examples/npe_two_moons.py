@@ -18,6 +18,8 @@ PNG), ``--seed``. Only the public API of calib_lightning is used.
 from __future__ import annotations
 
 import argparse
+import math
+import statistics
 import time
 from pathlib import Path
 
@@ -89,14 +91,17 @@ class EpochTimer(L.Callback):
 
 
 def overhead_table(checks: list[CalibrationCallback], timer: EpochTimer) -> str:
-    """Seconds per check and as a fraction of an epoch without checks."""
-    epoch_seconds = sum(timer.seconds) - sum(sum(c.seconds) for c in checks)
-    per_epoch = epoch_seconds / len(timer.seconds)
+    """Median seconds per check, and as a fraction of the median epoch without checks."""
+    per_epoch = statistics.median(
+        seconds - sum(c.seconds[c.epochs.index(epoch)] for c in checks if epoch in c.epochs)
+        for epoch, seconds in enumerate(timer.seconds)
+    )
     lines = [f"{'check':10s} {'checks':>6s} {'s/check':>8s} {'fraction of an epoch':>21s}"]
     for c in checks:
-        mean = sum(c.seconds) / max(len(c.seconds), 1)
-        lines.append(f"{c.tag_name:10s} {len(c.seconds):6d} {mean:8.2f} {mean / per_epoch:21.1%}")
-    lines.append(f"(epoch without checks: {per_epoch:.2f} s)")
+        median = statistics.median(c.seconds) if c.seconds else math.nan
+        lines.append(f"{c.tag_name:10s} {len(c.seconds):6d} {median:8.2f} "
+                     f"{median / per_epoch:21.1%}")
+    lines.append(f"(median epoch without checks: {per_epoch:.2f} s)")
     return "\n".join(lines)
 
 

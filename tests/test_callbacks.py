@@ -209,8 +209,8 @@ def test_every_n_epochs_without_validation_checks_at_train_epoch_end(data):
                              log_figures=False)
     trainer(max_epochs=4, limit_val_batches=0, callbacks=[callback]).fit(
         NPE(), loader(theta, x), loader(theta_cal, x_cal))
-    assert callback.epochs == [1, 3]
-    assert len(callback.seconds) == 2
+    assert callback.epochs == [0, 1, 3]  # the first epoch, then every second one
+    assert len(callback.seconds) == 3
 
 
 @pytest.mark.parametrize("kind", ["none", "csv"])
@@ -259,23 +259,32 @@ def test_early_stopping_monitors_calibration_p_value():
 
 def test_resume_continues_histories_and_keeps_base_points(tmp_path, data):
     (theta, x), (theta_cal, x_cal) = data
-    first = KCCSDCallback(theta_cal, x_cal, metric=metric(), log_figures=False)
-    checkpoint = ModelCheckpoint(tmp_path, monitor="calibration/kccsd/p_value", mode="max",
-                                 save_last=True, filename="{epoch}-{calibration/kccsd/p_value:.3f}",
-                                 auto_insert_metric_name=False)
-    trainer(max_epochs=2, callbacks=[first, checkpoint], enable_checkpointing=True).fit(
-        NPE(), loader(theta, x), loader(theta_cal, x_cal))
-    assert checkpoint.best_model_score == pytest.approx(max(first.history["p_value"]))
+    monitor = "calibration/kccsd/p_value"
 
-    second = KCCSDCallback(theta_cal, x_cal, metric=metric(), log_figures=False)
-    trainer(max_epochs=4, callbacks=[second]).fit(
-        NPE(seed=1), loader(theta, x), loader(theta_cal, x_cal),
-        ckpt_path=tmp_path / "last.ckpt")
-    assert second.epochs == [0, 1, 2, 3]
+    def run(max_epochs, seed, ckpt_path=None):
+        callback = KCCSDCallback(theta_cal, x_cal, every_n_epochs=2, log_figures=False,
+                                 metric=cl.KCCSD(num_bootstrap=100, base_points=8, seed=seed))
+        checkpoint = ModelCheckpoint(tmp_path / f"run{seed}", monitor=monitor, mode="max",
+                                     save_last=True)
+        trainer(max_epochs=max_epochs, callbacks=[callback, checkpoint],
+                enable_checkpointing=True).fit(
+            NPE(seed=seed), loader(theta, x), loader(theta_cal, x_cal), ckpt_path=ckpt_path)
+        return callback, checkpoint
+
+    first, checkpoint = run(max_epochs=3, seed=0)
+    assert first.epochs == [0, 1]  # epoch 2 is not a check epoch
+    assert checkpoint.best_model_score == pytest.approx(max(first.history["p_value"]))
+    # resuming at epoch 3 checks at once, so the ModelCheckpoint finds its monitor
+    second, _ = run(max_epochs=6, seed=1, ckpt_path=tmp_path / "run0" / "last.ckpt")
+    assert second.epochs == [0, 1, 3, 5]
     for key, values in first.history.items():
         assert second.history[key][:2] == values
         assert not any(math.isnan(v) for v in second.history[key])
+    # base points come from the checkpoint, not from a new draw with the new seed
     assert torch.equal(second.metric.base_points, first.metric.base_points)
+    fresh = cl.KCCSD(base_points=8, seed=1)
+    fresh.update(GaussianToy(dim=2).posterior(), theta_cal, x_cal)
+    assert not torch.allclose(fresh.base_points, first.metric.base_points)
     assert "kccsd" in summary_table([second])
 
 

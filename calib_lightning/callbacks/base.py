@@ -2,7 +2,7 @@
 
 A :class:`CalibrationCallback` owns one metric (anything with
 ``update(posterior, theta, x)`` and ``compute() -> dict``) and held-out calibration
-pairs. Once every ``every_n_epochs`` epochs of ``Trainer.fit`` it
+pairs. After the first epoch and then every ``every_n_epochs`` epochs of ``Trainer.fit`` it
 
 1. finds the estimator on the LightningModule and wraps it with
    :func:`calib_lightning.as_posterior`;
@@ -66,7 +66,11 @@ class CalibrationCallback(Callback):
             for training.
         x: their simulated observations ``(N, *X)``.
         dataloader: instead of ``theta`` and ``x``, an iterable of ``(theta, x)`` batches.
-        every_n_epochs: check after epochs ``k - 1, 2k - 1, ...`` (0-based).
+        every_n_epochs: check after epochs ``k - 1, 2k - 1, ...`` (0-based), and after
+            the first epoch of each ``fit`` (epoch 0, or the first epoch after a
+            resume): the history gets a starting point and ``EarlyStopping`` /
+            ``ModelCheckpoint`` find the monitored value from the first epoch on (in
+            between, Lightning keeps the latest value).
         estimator: attribute of the LightningModule holding the conditional flow
             (dotted paths such as ``"net.flow"`` work), or a function
             ``pl_module -> estimator``; the result goes through
@@ -146,6 +150,8 @@ class CalibrationCallback(Callback):
         self.seconds: list[float] = []
         self.last_result: dict[str, Tensor] = {}
         self._warned_no_tensorboard = False
+        self._handled_epoch: int | None = None
+        self._first_epoch = 0
 
     # -- what a subclass customizes --------------------------------------------------
     def scalars(self, result: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -169,12 +175,19 @@ class CalibrationCallback(Callback):
 
         Called on rank zero only, and only when a TensorBoard logger will receive them.
         """
-        keys = [k for k in self.history if k.split("/")[0] in self.history_keys]
+        keys = self.headline_keys()
         if not keys or not self.epochs:
             return {}
         title = f"{self.tag_name}: calibration over training"
         history = {k: self.history[k] for k in keys}
         return {"history": plot_history(self.epochs, history, level=self.level, title=title)}
+
+    def headline_keys(self) -> list[str]:
+        """History keys whose first part is in ``history_keys``, in that order."""
+        return sorted(  # stable: entries of one vector output stay together, in order
+            (k for k in self.history if k.split("/")[0] in self.history_keys),
+            key=lambda k: self.history_keys.index(k.split("/")[0]),
+        )
 
     def histograms(self, result: dict[str, Tensor]) -> dict[str, Tensor]:
         """Tensors to write with ``add_histogram``, keyed by tag suffix. Default: none."""
@@ -191,6 +204,9 @@ class CalibrationCallback(Callback):
     @property
     def state_key(self) -> str:
         return self._generate_state_key(prefix=self.prefix, name=self.tag_name)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._first_epoch = trainer.current_epoch  # > 0 when resuming from a checkpoint
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.sanity_checking:
@@ -218,9 +234,10 @@ class CalibrationCallback(Callback):
     # -- the check ----------------------------------------------------------------------
     def _maybe_check(self, trainer: Trainer, pl_module: LightningModule) -> None:
         epoch = trainer.current_epoch
-        if trainer.state.fn != TrainerFn.FITTING or (self.epochs and self.epochs[-1] == epoch):
+        if trainer.state.fn != TrainerFn.FITTING or self._handled_epoch == epoch:
             return
-        if (epoch + 1) % self.every_n_epochs == 0:
+        self._handled_epoch = epoch
+        if epoch == self._first_epoch or (epoch + 1) % self.every_n_epochs == 0:
             self.check(trainer, pl_module)
 
     def check(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Tensor]:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 from calib_lightning.callbacks.base import CalibrationCallback
 
 __all__ = ["summary_table"]
 
 
-def summary_table(callbacks: Sequence[CalibrationCallback], level: float | None = None) -> str:
-    """Tabulate each callback's headline scalars at its first and its latest check.
+def summary_table(callbacks: Iterable[object], level: float | None = None) -> str:
+    """Tabulate each calibration callback's headline scalars at its first and latest check.
 
     Rows are the history entries named in each callback's ``history_keys`` (e.g.
     ``p_value`` and ``statistic`` for KCCSD, one row per entry of vector outputs).
@@ -21,7 +21,8 @@ def summary_table(callbacks: Sequence[CalibrationCallback], level: float | None 
     of calibration.
 
     Arguments:
-        callbacks: calibration callbacks that have run at least one check.
+        callbacks: callbacks, e.g. ``trainer.callbacks``; those that are not
+            :class:`CalibrationCallback` are skipped.
         level: test level for the verdict; ``None`` uses each callback's ``level``.
 
     Returns:
@@ -36,17 +37,14 @@ def summary_table(callbacks: Sequence[CalibrationCallback], level: float | None 
         check  quantity  first (epoch 0)  last (epoch 9)  H0: calibrated, level 0.05
         kccsd  p_value          0.01           0.3        not rejected
     """
+    callbacks = [c for c in callbacks if isinstance(c, CalibrationCallback)]
     rows = [("check", "quantity", "first", "last", "H0: calibrated")]
     for callback in callbacks:
         if not callback.epochs:
             rows.append((callback.tag_name, "(no check ran)", "", "", ""))
             continue
         alpha = callback.level if level is None else level
-        keys = sorted(
-            (k for k in callback.history if k.split("/")[0] in callback.history_keys),
-            key=lambda k: callback.history_keys.index(k.split("/")[0]),
-        )
-        for key in keys:
+        for key in callback.headline_keys():
             values = callback.history[key]
             first, last = values[0], values[-1]
             verdict = ""

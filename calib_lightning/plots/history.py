@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 __all__ = ["plot_history"]
 
@@ -78,6 +79,7 @@ def plot_history(
         else:
             ax.axhline(0.0, color="0.6", ls=":", lw=1)
         ax.plot(epochs, values, marker="o", ms=3, color="tab:blue")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("epoch")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
