@@ -203,6 +203,15 @@ def test_check_runs_in_eval_mode_and_restores_each_submodule(data):
     assert modes == [(True, True, False)] * 2  # train mode back; the eval head stays eval
 
 
+def test_float64_module_gets_its_calibration_data_in_float64(data):
+    (theta, x), (theta_cal, x_cal) = data  # float32 tensors
+    callback = KCCSDCallback(theta_cal, x_cal, metric=metric(), log_figures=False)
+    trainer(max_epochs=1, precision="64-true", callbacks=[callback]).fit(
+        NPE(), loader(theta.double(), x.double()))
+    assert callback.metric.base_points.dtype == torch.float64
+    assert callback.history["num_samples"] == [96.0]
+
+
 def test_every_n_epochs_without_validation_checks_at_train_epoch_end(data):
     (theta, x), (theta_cal, x_cal) = data
     callback = KCCSDCallback(theta_cal, x_cal, metric=metric(), every_n_epochs=2,

@@ -207,6 +207,7 @@ class CalibrationCallback(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._first_epoch = trainer.current_epoch  # > 0 when resuming from a checkpoint
+        self._handled_epoch = None
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.sanity_checking:
@@ -238,13 +239,10 @@ class CalibrationCallback(Callback):
             return
         self._handled_epoch = epoch
         if epoch == self._first_epoch or (epoch + 1) % self.every_n_epochs == 0:
-            self.check(trainer, pl_module)
+            self._check(trainer, pl_module)
 
-    def check(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Tensor]:
-        """Run the metric now, log and record the result; returns the metric's output.
-
-        Every process must call it (the metric syncs across processes).
-        """
+    def _check(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Tensor]:
+        """Run the metric, log and record the result (all processes call it: the metric syncs)."""
         start = time.perf_counter()
         result = self._compute(trainer, pl_module)
         scalars = {k: v.detach().float().reshape(()) for k, v in self.scalars(result).items()}
@@ -273,7 +271,7 @@ class CalibrationCallback(Callback):
             with torch.inference_mode(False), torch.no_grad():
                 self.metric.to(device)
                 self.metric.reset()
-                for theta, x in self._local_batches(trainer, device):
+                for theta, x in self._local_batches(trainer, device, pl_module.dtype):
                     self.metric.update(posterior, theta, x)
                 return self.metric.compute()
         finally:
@@ -294,8 +292,13 @@ class CalibrationCallback(Callback):
             ) from None
 
     def _local_batches(
-        self, trainer: Trainer, device: torch.device
+        self, trainer: Trainer, device: torch.device, dtype: torch.dtype
     ) -> Iterator[tuple[Tensor, Tensor]]:
+        """This process's share of the pairs, on the module's device and floating dtype."""
+
+        def move(value: Tensor) -> Tensor:
+            return value.to(device, dtype if value.is_floating_point() else None)
+
         rank, world = trainer.global_rank, trainer.world_size
         if self.dataloader is None:
             theta, x = self.theta[rank::world], self.x[rank::world]
@@ -306,7 +309,7 @@ class CalibrationCallback(Callback):
                 )
             size = self.batch_size or theta.shape[0]
             for start in range(0, theta.shape[0], size):
-                yield theta[start : start + size].to(device), x[start : start + size].to(device)
+                yield move(theta[start : start + size]), move(x[start : start + size])
             return
         sharded = isinstance(getattr(self.dataloader, "sampler", None), DistributedSampler)
         for i, batch in enumerate(self.dataloader):
@@ -317,7 +320,7 @@ class CalibrationCallback(Callback):
                         f"{type(batch).__name__}" + (f" of length {len(batch)}"
                                                      if isinstance(batch, list | tuple) else "")
                     )
-                yield batch[0].to(device), batch[1].to(device)
+                yield move(batch[0]), move(batch[1])
 
     def _record(self, epoch: int, scalars: dict[str, float]) -> None:
         checks = len(self.epochs)
