@@ -140,15 +140,19 @@ def overhead_table(checks: list[CalibrationCallback], timer: EpochTimer) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--num-simulations", type=int, default=20_000)
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--num-simulations", type=int, default=30_000)
     parser.add_argument("--num-calibration", type=int, default=1_000)
-    parser.add_argument("--every-n-epochs", type=int, default=2)
+    parser.add_argument("--every-n-epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--save-figures", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads; small flows gain nothing from more, and on a "
+                             "shared machine extra threads mostly wait for each other")
     args = parser.parse_args()
 
+    torch.set_num_threads(args.threads)
     L.seed_everything(args.seed, verbose=False)
     task = SLCP()
     generator = torch.Generator().manual_seed(args.seed)

@@ -28,8 +28,8 @@ def plot_history(
     r"""Plot calibration scalars against the training epoch, one panel per scalar.
 
     Keys ending in ``p_value`` are drawn on a logarithmic axis clipped to
-    :math:`[10^{-4}, 1]` with a dashed line at ``level``: points below the line are
-    checks at which the test rejects :math:`H_0` ("the posterior is calibrated").
+    :math:`[10^{-4}, 1]` with a dashed line at ``level``: points below the line (red)
+    are checks at which the test rejects :math:`H_0` ("the posterior is calibrated").
     Other scalars (statistics, coverage errors) are drawn on a linear axis with a
     dotted line at zero, their value under perfect calibration. Missing values
     (``nan``) leave gaps.
@@ -79,6 +79,11 @@ def plot_history(
         else:
             ax.axhline(0.0, color="0.6", ls=":", lw=1)
         ax.plot(epochs, values, marker="o", ms=3, color="tab:blue")
+        if is_p_value and level is not None:  # checks at which the test rejects
+            rejected = [(e, v) for e, v in zip(epochs, values, strict=True) if v < level]
+            if rejected:
+                ax.plot(*zip(*rejected, strict=True), ls="none", marker="o", ms=4,
+                        color="tab:red")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("epoch")
         ax.set_ylabel(name)
