@@ -4,6 +4,7 @@ Every function returns a :class:`matplotlib.figure.Figure` and never calls
 ``plt.show``, so callbacks can hand it to ``SummaryWriter.add_figure``.
 """
 
+from calib_lightning.plots.history import plot_history
 from calib_lightning.plots.ranks import (
     plot_expected_coverage,
     plot_rank_ecdf,
@@ -11,4 +12,10 @@ from calib_lightning.plots.ranks import (
 )
 from calib_lightning.plots.tarp import plot_tarp
 
-__all__ = ["plot_expected_coverage", "plot_rank_ecdf", "plot_rank_histograms", "plot_tarp"]
+__all__ = [
+    "plot_expected_coverage",
+    "plot_history",
+    "plot_rank_ecdf",
+    "plot_rank_histograms",
+    "plot_tarp",
+]
