@@ -19,7 +19,7 @@ from calib_lightning.posteriors import Posterior, as_posterior
 
 # Lightning and matplotlib load on first use, so `import calib_lightning` stays light.
 _LAZY_MODULES = ("callbacks", "plots")
-_LAZY_CALLBACKS = ("CalibrationCallback", "KCCSDCallback")
+_LAZY_CALLBACKS = ("CalibrationCallback", "KCCSDCallback", "RankCalibrationCallback")
 
 __all__ = [
     "KCCSD",
@@ -30,6 +30,7 @@ __all__ = [
     "KCCSDCallback",
     "Posterior",
     "RankCalibration",
+    "RankCalibrationCallback",
     "as_posterior",
     "callbacks",
     "functional",

@@ -38,8 +38,15 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import calib_lightning as cl
-from calib_lightning.callbacks import CalibrationCallback, KCCSDCallback, summary_table
+from calib_lightning.callbacks import (
+    CalibrationCallback,
+    KCCSDCallback,
+    RankCalibrationCallback,
+    summary_table,
+)
 from calib_lightning.tasks import SLCP
+
+LABELS = [f"theta_{i}" for i in range(1, 6)]
 
 
 class Standardize(nn.Module):
@@ -99,7 +106,8 @@ def calibration_callbacks(theta_cal, x_cal, every_n_epochs: int) -> list[Calibra
     return [
         KCCSDCallback(theta_cal, x_cal, every_n_epochs=every_n_epochs,
                       metric=cl.KCCSD(num_bootstrap=500, seed=0)),
-        # TODO(issue 3): RankCalibrationCallback(theta_cal, x_cal, every_n_epochs=...)
+        RankCalibrationCallback(theta_cal, x_cal, every_n_epochs=every_n_epochs,
+                                labels=LABELS),
         # TODO(issue 4): LC2STNFCallback(theta_cal, x_cal, observations=x_o, every_n_epochs=...)
     ]
 

@@ -49,8 +49,11 @@ class NPE(L.LightningModule):
         self.log("val_loss", -self.flow(x).log_prob(theta).mean())
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=self.lr) if self.lr == 0 else \
-            torch.optim.Adam(self.parameters(), lr=self.lr)
+        return (
+            torch.optim.SGD(self.parameters(), lr=self.lr)
+            if self.lr == 0
+            else torch.optim.Adam(self.parameters(), lr=self.lr)
+        )
 
 
 class FixedPosterior(L.LightningModule):
@@ -82,8 +85,13 @@ def metric():
 
 def trainer(tmp_path=None, **kwargs):
     options = {
-        "accelerator": "cpu", "devices": 1, "enable_progress_bar": False, "max_epochs": 2,
-        "enable_model_summary": False, "enable_checkpointing": False, "logger": False,
+        "accelerator": "cpu",
+        "devices": 1,
+        "enable_progress_bar": False,
+        "max_epochs": 2,
+        "enable_model_summary": False,
+        "enable_checkpointing": False,
+        "logger": False,
     }
     options.update(kwargs)
     if tmp_path is not None:
@@ -92,8 +100,7 @@ def trainer(tmp_path=None, **kwargs):
 
 
 def events(log_dir):
-    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "images": 0,
-                                                        "histograms": 0})
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "images": 0, "histograms": 0})
     acc.Reload()
     return acc
 
@@ -108,7 +115,8 @@ def test_tensorboard_gets_scalars_and_history_figure(tmp_path, data):
     callback = KCCSDCallback(theta_cal, x_cal, metric=metric())
     logger = TensorBoardLogger(tmp_path, name="tb", version=0)
     trainer(max_epochs=3, logger=logger, callbacks=[callback]).fit(
-        NPE(), loader(theta, x, shuffle=True), loader(theta_cal, x_cal))
+        NPE(), loader(theta, x, shuffle=True), loader(theta_cal, x_cal)
+    )
 
     acc = events(logger.log_dir)
     scalar_tags = set(acc.Tags()["scalars"])
@@ -165,7 +173,8 @@ def test_subclass_logs_vector_scalars_histograms_and_figures(tmp_path):
     callback = LatentCallback(theta, x)
     logger = TensorBoardLogger(tmp_path, name="tb", version=0)
     trainer(max_epochs=2, logger=logger, callbacks=[callback]).fit(
-        FixedPosterior(shift=0.5), loader(theta, x))
+        FixedPosterior(shift=0.5), loader(theta, x)
+    )
     acc = events(logger.log_dir)
     expected = ((theta - toy.weight * x - 0.5) / math.sqrt(0.2)).mean(0)
     for i in range(2):
@@ -185,6 +194,7 @@ def test_check_runs_in_eval_mode_and_restores_each_submodule(data):
         def posterior(x):
             seen.append((module.flow.training, torch.is_grad_enabled()))
             return module.flow(x)
+
         return posterior
 
     class ModeProbe(L.Callback):
@@ -192,8 +202,9 @@ def test_check_runs_in_eval_mode_and_restores_each_submodule(data):
             modes.append((module.training, module.flow.training, module.head.training))
 
     modes = []
-    callback = KCCSDCallback(theta_cal, x_cal, metric=metric(), estimator=estimator,
-                             log_figures=False)
+    callback = KCCSDCallback(
+        theta_cal, x_cal, metric=metric(), estimator=estimator, log_figures=False
+    )
     # no validation loop: the check runs at train-epoch end, while the module trains
     trainer(max_epochs=2, callbacks=[callback, ModeProbe()]).fit(NPE(), loader(theta, x))
     assert callback.epochs == [0, 1]
@@ -207,17 +218,18 @@ def test_float64_module_gets_its_calibration_data_in_float64(data):
     (theta, x), (theta_cal, x_cal) = data  # float32 tensors
     callback = KCCSDCallback(theta_cal, x_cal, metric=metric(), log_figures=False)
     trainer(max_epochs=1, precision="64-true", callbacks=[callback]).fit(
-        NPE(), loader(theta.double(), x.double()))
+        NPE(), loader(theta.double(), x.double())
+    )
     assert callback.metric.base_points.dtype == torch.float64
     assert callback.history["num_samples"] == [96.0]
 
 
 def test_every_n_epochs_without_validation_checks_at_train_epoch_end(data):
     (theta, x), (theta_cal, x_cal) = data
-    callback = KCCSDCallback(theta_cal, x_cal, metric=metric(), every_n_epochs=2,
-                             log_figures=False)
+    callback = KCCSDCallback(theta_cal, x_cal, metric=metric(), every_n_epochs=2, log_figures=False)
     trainer(max_epochs=4, limit_val_batches=0, callbacks=[callback]).fit(
-        NPE(), loader(theta, x), loader(theta_cal, x_cal))
+        NPE(), loader(theta, x), loader(theta_cal, x_cal)
+    )
     assert callback.epochs == [0, 1, 3]  # the first epoch, then every second one
     assert len(callback.seconds) == 3
 
@@ -234,14 +246,16 @@ def test_without_tensorboard_scalars_are_logged_with_one_warning(tmp_path, data,
     ours = [w for w in caught if "TensorBoardLogger only" in str(w.message)]
     assert len(ours) == 1
     assert set(fit.callback_metrics) >= TAGS
-    assert float(fit.callback_metrics["calibration/kccsd/p_value"]) == \
-        callback.history["p_value"][-1]
+    assert (
+        float(fit.callback_metrics["calibration/kccsd/p_value"]) == callback.history["p_value"][-1]
+    )
     if kind == "csv":
         with open(logger.log_dir + "/metrics.csv") as f:
             rows = [r for r in csv.DictReader(f) if r["calibration/kccsd/p_value"]]
         assert [int(r["epoch"]) for r in rows] == [0, 1]
-        assert [float(r["calibration/kccsd/p_value"]) for r in rows] == \
-            pytest.approx(callback.history["p_value"])
+        assert [float(r["calibration/kccsd/p_value"]) for r in rows] == pytest.approx(
+            callback.history["p_value"]
+        )
 
 
 def test_early_stopping_monitors_calibration_p_value():
@@ -250,8 +264,13 @@ def test_early_stopping_monitors_calibration_p_value():
 
     def run(shift):
         callback = KCCSDCallback(theta, x, metric=metric(), log_figures=False)
-        stop = EarlyStopping("calibration/kccsd/p_value", mode="max", patience=100,
-                             divergence_threshold=0.02, check_on_train_epoch_end=True)
+        stop = EarlyStopping(
+            "calibration/kccsd/p_value",
+            mode="max",
+            patience=100,
+            divergence_threshold=0.02,
+            check_on_train_epoch_end=True,
+        )
         fit = trainer(max_epochs=4, callbacks=[callback, stop])
         fit.fit(FixedPosterior(shift), empty)
         return fit, callback
@@ -271,13 +290,19 @@ def test_resume_continues_histories_and_keeps_base_points(tmp_path, data):
     monitor = "calibration/kccsd/p_value"
 
     def run(max_epochs, seed, ckpt_path=None):
-        callback = KCCSDCallback(theta_cal, x_cal, every_n_epochs=2, log_figures=False,
-                                 metric=cl.KCCSD(num_bootstrap=100, base_points=8, seed=seed))
-        checkpoint = ModelCheckpoint(tmp_path / f"run{seed}", monitor=monitor, mode="max",
-                                     save_last=True)
-        trainer(max_epochs=max_epochs, callbacks=[callback, checkpoint],
-                enable_checkpointing=True).fit(
-            NPE(seed=seed), loader(theta, x), loader(theta_cal, x_cal), ckpt_path=ckpt_path)
+        callback = KCCSDCallback(
+            theta_cal,
+            x_cal,
+            every_n_epochs=2,
+            log_figures=False,
+            metric=cl.KCCSD(num_bootstrap=100, base_points=8, seed=seed),
+        )
+        checkpoint = ModelCheckpoint(
+            tmp_path / f"run{seed}", monitor=monitor, mode="max", save_last=True
+        )
+        trainer(
+            max_epochs=max_epochs, callbacks=[callback, checkpoint], enable_checkpointing=True
+        ).fit(NPE(seed=seed), loader(theta, x), loader(theta_cal, x_cal), ckpt_path=ckpt_path)
         return callback, checkpoint
 
     first, checkpoint = run(max_epochs=3, seed=0)
@@ -300,11 +325,15 @@ def test_resume_continues_histories_and_keeps_base_points(tmp_path, data):
 def test_dataloader_and_tensors_give_the_same_test(data):
     (theta, x), (theta_cal, x_cal) = data
     base = torch.randn(8, 2, generator=torch.Generator().manual_seed(0))
-    from_tensors = KCCSDCallback(theta_cal, x_cal, log_figures=False,
-                                 metric=cl.KCCSD(num_bootstrap=100, base_points=base))
-    from_loader = KCCSDCallback(dataloader=loader(theta_cal, x_cal, batch_size=20),
-                                name="kccsd_loader", log_figures=False,
-                                metric=cl.KCCSD(num_bootstrap=100, base_points=base))
+    from_tensors = KCCSDCallback(
+        theta_cal, x_cal, log_figures=False, metric=cl.KCCSD(num_bootstrap=100, base_points=base)
+    )
+    from_loader = KCCSDCallback(
+        dataloader=loader(theta_cal, x_cal, batch_size=20),
+        name="kccsd_loader",
+        log_figures=False,
+        metric=cl.KCCSD(num_bootstrap=100, base_points=base),
+    )
     fit = trainer(max_epochs=1, callbacks=[from_tensors, from_loader])
     fit.fit(NPE(), loader(theta, x))
     assert from_loader.history["num_samples"] == [96.0]
@@ -361,13 +390,21 @@ def test_ddp_two_processes_log_figures_once_and_match_one_process(tmp_path):
         record_dir.mkdir()
         callbacks = [  # tensors: rows split over ranks; a loader: batches split over ranks
             DrawCounter(theta_cal, x_cal, metric=metric(), record_dir=record_dir),
-            DrawCounter(dataloader=loader(theta_cal, x_cal, batch_size=20), name="loader",
-                        metric=cl.KCCSD(num_bootstrap=100, base_points=base),
-                        record_dir=record_dir),
+            DrawCounter(
+                dataloader=loader(theta_cal, x_cal, batch_size=20),
+                name="loader",
+                metric=cl.KCCSD(num_bootstrap=100, base_points=base),
+                record_dir=record_dir,
+            ),
         ]
         logger = TensorBoardLogger(tmp_path, name=f"devices{devices}", version=0)
-        fit = trainer(max_epochs=2, devices=devices, logger=logger, callbacks=callbacks,
-                      strategy="ddp_fork" if devices > 1 else "auto")
+        fit = trainer(
+            max_epochs=2,
+            devices=devices,
+            logger=logger,
+            callbacks=callbacks,
+            strategy="ddp_fork" if devices > 1 else "auto",
+        )
         fit.fit(FixedPosterior(shift=0.0), loader(theta_cal, x_cal, batch_size=16))
         draws = {p.name: p.read_text().split() for p in sorted(record_dir.glob("figures-*"))}
         return events(logger.log_dir), draws
@@ -389,3 +426,43 @@ def test_ddp_two_processes_log_figures_once_and_match_one_process(tmp_path):
         steps = [e.step for e in two.Images(f"calibration/{name}/history")]
         assert len(steps) == 2  # once per check, not once per rank
         assert len(set(steps)) == 2
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.4])
+def test_rank_callback_logs_scalars_figures_and_rank_histograms(tmp_path, shift):
+    from calib_lightning.callbacks import RankCalibrationCallback
+
+    theta, x = GaussianToy(dim=2).sample(400, torch.Generator().manual_seed(5))
+    callback = RankCalibrationCallback(theta, x, labels=["a", "b"])
+    logger = TensorBoardLogger(tmp_path, name="tb", version=0)
+    train = loader(*GaussianToy(dim=2).sample(64, torch.Generator().manual_seed(6)))
+    trainer(max_epochs=1, logger=logger, callbacks=[callback]).fit(FixedPosterior(shift), train)
+
+    acc = events(logger.log_dir)
+    expected = (
+        {"p_value", "coverage_error", "num_pairs"}
+        | {
+            f"{key}/{d}"
+            for key in ("marginal_p_values", "contraction", "mean_squared_error")
+            for d in (0, 1)
+        }
+        | {f"ecdf_p_values/{d}" for d in (0, 1, 2)}
+    )
+    assert set(acc.Tags()["scalars"]) - {"epoch"} == {f"calibration/ranks/{k}" for k in expected}
+    figures = {"history", "ecdf", "rank_histograms", "expected_coverage"}
+    assert set(acc.Tags()["images"]) == {f"calibration/ranks/{f}" for f in figures}
+    assert set(acc.Tags()["histograms"]) == {
+        f"calibration/ranks/rank/{r}" for r in ("0", "1", "joint")
+    }
+    joint = acc.Histograms("calibration/ranks/rank/joint")[0].histogram_value
+    assert joint.num == 400  # every calibration pair's rank
+    assert 0 <= joint.min <= joint.max <= 100
+
+    p_value = callback.history["p_value"][0]
+    marginal = min(callback.history["marginal_p_values/0"], callback.history["marginal_p_values/1"])
+    if shift == 0.0:  # the exact posterior
+        assert p_value > 0.01
+        assert marginal[0] > 0.01
+    else:  # every coordinate shifted by 0.4 posterior-widths: the marginal ranks see it
+        assert marginal[0] < 1e-6
+    assert callback.history["contraction/0"][0] == pytest.approx(0.8, abs=0.05)

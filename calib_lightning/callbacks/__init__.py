@@ -7,6 +7,7 @@ when to check, feeds the held-out pairs to the metric, logs scalars (for
 
 from calib_lightning.callbacks.base import CalibrationCallback
 from calib_lightning.callbacks.kccsd import KCCSDCallback
+from calib_lightning.callbacks.ranks import RankCalibrationCallback
 from calib_lightning.callbacks.summary import summary_table
 
-__all__ = ["CalibrationCallback", "KCCSDCallback", "summary_table"]
+__all__ = ["CalibrationCallback", "KCCSDCallback", "RankCalibrationCallback", "summary_table"]
