@@ -152,9 +152,8 @@ def median_bandwidth(points: Tensor, max_points: int = 1000) -> Tensor:
     """
     points = points.detach()
     n = points.shape[-2]
-    if n > max_points:
-        index = torch.linspace(0, n - 1, max_points, device=points.device).long()
-        points = points.index_select(-2, index)
+    index = torch.linspace(0, n - 1, min(n, max_points), device=points.device).long()
+    points = points.index_select(-2, index)
     return median_from_sq_distances(sq_distances(points, points))
 
 
@@ -211,14 +210,16 @@ def score_embedding(
 
 
 def embedding_sq_distances(
-    left: Tensor, right: Tensor, rows: slice | None = None
+    left: Tensor, right: Tensor, rows: slice | None = None, cols: slice | None = None
 ) -> Tensor:
-    """Divergences between the models in ``rows`` (default all) and all models,
-    from a :func:`score_embedding`: ``(*, len(rows), N)``."""
-    norms = (left * right).sum(-1)
+    """Divergences between the models in ``rows`` and those in ``cols`` (default all),
+    from a :func:`score_embedding`: ``(*, len(rows), len(cols))``."""
     rows = rows if rows is not None else slice(None)
-    inner = left[..., rows, :] @ right.transpose(-1, -2)
-    return (norms[..., rows].unsqueeze(-1) + norms.unsqueeze(-2) - 2.0 * inner).clamp_min(0.0)
+    cols = cols if cols is not None else slice(None)
+    norm_rows = (left[..., rows, :] * right[..., rows, :]).sum(-1)
+    norm_cols = (left[..., cols, :] * right[..., cols, :]).sum(-1)
+    inner = left[..., rows, :] @ right[..., cols, :].transpose(-1, -2)
+    return (norm_rows.unsqueeze(-1) + norm_cols.unsqueeze(-2) - 2.0 * inner).clamp_min(0.0)
 
 
 def gfd_sq_distances(features: Tensor) -> Tensor:

@@ -16,6 +16,7 @@ from calib_lightning.functional import (
     kccsd_matrix,
     kccsd_test,
     posterior_scores,
+    rademacher,
     u_statistic,
     wild_bootstrap,
 )
@@ -89,12 +90,21 @@ def test_vectorized_statistic_equals_naive_double_loop():
     matrix = kccsd_matrix(theta, score, base_scores, **kwargs)
     assert torch.equal(torch.diagonal(matrix), torch.zeros(n, dtype=F64))
     torch.testing.assert_close(u_statistic(matrix), torch.tensor(naive, dtype=F64))
-    # the block-wise test gives the same statistic whatever the block size
+    # the block-wise test (upper-triangular blocks of a symmetric H) gives the same
+    # statistic and, with the same multipliers, the same p-value whatever the block size
+    p_values = []
     for block_size in (1, 4, 100):
         out = kccsd_test(
-            theta, score, base_scores, num_bootstrap=10, block_size=block_size, **kwargs
-        )
+            theta, score, base_scores, num_bootstrap=200, block_size=block_size,
+            generator=_gen(9), **kwargs,
+        )  # fmt: skip
         torch.testing.assert_close(out["statistic"], torch.tensor(naive, dtype=F64))
+        p_values.append(float(out["p_value"]))
+    draws = wild_bootstrap(matrix, weights=rademacher((n, 200), _gen(9), F64))
+    expected = float(bootstrap_p_value(u_statistic(matrix), draws))
+    # at n = 9 the multipliers +-1 (probability 2 / 2^9 per draw) reproduce the statistic
+    # exactly, and summation order can flip that tie: allow one draw of difference
+    assert p_values == pytest.approx([expected] * 3, abs=1 / 201 + 1e-12)
 
 
 def test_bootstrap_draws_have_exact_mean_and_variance_by_enumeration():

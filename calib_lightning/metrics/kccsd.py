@@ -37,7 +37,7 @@ class KCCSD(Metric):
 
     Memory: each process keeps at most ``max_samples`` pairs, i.e.
     ``max_samples * (m + 2) * D`` numbers; further pairs are ignored with a warning.
-    ``compute`` needs ``O(block_size * n + n * num_bootstrap)`` memory, not
+    ``compute`` needs ``O(block_size^2 + n * num_bootstrap)`` memory, not
     ``O(n^2)``. Under DDP the pairs of all processes are gathered and put in a
     canonical order, so the result does not depend on how the data was split.
 
@@ -55,7 +55,7 @@ class KCCSD(Metric):
         num_bootstrap: wild-bootstrap draws ``B``.
         max_samples: the per-process bound on stored pairs.
         seed: seeds the base points and the bootstrap multipliers.
-        block_size: rows of the kernel matrix computed at once.
+        block_size: side of the blocks of the kernel matrix computed at once.
         score_chunk_size: base points per posterior evaluation in ``update``.
 
     Example:

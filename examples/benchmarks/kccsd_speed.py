@@ -7,7 +7,7 @@ n x n x B bootstrap product. We report both times and their ratio; the goal is a
 ratio within 3 at n = 4096. A naive O(n^2) Python double loop is timed at the smallest
 n for reference.
 
-Run:  python examples/benchmarks/kccsd_speed.py [--sizes 256 512 1024 2048 4096 8192]
+Run:  python examples/benchmarks/kccsd_speed.py [--sizes 256 512 1024 2048 4096 8192] [--threads 1]
 Writes examples/benchmarks/results/kccsd_speed.md.
 """
 
@@ -52,7 +52,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(0)
     rows = []
@@ -90,7 +93,9 @@ def main() -> None:
         "",
         f"d = {D}, m = {M} base points, B = {B} bootstrap draws, float32, "
         f"{torch.get_num_threads()} threads, best of {args.repeats}. "
-        "Command: `python examples/benchmarks/kccsd_speed.py`.",
+        f"Command: `python examples/benchmarks/kccsd_speed.py --threads {args.threads}`."
+        if args.threads
+        else "Command: `python examples/benchmarks/kccsd_speed.py`.",
         "Floor = the n x (m d) feature Gram product + the n x n x B bootstrap product, "
         "timed in the same run.",
         "",
