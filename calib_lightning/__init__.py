@@ -4,14 +4,17 @@ Metrics (torchmetrics), their functional cores, and Lightning callbacks that che
 a conditional normalizing flow while it trains.
 """
 
-from calib_lightning import functional, kernels, tasks
-from calib_lightning.metrics import KCCSD
+from calib_lightning import classifiers, functional, kernels, tasks
+from calib_lightning.metrics import KCCSD, LC2ST, LC2STNF
 from calib_lightning.posteriors import Posterior, as_posterior
 
 __all__ = [
     "KCCSD",
+    "LC2ST",
+    "LC2STNF",
     "Posterior",
     "as_posterior",
+    "classifiers",
     "functional",
     "kernels",
     "tasks",

@@ -4,4 +4,6 @@ Every function returns a :class:`matplotlib.figure.Figure` and never calls
 ``plt.show``, so callbacks can hand it to ``SummaryWriter.add_figure``.
 """
 
-__all__: list[str] = []
+from calib_lightning.plots.lc2st import plot_pp, plot_probability_map
+
+__all__: list[str] = ["plot_pp", "plot_probability_map"]
