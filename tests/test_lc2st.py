@@ -84,10 +84,10 @@ def _nf_rejections(
 
 
 def test_nf_level_exact_posterior_p_values_uniform():
-    p = _nf_rejections([TOY.posterior()], num_sets=12, num_null=39, reps=8, n=300, seed=0, **SMALL)[
+    p = _nf_rejections([TOY.posterior()], num_sets=24, num_null=39, reps=4, n=300, seed=0, **SMALL)[
         0
     ]
-    assert p.numel() == 12 * 8 * 5
+    assert p.numel() == 24 * 4 * 5
     rate = float((p <= 0.05).double().mean())
     assert 0.01 <= rate <= 0.10, rate
     assert 0.4 < float(p.mean()) < 0.6
@@ -210,8 +210,8 @@ def test_null_is_trained_once_and_reused_for_other_posteriors_and_after_loading(
     assert fit_log == [30, 1, 1]  # no retraining of the null
     assert torch.equal(shifted["null_statistics"], exact["null_statistics"])
     assert torch.equal(shifted["pp_band"], exact["pp_band"])
-    assert (shifted["statistic"] > exact["statistic"]).all()
-    assert (shifted["p_value"] < exact["p_value"]).all()
+    assert (shifted["statistic"] > 5 * exact["statistic"]).all()
+    torch.testing.assert_close(shifted["p_value"], torch.full((3,), 1 / 31))
 
     buffer = io.BytesIO()
     torch.save(metric.state_dict(), buffer)
