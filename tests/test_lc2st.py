@@ -238,6 +238,11 @@ def test_null_refuses_other_calibration_x_and_can_be_refitted(fit_log):
         metric.compute()
     metric.fit_null(other_x, dim=2)
     assert metric.compute()["p_value"].shape == (3,)
+    other_settings = cl.LC2STNF(observations=x_o, classifier_kwargs={"patience": 5}, **FAST)
+    other_settings.load_state_dict(metric.state_dict())
+    other_settings.update(TOY.posterior(), other_theta, other_x)
+    with pytest.raises(ValueError, match="trained with other classifier"):
+        other_settings.compute()
     metric.reset_null()
     metric.compute()
     assert fit_log == [30, 1, 30, 1, 30, 1]

@@ -32,7 +32,7 @@ from calib_lightning.classifiers._blocks import (
 
 __all__ = ["MLPEnsemble"]
 
-_CHUNK_ELEMENTS = 1 << 22  # hidden activations held at once when predicting
+_CHUNK_ELEMENTS = 1 << 19  # hidden activations held at once when predicting
 
 
 class MLPEnsemble(nn.Module):

@@ -310,9 +310,15 @@ def pp_ecdf(probabilities: Tensor, grid: Tensor) -> Tensor:
         >>> pp_ecdf(torch.tensor([0.2, 0.5, 0.5, 0.9]), torch.tensor([0.0, 0.5, 1.0]))
         tensor([0.0000, 0.7500, 1.0000])
     """
-    ordered = probabilities.sort(-1).values.contiguous()
-    levels = grid.to(ordered).expand(*ordered.shape[:-1], grid.shape[0]).contiguous()
-    return torch.searchsorted(ordered, levels, right=True).to(ordered) / ordered.shape[-1]
+    num_eval, levels = probabilities.shape[-1], grid.to(probabilities).contiguous()
+    bins = torch.bucketize(probabilities.contiguous(), levels)  # d <= grid[g] <=> bin <= g
+    rows = bins.reshape(-1, num_eval)
+    offsets = torch.arange(rows.shape[0], device=rows.device)[:, None] * (len(levels) + 1)
+    counts = torch.bincount(
+        (rows + offsets).reshape(-1), minlength=offsets.numel() * (len(levels) + 1)
+    )
+    cdf = counts.reshape(rows.shape[0], -1).cumsum(-1)[:, : len(levels)]
+    return (cdf.to(probabilities.dtype) / num_eval).reshape(*probabilities.shape[:-1], len(levels))
 
 
 def pp_band(null_ecdf: Tensor, confidence: float = 0.95) -> Tensor:

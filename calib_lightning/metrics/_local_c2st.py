@@ -31,12 +31,15 @@ def canonical_order(rows: Tensor) -> Tensor:
     return order
 
 
+def _digest(data: bytes) -> Tensor:
+    return torch.frombuffer(bytearray(hashlib.sha256(data).digest()), dtype=torch.uint8).clone()
+
+
 def fingerprint(x: Tensor) -> Tensor:
     """SHA-256 of the calibration observations (rows in canonical order), as 32 ``uint8``."""
     rows = x.detach().reshape(x.shape[0], -1).cpu().double()
     rows = rows[canonical_order(rows)].contiguous()
-    digest = hashlib.sha256(str(tuple(rows.shape)).encode() + rows.numpy().tobytes()).digest()
-    return torch.frombuffer(bytearray(digest), dtype=torch.uint8).clone()
+    return _digest(str(tuple(rows.shape)).encode() + rows.numpy().tobytes())
 
 
 class LocalC2ST(Metric):
@@ -86,6 +89,13 @@ class LocalC2ST(Metric):
         return make_ensemble(
             self.classifier_spec, members, _stream_seed(self.seed, stream), **self.classifier_kwargs
         )
+
+    def settings_fingerprint(self) -> Tensor:
+        """SHA-256 of what a null must share with the check it serves: classifier settings,
+        ensemble size and evaluation points (not the seed)."""
+        kwargs = sorted(self.classifier_kwargs.items())
+        text = f"{self.classifier_spec!r}|{kwargs}|{self.num_ensemble}|{self.num_eval}"
+        return _digest(text.encode())
 
     def _generator(self, stream: int) -> torch.Generator:
         return torch.Generator().manual_seed(_stream_seed(self.seed, stream))

@@ -41,7 +41,14 @@ from calib_lightning.posteriors import Posterior, as_posterior, checked_samples
 
 __all__ = ["LC2ST", "LC2STNF"]
 
-_BUFFERS = ("observations", "eval_points", "null_fingerprint", "null_statistics", "null_ecdf")
+_BUFFERS = (
+    "observations",
+    "eval_points",
+    "null_fingerprint",
+    "null_settings",
+    "null_statistics",
+    "null_ecdf",
+)
 
 
 class LC2STNF(LocalC2ST):
@@ -122,7 +129,8 @@ class LC2STNF(LocalC2ST):
             **kwargs,
         )
         for name in _BUFFERS[1:]:
-            dtype = torch.uint8 if name == "null_fingerprint" else self.observations.dtype
+            dtype = torch.uint8 if name in ("null_fingerprint", "null_settings") else None
+            dtype = dtype or self.observations.dtype
             self.register_buffer(name, torch.empty(0, dtype=dtype))
         self.null_classifier = self._ensemble(num_null * num_ensemble, stream=3)
         self.classifier = self._ensemble(num_ensemble, stream=2)
@@ -167,6 +175,7 @@ class LC2STNF(LocalC2ST):
         self.null_classifier = self._ensemble(self.num_null * self.num_ensemble, stream=3)
         lc2st_nf_null(x, dim, self.num_null, self.null_classifier, self._generator(4))
         self.null_fingerprint = fingerprint(x).to(x.device)
+        self.null_settings = self.settings_fingerprint().to(x.device)
         self._cache_null()
         self._computed = None  # a cached compute() result used the old null
         return self
@@ -219,6 +228,14 @@ class LC2STNF(LocalC2ST):
                 "the calibration x passed to update() differ from the x the null classifiers "
                 f"were trained on (N = {x.shape[0]} rows now); pass the same calibration set, "
                 "or call fit_null(x, dim) / reset_null() to train a null for the new one"
+            )
+        elif not torch.equal(
+            self.settings_fingerprint().to(self.null_settings), self.null_settings
+        ):
+            raise ValueError(
+                "the null classifiers were trained with other classifier, classifier_kwargs, "
+                "num_ensemble or num_eval settings than this metric's; the test needs the same "
+                "procedure for both: build the metric with the null's settings or call fit_null"
             )
         elif latent.shape[1] != self.eval_points.shape[1] or len(self.null_statistics) != (
             self.num_null

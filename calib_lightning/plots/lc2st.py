@@ -106,7 +106,7 @@ def plot_pp(
         _pp_axes(ax, grid, ecdf[i], band[:, i], title)
     for ax in axes[len(picks) :]:
         ax.set_visible(False)
-    axes[0].legend(loc="upper left", fontsize=7, frameon=False)
+    axes[0].legend(loc="lower right", fontsize=7, frameon=False)
     fig.suptitle("Local PP-plots: a consistent posterior stays inside the grey band", fontsize=10)
     return fig
 
@@ -210,7 +210,7 @@ def plot_probability_map(
         grid, ecdf, band = (t.detach().cpu().double().numpy() for t in pp)
         _pp_axes(axes[0, side - 1], grid, ecdf, band, "PP-plot")
         axes[0, side - 1].set_axis_on()
-        axes[0, side - 1].legend(loc="upper left", fontsize=6, frameon=False)
+        axes[0, side - 1].legend(loc="lower right", fontsize=6, frameon=False)
     bar = fig.colorbar(ScalarMappable(norm, cmap), ax=axes, shrink=0.8, aspect=30)
     bar.set_ticks([0.5 - half, 0.5, 0.5 + half])
     bar.set_ticklabels(
