@@ -106,7 +106,7 @@ def plot_pp(
         _pp_axes(ax, grid, ecdf[i], band[:, i], title)
     for ax in axes[len(picks) :]:
         ax.set_visible(False)
-    axes[0].legend(loc="lower right", fontsize=7, frameon=False)
+    axes[0].legend(loc="best", fontsize=7, framealpha=0.8)
     fig.suptitle("Local PP-plots: a consistent posterior stays inside the grey band", fontsize=10)
     return fig
 
@@ -132,6 +132,7 @@ def plot_probability_map(
     min_count: int = 5,
     pp: tuple[Tensor, Tensor, Tensor] | None = None,
     title: str | None = None,
+    color_range: float = 0.25,
     panel_size: float = 2.4,
 ) -> Figure:
     r"""Corner plot of posterior samples at :math:`x_o`, bins coloured by the classifier.
@@ -152,6 +153,8 @@ def plot_probability_map(
         min_count: samples a bin needs to be coloured.
         pp: ``(pp_grid, pp_ecdf[o], pp_band[:, o])`` to draw the PP-plot in the free corner.
         title: figure title.
+        color_range: smallest half-width of the colour scale around 1/2 (wider when the
+            outputs spread further), so that chance-level noise stays pale.
         panel_size: inches per panel.
     """
     theta = samples.detach().cpu().double().numpy()
@@ -167,7 +170,7 @@ def plot_probability_map(
         raise ValueError(f"labels must name the D = {dim} parameters, got {len(labels)}")
     edges = [np.histogram_bin_edges(theta[:, i], bins=bins) for i in range(dim)]
     spread = np.nanmax(np.abs(d_values - 0.5)) if d_values.size else 0.0
-    half = max(0.05, float(spread))
+    half = min(0.5, max(color_range, float(spread)))
     norm, cmap = Normalize(0.5 - half, 0.5 + half), colormaps[_CMAP]
 
     side = max(dim, 2)
@@ -210,7 +213,7 @@ def plot_probability_map(
         grid, ecdf, band = (t.detach().cpu().double().numpy() for t in pp)
         _pp_axes(axes[0, side - 1], grid, ecdf, band, "PP-plot")
         axes[0, side - 1].set_axis_on()
-        axes[0, side - 1].legend(loc="lower right", fontsize=6, frameon=False)
+        axes[0, side - 1].legend(loc="best", fontsize=6, framealpha=0.8)
     bar = fig.colorbar(ScalarMappable(norm, cmap), ax=axes, shrink=0.8, aspect=30)
     bar.set_ticks([0.5 - half, 0.5, 0.5 + half])
     bar.set_ticklabels(
