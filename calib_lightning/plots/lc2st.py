@@ -133,6 +133,7 @@ def plot_probability_map(
     pp: tuple[Tensor, Tensor, Tensor] | None = None,
     title: str | None = None,
     color_range: float = 0.25,
+    range_quantile: float = 0.005,
     panel_size: float = 2.4,
 ) -> Figure:
     r"""Corner plot of posterior samples at :math:`x_o`, bins coloured by the classifier.
@@ -154,7 +155,9 @@ def plot_probability_map(
         pp: ``(pp_grid, pp_ecdf[o], pp_band[:, o])`` to draw the PP-plot in the free corner.
         title: figure title.
         color_range: smallest half-width of the colour scale around 1/2 (wider when the
-            outputs spread further), so that chance-level noise stays pale.
+            bin means spread further), so that chance-level noise stays pale.
+        range_quantile: axes span the ``range_quantile`` to ``1 - range_quantile``
+            quantiles of each parameter, so that a few outliers do not squeeze the bulk.
         panel_size: inches per panel.
     """
     theta = samples.detach().cpu().double().numpy()
@@ -168,9 +171,18 @@ def plot_probability_map(
     labels = list(labels) if labels is not None else [f"θ{i + 1}" for i in range(dim)]
     if len(labels) != dim:
         raise ValueError(f"labels must name the D = {dim} parameters, got {len(labels)}")
-    edges = [np.histogram_bin_edges(theta[:, i], bins=bins) for i in range(dim)]
-    spread = np.nanmax(np.abs(d_values - 0.5)) if d_values.size else 0.0
-    half = min(0.5, max(color_range, float(spread)))
+    if not 0 <= range_quantile < 0.5:
+        raise ValueError(f"range_quantile must lie in [0, 0.5), got {range_quantile!r}")
+    low, high = np.quantile(theta, [range_quantile, 1 - range_quantile], axis=0)
+    edges = [np.linspace(low[i], high[i] + 1e-12, bins + 1) for i in range(dim)]
+    panels = {  # (i, j) -> (counts, bin means) of the 1-D (i == j) and 2-D histograms
+        (i, j): _bin_means(d_values, [edges[j], edges[i]] if i != j else [edges[i]],
+                           theta[:, [j, i]] if i != j else theta[:, [i]], min_count)
+        for i in range(dim) for j in range(i + 1)
+    }  # fmt: skip
+    deviations = [np.abs(m - 0.5) for _, m in panels.values() if np.isfinite(m).any()]
+    spread = max((float(np.nanmax(d)) for d in deviations), default=0.0)
+    half = min(0.5, max(color_range, spread))
     norm, cmap = Normalize(0.5 - half, 0.5 + half), colormaps[_CMAP]
 
     side = max(dim, 2)
@@ -182,26 +194,17 @@ def plot_probability_map(
             if i >= dim or j > i:
                 ax.set_axis_off()
                 continue
+            counts, means = panels[i, j]
             if i == j:
-                counts, means = _bin_means(d_values, [edges[i]], theta[:, [i]], min_count)
                 width = np.diff(edges[i])
                 density = counts / max(counts.sum(), 1) / width
                 colors = [cmap(norm(m)) if np.isfinite(m) else "0.9" for m in means]
-                ax.bar(
-                    edges[i][:-1],
-                    density,
-                    width=width,
-                    align="edge",
-                    color=colors,
-                    edgecolor="0.4",
-                    lw=0.3,
-                )
+                ax.bar(edges[i][:-1], density, width=width, align="edge", color=colors,
+                       edgecolor="0.4", lw=0.3)  # fmt: skip
                 ax.set_yticks([])
             else:
-                _, means = _bin_means(d_values, [edges[j], edges[i]], theta[:, [j, i]], min_count)
-                ax.pcolormesh(
-                    edges[j], edges[i], np.ma.masked_invalid(means.T), cmap=cmap, norm=norm
-                )
+                ax.pcolormesh(edges[j], edges[i], np.ma.masked_invalid(means.T), cmap=cmap,
+                              norm=norm)  # fmt: skip
                 ax.set_ylabel(labels[i] if j == 0 else "")
                 if truth is not None:
                     ax.axhline(float(truth[i]), color="k", ls="--", lw=0.8)

@@ -305,8 +305,8 @@ def save_figures(metric, result, flow, x_o) -> None:
         drawn["probabilities"][0],
         bins=40,
         pp=(result["pp_grid"], result["pp_ecdf"][0], result["pp_band"][:, 0]),
-        title=f"Two Moons NSF at x_o = {where}: T = {float(result['statistic'][0]):.3f}, "
-        f"p = {float(result['p_value'][0]):.3f}. Red: too much mass, blue: too little",
+        title=f"Two Moons NSF at x_o = {where}: p = {float(result['p_value'][0]):.3f}\n"
+        "red: the flow puts too much mass there, blue: too little",
     )
     fig.savefig(RESULTS / "lc2st_two_moons_map.png", dpi=90)
 
