@@ -7,9 +7,11 @@ a conditional normalizing flow while it trains.
 import importlib
 from typing import Any
 
-from calib_lightning import functional, kernels, tasks
+from calib_lightning import classifiers, functional, kernels, tasks
 from calib_lightning.metrics import (
     KCCSD,
+    LC2ST,
+    LC2STNF,
     TARP,
     DensityCoverage,
     FrechetDistance,
@@ -23,6 +25,8 @@ _LAZY_CALLBACKS = ("CalibrationCallback", "KCCSDCallback", "RankCalibrationCallb
 
 __all__ = [
     "KCCSD",
+    "LC2ST",
+    "LC2STNF",
     "TARP",
     "CalibrationCallback",
     "DensityCoverage",
@@ -33,6 +37,7 @@ __all__ = [
     "RankCalibrationCallback",
     "as_posterior",
     "callbacks",
+    "classifiers",
     "functional",
     "kernels",
     "plots",

@@ -8,6 +8,7 @@ from calib_lightning.functional.bands import (
     rank_ecdf,
     simultaneous_band,
 )
+from calib_lightning.functional.c2st import oracle_c2st
 from calib_lightning.functional.kccsd import (
     bootstrap_p_value,
     gaussian_base_points,
@@ -18,6 +19,16 @@ from calib_lightning.functional.kccsd import (
     rademacher,
     u_statistic,
     wild_bootstrap,
+)
+from calib_lightning.functional.lc2st import (
+    lc2st_nf_null,
+    lc2st_nf_train,
+    lc2st_p_value,
+    lc2st_probabilities,
+    lc2st_statistic,
+    lc2st_train,
+    pp_band,
+    pp_ecdf,
 )
 from calib_lightning.functional.ranks import (
     PosteriorDraws,
@@ -87,11 +98,20 @@ __all__ = [
     "kccsd_matrix",
     "kccsd_test",
     "knn_sq_radii",
+    "lc2st_nf_null",
+    "lc2st_nf_train",
+    "lc2st_p_value",
+    "lc2st_probabilities",
+    "lc2st_statistic",
+    "lc2st_train",
     "marginal_ranks",
     "mmd",
+    "oracle_c2st",
     "pointwise_band",
     "posterior_ranks",
     "posterior_scores",
+    "pp_band",
+    "pp_ecdf",
     "rademacher",
     "rank_calibration",
     "rank_ecdf",

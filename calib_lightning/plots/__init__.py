@@ -5,6 +5,7 @@ Every function returns a :class:`matplotlib.figure.Figure` and never calls
 """
 
 from calib_lightning.plots.history import plot_history
+from calib_lightning.plots.lc2st import plot_pp, plot_probability_map
 from calib_lightning.plots.ranks import (
     plot_expected_coverage,
     plot_rank_ecdf,
@@ -15,6 +16,8 @@ from calib_lightning.plots.tarp import plot_tarp
 __all__ = [
     "plot_expected_coverage",
     "plot_history",
+    "plot_pp",
+    "plot_probability_map",
     "plot_rank_ecdf",
     "plot_rank_histograms",
     "plot_tarp",

@@ -1,0 +1,234 @@
+r"""Figures of L-C2ST: PP-plots with the null band, classifier probabilities on samples.
+
+* :func:`plot_pp`: for each reference observation, the empirical CDF of the
+  classifier's outputs :math:`d(\theta_j, x_o)` at the evaluation points, against the
+  band of the null classifiers. A consistent posterior keeps the curve inside the
+  band; the further it leaves it, the better the classifier tells the estimator's
+  samples from the true posterior's.
+* :func:`plot_probability_map`: 1-D and 2-D marginal histograms of posterior samples
+  at :math:`x_o`, each bin coloured by the mean classifier output of its samples. Since
+  :math:`d = P(\text{true posterior} \mid \theta, x_o)`, bins with :math:`d < 1/2` (red)
+  are where the estimator puts too much mass, :math:`d > 1/2` (blue) too little.
+
+Both take the dict of :meth:`calib_lightning.LC2STNF.compute` /
+:meth:`calib_lightning.LC2ST.compute` (and of ``LC2STNF.probability_map``) and return a
+:class:`matplotlib.figure.Figure`.
+
+References:
+    Linhart, Gramfort, Rodrigues. "L-C2ST: Local Diagnostics for Posterior
+    Approximations in Simulation-Based Inference." NeurIPS 2023 (Figure 4, Appendix D).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.axes import Axes
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+from torch import Tensor
+
+__all__ = ["plot_pp", "plot_probability_map"]
+
+_CMAP = "RdBu"  # low d (estimator has too much mass) red, high d (too little) blue
+_NULL_COLOR, _CURVE_COLOR = "0.8", "C0"
+
+
+def _get(result: Mapping[str, Tensor], *keys: str) -> list[np.ndarray]:
+    missing = [k for k in keys if k not in result]
+    if missing:
+        raise ValueError(f"result must be the dict of LC2STNF/LC2ST.compute(); missing {missing}")
+    return [result[k].detach().cpu().double().numpy() for k in keys]
+
+
+def _pp_axes(ax: Axes, grid: np.ndarray, ecdf: np.ndarray, band: np.ndarray, title: str) -> None:
+    ax.fill_between(
+        grid,
+        band[0],
+        band[1],
+        step="post",
+        color=_NULL_COLOR,
+        lw=0,
+        label="null classifiers (band)",
+    )
+    ax.step(
+        [0, 0.5, 0.5, 1],
+        [0, 0, 1, 1],
+        where="post",
+        color="k",
+        ls="--",
+        lw=0.9,
+        label="chance: all d = 1/2",
+    )
+    ax.step(grid, ecdf, where="post", color=_CURVE_COLOR, lw=1.6, label="this posterior")
+    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="level α", ylabel="ECDF of d at x_o", title=title)
+    ax.grid(alpha=0.3, lw=0.5)
+
+
+def plot_pp(
+    result: Mapping[str, Tensor],
+    *,
+    observations: Sequence[int] | None = None,
+    names: Sequence[str] | None = None,
+    alpha: float = 0.05,
+    panel_size: tuple[float, float] = (3.2, 3.0),
+) -> Figure:
+    r"""PP-plot per reference observation: ECDF of :math:`d(\theta_j, x_o)` and the null band.
+
+    Arguments:
+        result: ``compute()`` dict (keys ``pp_grid``, ``pp_ecdf``, ``pp_band``,
+            ``statistic``, ``p_value``).
+        observations: indices of the observations to draw (default: all).
+        names: a title per drawn observation.
+        alpha: level at which a panel is marked "rejected".
+        panel_size: inches per panel.
+    """
+    grid, ecdf, band, stat, p = _get(
+        result, "pp_grid", "pp_ecdf", "pp_band", "statistic", "p_value"
+    )
+    picks = list(range(ecdf.shape[0])) if observations is None else list(observations)
+    if names is not None and len(names) != len(picks):
+        raise ValueError(
+            f"names must have one entry per observation ({len(picks)}), got {len(names)}"
+        )
+    cols = min(len(picks), 4)
+    rows = math.ceil(len(picks) / cols)
+    fig = Figure(figsize=(panel_size[0] * cols, panel_size[1] * rows + 0.6), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, i, k in zip(axes, picks, range(len(picks)), strict=False):
+        verdict = "rejected" if p[i] <= alpha else "not rejected"
+        name = names[k] if names is not None else f"observation {i}"
+        title = f"{name}\nT = {stat[i]:.2g}, p = {p[i]:.3f} ({verdict})"
+        _pp_axes(ax, grid, ecdf[i], band[:, i], title)
+    for ax in axes[len(picks) :]:
+        ax.set_visible(False)
+    axes[0].legend(loc="best", fontsize=7, framealpha=0.8)
+    fig.suptitle("Local PP-plots: a consistent posterior stays inside the grey band", fontsize=10)
+    return fig
+
+
+def _bin_means(
+    values: np.ndarray, edges: list[np.ndarray], coords: np.ndarray, min_count: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Counts and mean of ``values`` per histogram bin (``nan`` below ``min_count``)."""
+    counts, _ = np.histogramdd(coords, bins=edges)
+    sums, _ = np.histogramdd(coords, bins=edges, weights=values)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(counts >= min_count, sums / counts, np.nan)
+    return counts, means
+
+
+def plot_probability_map(
+    samples: Tensor,
+    probabilities: Tensor,
+    *,
+    labels: Sequence[str] | None = None,
+    truth: Tensor | None = None,
+    bins: int = 20,
+    min_count: int = 5,
+    pp: tuple[Tensor, Tensor, Tensor] | None = None,
+    title: str | None = None,
+    color_range: float = 0.25,
+    range_quantile: float = 0.005,
+    panel_size: float = 2.4,
+) -> Figure:
+    r"""Corner plot of posterior samples at :math:`x_o`, bins coloured by the classifier.
+
+    Diagonal: 1-D histograms; below it: 2-D histograms. Each bin's colour is the mean of
+    :math:`d` over its samples: red (:math:`d < 1/2`) where the estimator puts too much
+    mass relative to the true posterior, blue (:math:`d > 1/2`) too little, white-ish
+    where the classifier is at chance. Bins with fewer than ``min_count`` samples stay
+    blank.
+
+    Arguments:
+        samples: posterior samples :math:`\theta_s \sim q(\cdot \mid x_o)`, ``(S, D)``.
+        probabilities: :math:`d(\theta_s, x_o)`, ``(S,)`` (for L-C2ST-NF, evaluated at the
+            samples' latents: ``LC2STNF.probability_map``).
+        labels: parameter names.
+        truth: parameter that generated :math:`x_o`, ``(D,)``, drawn as dashed lines.
+        bins: bins per axis.
+        min_count: samples a bin needs to be coloured.
+        pp: ``(pp_grid, pp_ecdf[o], pp_band[:, o])`` to draw the PP-plot in the free corner.
+        title: figure title.
+        color_range: smallest half-width of the colour scale around 1/2 (wider when the
+            bin means spread further), so that chance-level noise stays pale.
+        range_quantile: axes span the ``range_quantile`` to ``1 - range_quantile``
+            quantiles of each parameter, so that a few outliers do not squeeze the bulk.
+        panel_size: inches per panel.
+    """
+    theta = samples.detach().cpu().double().numpy()
+    d_values = probabilities.detach().cpu().double().numpy()
+    if theta.ndim != 2 or d_values.shape != (theta.shape[0],):
+        raise ValueError(
+            f"samples must have shape (S, D) and probabilities (S,), got {tuple(samples.shape)} "
+            f"and {tuple(probabilities.shape)}"
+        )
+    dim = theta.shape[1]
+    labels = list(labels) if labels is not None else [f"θ{i + 1}" for i in range(dim)]
+    if len(labels) != dim:
+        raise ValueError(f"labels must name the D = {dim} parameters, got {len(labels)}")
+    if not 0 <= range_quantile < 0.5:
+        raise ValueError(f"range_quantile must lie in [0, 0.5), got {range_quantile!r}")
+    low, high = np.quantile(theta, [range_quantile, 1 - range_quantile], axis=0)
+    edges = [np.linspace(low[i], high[i] + 1e-12, bins + 1) for i in range(dim)]
+    panels = {  # (i, j) -> (counts, bin means) of the 1-D (i == j) and 2-D histograms
+        (i, j): _bin_means(d_values, [edges[j], edges[i]] if i != j else [edges[i]],
+                           theta[:, [j, i]] if i != j else theta[:, [i]], min_count)
+        for i in range(dim) for j in range(i + 1)
+    }  # fmt: skip
+    deviations = [np.abs(m - 0.5) for _, m in panels.values() if np.isfinite(m).any()]
+    spread = max((float(np.nanmax(d)) for d in deviations), default=0.0)
+    half = min(0.5, max(color_range, spread))
+    norm, cmap = Normalize(0.5 - half, 0.5 + half), colormaps[_CMAP]
+
+    side = max(dim, 2)
+    fig = Figure(figsize=(panel_size * side + 1.4, panel_size * side + 0.4), layout="constrained")
+    axes = fig.subplots(side, side, squeeze=False)
+    for i in range(side):
+        for j in range(side):
+            ax = axes[i, j]
+            if i >= dim or j > i:
+                ax.set_axis_off()
+                continue
+            counts, means = panels[i, j]
+            if i == j:
+                width = np.diff(edges[i])
+                density = counts / max(counts.sum(), 1) / width
+                colors = [cmap(norm(m)) if np.isfinite(m) else "0.9" for m in means]
+                ax.bar(edges[i][:-1], density, width=width, align="edge", color=colors,
+                       edgecolor="0.4", lw=0.3)  # fmt: skip
+                ax.set_yticks([])
+            else:
+                ax.pcolormesh(edges[j], edges[i], np.ma.masked_invalid(means.T), cmap=cmap,
+                              norm=norm)  # fmt: skip
+                ax.set_ylabel(labels[i] if j == 0 else "")
+                if truth is not None:
+                    ax.axhline(float(truth[i]), color="k", ls="--", lw=0.8)
+            if truth is not None:
+                ax.axvline(float(truth[j]), color="k", ls="--", lw=0.8)
+            ax.set_xlabel(labels[j] if i == dim - 1 else "")
+            ax.tick_params(labelsize=7)
+    if pp is not None:
+        grid, ecdf, band = (t.detach().cpu().double().numpy() for t in pp)
+        _pp_axes(axes[0, side - 1], grid, ecdf, band, "PP-plot")
+        axes[0, side - 1].set_axis_on()
+        axes[0, side - 1].legend(loc="best", fontsize=6, framealpha=0.8)
+    bar = fig.colorbar(ScalarMappable(norm, cmap), ax=axes, shrink=0.8, aspect=30)
+    bar.set_ticks([0.5 - half, 0.5, 0.5 + half])
+    bar.set_ticklabels(
+        [
+            f"{0.5 - half:.2f}\nestimator:\ntoo much mass",
+            "0.5\nconsistent",
+            f"{0.5 + half:.2f}\nestimator:\ntoo little mass",
+        ],
+        fontsize=7,
+    )
+    bar.set_label("mean classifier output d(θ, x_o) in the bin", fontsize=8)
+    fig.suptitle(
+        title or "Where the estimator puts too much (red) or too little (blue) mass", fontsize=10
+    )
+    return fig
