@@ -21,7 +21,12 @@ from calib_lightning.posteriors import Posterior, as_posterior
 
 # Lightning and matplotlib load on first use, so `import calib_lightning` stays light.
 _LAZY_MODULES = ("callbacks", "plots")
-_LAZY_CALLBACKS = ("CalibrationCallback", "KCCSDCallback", "RankCalibrationCallback")
+_LAZY_CALLBACKS = (
+    "CalibrationCallback",
+    "KCCSDCallback",
+    "LC2STNFCallback",
+    "RankCalibrationCallback",
+)
 
 __all__ = [
     "KCCSD",
@@ -32,6 +37,7 @@ __all__ = [
     "DensityCoverage",
     "FrechetDistance",
     "KCCSDCallback",
+    "LC2STNFCallback",
     "Posterior",
     "RankCalibration",
     "RankCalibrationCallback",

@@ -41,6 +41,7 @@ import calib_lightning as cl
 from calib_lightning.callbacks import (
     CalibrationCallback,
     KCCSDCallback,
+    LC2STNFCallback,
     RankCalibrationCallback,
     summary_table,
 )
@@ -101,14 +102,19 @@ class NPE(L.LightningModule):
         return [optimizer], [schedule]
 
 
-def calibration_callbacks(theta_cal, x_cal, every_n_epochs: int) -> list[CalibrationCallback]:
-    """The calibration checks; each one logs under calibration/<name>/."""
+def calibration_callbacks(
+    theta_cal, x_cal, every_n_epochs: int, theta_o, x_o
+) -> list[CalibrationCallback]:
+    """The calibration checks; each one logs under calibration/<name>/. SLCP has no
+    tractable posterior, so L-C2ST-NF runs without reference samples."""
     return [
         KCCSDCallback(theta_cal, x_cal, every_n_epochs=every_n_epochs,
                       metric=cl.KCCSD(num_bootstrap=500, seed=0)),
         RankCalibrationCallback(theta_cal, x_cal, every_n_epochs=every_n_epochs,
                                 labels=LABELS),
-        # TODO(issue 4): LC2STNFCallback(theta_cal, x_cal, observations=x_o, every_n_epochs=...)
+        LC2STNFCallback(theta_cal, x_cal, every_n_epochs=every_n_epochs,
+                        metric=cl.LC2STNF(observations=x_o, num_null=100, num_eval=10_000),
+                        truths=theta_o, labels=LABELS),
     ]
 
 
@@ -167,12 +173,13 @@ def main() -> None:
     theta, x = task.sample(args.num_simulations, generator)
     theta_val, x_val = task.sample(2_000, generator)
     theta_cal, x_cal = task.sample(args.num_calibration, generator)  # never trained on
+    theta_o, x_o = task.sample(2, generator)  # "observed" data for the local tests
 
     low, high = task.prior_bounds
     flow = masked_autoregressive_flow(task.theta_dim, x.mean(0), x.std(0),
                                       torch.full((task.theta_dim,), low),
                                       torch.full((task.theta_dim,), high))
-    checks = calibration_callbacks(theta_cal, x_cal, args.every_n_epochs)
+    checks = calibration_callbacks(theta_cal, x_cal, args.every_n_epochs, theta_o, x_o)
     timer = EpochTimer()
     trainer = L.Trainer(
         max_epochs=args.epochs,
@@ -201,7 +208,8 @@ def main() -> None:
         args.save_figures.mkdir(parents=True, exist_ok=True)
         for check in checks:
             for key, figure in check.figures(check.last_result).items():
-                path = args.save_figures / f"slcp_{check.tag_name}_{key}.png"
+                name = key.replace("/", "_")
+                path = args.save_figures / f"slcp_{check.tag_name}_{name}.png"
                 figure.savefig(path, dpi=110)
                 print("wrote", path)
 

@@ -34,6 +34,7 @@ import calib_lightning as cl
 from calib_lightning.callbacks import (
     CalibrationCallback,
     KCCSDCallback,
+    LC2STNFCallback,
     RankCalibrationCallback,
     summary_table,
 )
@@ -69,14 +70,22 @@ class NPE(L.LightningModule):
         return [optimizer], [schedule]
 
 
-def calibration_callbacks(theta_cal, x_cal, every_n_epochs: int) -> list[CalibrationCallback]:
-    """The calibration checks of the demo; each one logs under calibration/<name>/."""
+def calibration_callbacks(
+    theta_cal, x_cal, every_n_epochs: int, theta_o, x_o, reference
+) -> list[CalibrationCallback]:
+    """The calibration checks of the demo; each one logs under calibration/<name>/.
+
+    KCCSD and SBC ranks check calibration on average over x; L-C2ST-NF checks the
+    posterior locally, at the reference observations ``x_o`` (with the exact Two Moons
+    posterior samples ``reference`` it also logs MMD and the oracle C2ST there)."""
     return [
         KCCSDCallback(theta_cal, x_cal, every_n_epochs=every_n_epochs,
                       metric=cl.KCCSD(num_bootstrap=500, seed=0)),
         RankCalibrationCallback(theta_cal, x_cal, every_n_epochs=every_n_epochs,
                                 labels=LABELS),
-        # TODO(issue 4): LC2STNFCallback(theta_cal, x_cal, observations=x_o, every_n_epochs=...)
+        LC2STNFCallback(theta_cal, x_cal, every_n_epochs=every_n_epochs,
+                        metric=cl.LC2STNF(observations=x_o, num_null=100, num_eval=10_000),
+                        truths=theta_o, reference_samples=reference, labels=LABELS),
     ]
 
 
@@ -93,7 +102,8 @@ class EpochTimer(L.Callback):
         self.seconds.append(time.perf_counter() - self._start)
         metrics = trainer.callback_metrics
         line = f"epoch {trainer.current_epoch:3d}  {self.seconds[-1]:5.1f} s"
-        for key in ("train/nll", "val/nll", "calibration/kccsd/p_value"):
+        for key in ("train/nll", "val/nll", "calibration/kccsd/p_value",
+                    "calibration/ranks/p_value", "calibration/lc2st_nf/p_value/0"):
             if key in metrics:
                 line += f"  {key} {float(metrics[key]):.4g}"
         print(line, flush=True)
@@ -119,6 +129,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--num-simulations", type=int, default=30_000)
     parser.add_argument("--num-calibration", type=int, default=1_000)
+    parser.add_argument("--num-observations", type=int, default=3,
+                        help="reference observations x_o for the local L-C2ST-NF tests")
     parser.add_argument("--every-n-epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--save-figures", type=Path, default=None)
@@ -135,8 +147,12 @@ def main() -> None:
     theta, x = task.sample(args.num_simulations, generator)
     theta_val, x_val = task.sample(2_000, generator)
     theta_cal, x_cal = task.sample(args.num_calibration, generator)  # never trained on
+    theta_o, x_o = task.sample(args.num_observations, generator)  # "observed" data
+    reference = task.reference_posterior_samples(x_o, 1_000, generator)  # exact posterior
 
-    checks = calibration_callbacks(theta_cal, x_cal, args.every_n_epochs)
+    checks = calibration_callbacks(
+        theta_cal, x_cal, args.every_n_epochs, theta_o, x_o, reference
+    )
     timer = EpochTimer()
     trainer = L.Trainer(
         max_epochs=args.epochs,
@@ -166,7 +182,8 @@ def main() -> None:
         args.save_figures.mkdir(parents=True, exist_ok=True)
         for check in checks:
             for key, figure in check.figures(check.last_result).items():
-                path = args.save_figures / f"two_moons_{check.tag_name}_{key}.png"
+                name = key.replace("/", "_")
+                path = args.save_figures / f"two_moons_{check.tag_name}_{name}.png"
                 figure.savefig(path, dpi=110)
                 print("wrote", path)
 

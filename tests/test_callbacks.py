@@ -466,3 +466,70 @@ def test_rank_callback_logs_scalars_figures_and_rank_histograms(tmp_path, shift)
     else:  # every coordinate shifted by 0.4 posterior-widths: the marginal ranks see it
         assert marginal[0] < 1e-6
     assert callback.history["contraction/0"][0] == pytest.approx(0.8, abs=0.05)
+
+
+def lc2st_metric(x_o):
+    return cl.LC2STNF(observations=x_o, num_null=20, num_eval=1000, seed=1)
+
+
+def test_lc2st_nf_callback_logs_per_observation_tests_maps_and_reference_scores(tmp_path):
+    from calib_lightning.callbacks import LC2STNFCallback
+
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(300, torch.Generator().manual_seed(7))
+    theta_o, x_o = toy.sample(2, torch.Generator().manual_seed(8))
+    with torch.random.fork_rng():
+        torch.manual_seed(9)
+        reference = cl.as_posterior(toy.posterior()).sample(x_o, 500)  # exact posterior
+    callback = LC2STNFCallback(
+        theta, x, metric=lc2st_metric(x_o), truths=theta_o, reference_samples=reference,
+        labels=["a", "b"], num_map_samples=500,
+    )  # fmt: skip
+    logger = TensorBoardLogger(tmp_path, name="tb", version=0)
+    train = loader(*toy.sample(64, torch.Generator().manual_seed(6)))
+    trainer(max_epochs=1, logger=logger, callbacks=[callback]).fit(FixedPosterior(0.0), train)
+
+    acc = events(logger.log_dir)
+    keys = ("statistic", "p_value", "mmd", "mmd_p_value", "frechet_distance", "density",
+            "coverage", "oracle_c2st")  # fmt: skip
+    expected = {f"calibration/lc2st_nf/{k}/{o}" for k in keys for o in (0, 1)}
+    assert set(acc.Tags()["scalars"]) - {"epoch"} == expected
+    figures = {"history", "pp", "probability_map/0", "probability_map/1"}
+    assert set(acc.Tags()["images"]) == {f"calibration/lc2st_nf/{f}" for f in figures}
+    # the exact posterior: no local test rejects, and reference scores say "the same"
+    for o in (0, 1):
+        assert callback.history[f"p_value/{o}"][0] > 0.05
+        assert callback.history[f"mmd_p_value/{o}"][0] > 0.01
+        assert 0.4 < callback.history[f"oracle_c2st/{o}"][0] < 0.6
+
+
+def test_lc2st_nf_callback_resume_does_not_retrain_the_null(tmp_path, data, monkeypatch):
+    from calib_lightning.callbacks import LC2STNFCallback
+    from calib_lightning.classifiers import MLPEnsemble
+
+    fits = []
+    original = MLPEnsemble.fit
+
+    def counting(self, features, labels):
+        fits.append(self.num_members)
+        return original(self, features, labels)
+
+    monkeypatch.setattr(MLPEnsemble, "fit", counting)
+    (theta, x), (theta_cal, x_cal) = data
+
+    def run(max_epochs, ckpt_path=None):
+        callback = LC2STNFCallback(theta_cal, x_cal, metric=lc2st_metric(x_cal[:2]))
+        save = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+        trainer(max_epochs=max_epochs, callbacks=[callback, save], enable_checkpointing=True).fit(
+            NPE(), loader(theta, x, shuffle=True), ckpt_path=ckpt_path
+        )
+        return callback
+
+    first = run(2)
+    assert fits == [20, 1, 1]  # the null once (20 members), then one classifier per check
+    fits.clear()
+    resumed = run(4, ckpt_path=tmp_path / "last.ckpt")
+    assert fits == [1, 1]  # checks at epochs 2 and 3; the null came from the checkpoint
+    assert resumed.epochs == [0, 1, 2, 3]
+    assert resumed.history["p_value/0"][:2] == first.history["p_value/0"]
+    torch.testing.assert_close(resumed.metric.null_statistics, first.metric.null_statistics)

@@ -7,7 +7,14 @@ when to check, feeds the held-out pairs to the metric, logs scalars (for
 
 from calib_lightning.callbacks.base import CalibrationCallback
 from calib_lightning.callbacks.kccsd import KCCSDCallback
+from calib_lightning.callbacks.lc2st import LC2STNFCallback
 from calib_lightning.callbacks.ranks import RankCalibrationCallback
 from calib_lightning.callbacks.summary import summary_table
 
-__all__ = ["CalibrationCallback", "KCCSDCallback", "RankCalibrationCallback", "summary_table"]
+__all__ = [
+    "CalibrationCallback",
+    "KCCSDCallback",
+    "LC2STNFCallback",
+    "RankCalibrationCallback",
+    "summary_table",
+]

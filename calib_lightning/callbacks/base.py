@@ -39,7 +39,7 @@ from torch.utils.data import DistributedSampler
 
 from calib_lightning._checks import check_pairs, check_positive, check_probability
 from calib_lightning.plots.history import plot_history
-from calib_lightning.posteriors import as_posterior
+from calib_lightning.posteriors import Posterior, as_posterior
 
 __all__ = ["CalibrationCallback"]
 
@@ -193,6 +193,12 @@ class CalibrationCallback(Callback):
         """Tensors to write with ``add_histogram``, keyed by tag suffix. Default: none."""
         return {}
 
+    def extra_results(self, trainer: Trainer, posterior: Posterior) -> dict[str, Tensor]:
+        """More outputs computed from the posterior after the metric, in the same eval-mode,
+        ``no_grad`` context (e.g. samples for a figure). Runs on every process. Default:
+        none."""
+        return {}
+
     def extra_state(self) -> dict[str, Any]:
         """More state to save with the checkpoint (besides histories and the metric's)."""
         return {}
@@ -273,7 +279,9 @@ class CalibrationCallback(Callback):
                 self.metric.reset()
                 for theta, x in self._local_batches(trainer, device, pl_module.dtype):
                     self.metric.update(posterior, theta, x)
-                return self.metric.compute()
+                result = dict(self.metric.compute())
+                result.update(self.extra_results(trainer, posterior))
+                return result
         finally:
             for m, mode in modes:
                 m.training = mode

@@ -1,0 +1,159 @@
+"""Lightning callback running L-C2ST-NF local tests at reference observations while training."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from lightning.pytorch import Trainer
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from calib_lightning.callbacks.base import CalibrationCallback
+from calib_lightning.functional.c2st import oracle_c2st
+from calib_lightning.functional.reference import compare_to_reference
+from calib_lightning.metrics.lc2st import LC2STNF
+from calib_lightning.plots.lc2st import plot_pp, plot_probability_map
+from calib_lightning.posteriors import Posterior
+
+__all__ = ["LC2STNFCallback"]
+
+_REFERENCE_KEYS = ("mmd", "mmd_p_value", "frechet_distance", "density", "coverage")
+
+
+class LC2STNFCallback(CalibrationCallback):
+    r"""Local calibration at the observations you care about (L-C2ST-NF), every few epochs.
+
+    The null classifiers depend only on the calibration ``x``: they are trained at the
+    first check, in one batched fit, and kept in the checkpoint, so later checks and a
+    resumed run cost one classifier fit and one inverse pass of the flow.
+
+    Logs, under ``{prefix}/lc2st_nf/``, one entry per reference observation ``o``:
+    ``p_value/<o>`` (small = the posterior at :math:`x_o` is wrong) and
+    ``statistic/<o>`` (:math:`T(x_o)`, 0 when the classifier cannot tell the flow's
+    latents from normal draws). Figures: ``pp`` (PP-plots with the null band),
+    ``probability_map/<o>`` (the classifier's probability over 1-D and 2-D marginals
+    of posterior samples at :math:`x_o`: red where the estimator puts too much mass,
+    blue too little) and ``history``.
+
+    With ``reference_samples`` (exact posterior samples at the observations, e.g. from a
+    benchmark task or MCMC) it also logs, per observation, ``mmd``, ``mmd_p_value``,
+    ``frechet_distance``, ``density``, ``coverage`` and ``oracle_c2st`` (accuracy of a
+    classifier between estimator and reference samples; 0.5 = indistinguishable).
+    Samples for figures and reference scores are drawn under a fixed seed, so every
+    process computes the same values.
+
+    Arguments:
+        theta: calibration parameters ``(N, D)``.
+        x: calibration observations ``(N, *X)``.
+        observations: reference observations :math:`x_o`, ``(O, *X)``; may be omitted
+            when ``metric`` is given.
+        metric: a configured :class:`calib_lightning.LC2STNF`; default
+            ``LC2STNF(observations, num_null=100, num_eval=10_000)``.
+        truths: parameters that generated the observations ``(O, D)``, drawn on the maps.
+        reference_samples: exact posterior samples ``(S_ref, O, D)`` at the observations.
+        labels: parameter names for the figures.
+        num_map_samples: posterior samples per observation for the probability maps.
+        seed: seeds the samples drawn for figures and reference scores.
+        **kwargs: :class:`~calib_lightning.callbacks.CalibrationCallback` arguments.
+
+    References:
+        Linhart, Gramfort, Rodrigues. "L-C2ST: Local Diagnostics for Posterior
+        Approximations in Simulation-Based Inference." NeurIPS 2023.
+    """
+
+    name: ClassVar[str] = "lc2st_nf"
+    history_keys: ClassVar[tuple[str, ...]] = ("p_value", "oracle_c2st")
+
+    def __init__(
+        self,
+        theta: Tensor | None = None,
+        x: Tensor | None = None,
+        *,
+        observations: Tensor | None = None,
+        metric: LC2STNF | None = None,
+        truths: Tensor | None = None,
+        reference_samples: Tensor | None = None,
+        labels: list[str] | None = None,
+        num_map_samples: int = 2000,
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        if metric is not None and not isinstance(metric, LC2STNF):
+            raise ValueError(
+                f"metric must be a calib_lightning.LC2STNF, got {type(metric).__name__}"
+            )
+        if metric is None:
+            if observations is None:
+                raise ValueError("observations must be given (O, X) when no metric is, got None")
+            metric = LC2STNF(observations=observations)
+        elif observations is not None and not torch.equal(
+            observations.to(metric.observations), metric.observations
+        ):
+            raise ValueError("observations must equal metric.observations (or be omitted)")
+        num_obs = metric.observations.shape[0]
+        for name, value, axis in (
+            ("truths", truths, 0),
+            ("reference_samples", reference_samples, 1),
+        ):
+            if value is not None and (value.ndim < 2 or value.shape[axis] != num_obs):
+                expected = "(O, D)" if axis == 0 else "(S_ref, O, D)"
+                raise ValueError(
+                    f"{name} must have shape {expected} with O = {num_obs} observations, "
+                    f"got {tuple(value.shape)}"
+                )
+        super().__init__(metric, theta, x, **kwargs)
+        self.truths, self.reference_samples, self.labels = truths, reference_samples, labels
+        self.num_map_samples, self.seed = num_map_samples, seed
+
+    def scalars(self, result: dict[str, Tensor]) -> dict[str, Tensor]:
+        keys = ("statistic", "p_value", *_REFERENCE_KEYS, "oracle_c2st")
+        return {
+            f"{key}/{o}": value
+            for key in keys
+            if key in result
+            for o, value in enumerate(result[key])
+        }
+
+    def extra_results(self, trainer: Trainer, posterior: Posterior) -> dict[str, Tensor]:
+        draw_maps = self.log_figures and trainer.is_global_zero
+        if not draw_maps and self.reference_samples is None:
+            return {}
+        out: dict[str, Tensor] = {}
+        observations = self.metric.observations
+        with torch.random.fork_rng(devices=[]):  # same draws on every process
+            torch.manual_seed(self.seed)
+            if draw_maps:
+                maps = self.metric.probability_map(posterior, self.num_map_samples)
+                out["map_samples"], out["map_probabilities"] = (
+                    maps["samples"],
+                    maps["probabilities"],
+                )
+            if self.reference_samples is not None:
+                reference = self.reference_samples.to(observations)
+                samples = posterior.sample(observations, reference.shape[0])
+                scores = compare_to_reference(
+                    samples, observations, reference, vendi=False,
+                    generator=torch.Generator().manual_seed(self.seed),
+                )  # fmt: skip
+                out.update({key: scores[key] for key in _REFERENCE_KEYS})
+                c2st = oracle_c2st(
+                    samples.transpose(0, 1), reference.transpose(0, 1), seed=self.seed
+                )
+                out["oracle_c2st"] = c2st["accuracy"]
+        return out
+
+    def figures(self, result: dict[str, Tensor]) -> dict[str, Figure]:
+        figures = super().figures(result)
+        figures["pp"] = plot_pp(result)
+        if "map_samples" in result:
+            for o, (samples, probs) in enumerate(
+                zip(result["map_samples"], result["map_probabilities"], strict=True)
+            ):
+                pp = (result["pp_grid"], result["pp_ecdf"][o], result["pp_band"][:, o])
+                truth = None if self.truths is None else self.truths[o].cpu()
+                figures[f"probability_map/{o}"] = plot_probability_map(
+                    samples, probs, labels=self.labels, truth=truth, pp=pp,
+                    title=f"observation {o}: p = {float(result['p_value'][o]):.3g}",
+                )  # fmt: skip
+        return figures
