@@ -19,14 +19,13 @@ is used.
 from __future__ import annotations
 
 import argparse
-import math
-import statistics
 import time
 from pathlib import Path
 
 import lightning as L
 import torch
 import zuko
+from _common import EpochTimer, overhead_table, save_figures
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -89,41 +88,6 @@ def calibration_callbacks(
     ]
 
 
-class EpochTimer(L.Callback):
-    """Wall time of each training epoch (validation included), to put checks in proportion."""
-
-    def __init__(self) -> None:
-        self.seconds: list[float] = []
-
-    def on_train_epoch_start(self, trainer, pl_module) -> None:
-        self._start = time.perf_counter()
-
-    def on_train_epoch_end(self, trainer, pl_module) -> None:
-        self.seconds.append(time.perf_counter() - self._start)
-        metrics = trainer.callback_metrics
-        line = f"epoch {trainer.current_epoch:3d}  {self.seconds[-1]:5.1f} s"
-        for key in ("train/nll", "val/nll", "calibration/kccsd/p_value",
-                    "calibration/ranks/p_value", "calibration/lc2st_nf/p_value/0"):
-            if key in metrics:
-                line += f"  {key} {float(metrics[key]):.4g}"
-        print(line, flush=True)
-
-
-def overhead_table(checks: list[CalibrationCallback], timer: EpochTimer) -> str:
-    """Median seconds per check, and as a fraction of the median epoch without checks."""
-    per_epoch = statistics.median(
-        seconds - sum(c.seconds[c.epochs.index(epoch)] for c in checks if epoch in c.epochs)
-        for epoch, seconds in enumerate(timer.seconds)
-    )
-    lines = [f"{'check':10s} {'checks':>6s} {'s/check':>8s} {'fraction of an epoch':>21s}"]
-    for c in checks:
-        median = statistics.median(c.seconds) if c.seconds else math.nan
-        lines.append(f"{c.tag_name:10s} {len(c.seconds):6d} {median:8.2f} "
-                     f"{median / per_epoch:21.1%}")
-    lines.append(f"(median epoch without checks: {per_epoch:.2f} s)")
-    return "\n".join(lines)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--epochs", type=int, default=30)
@@ -179,14 +143,7 @@ def main() -> None:
     print(f"\ntraining took {total:.0f} s; TensorBoard: tensorboard --logdir lightning_logs"
           f"  (run {trainer.logger.log_dir})")
     if args.save_figures is not None:
-        args.save_figures.mkdir(parents=True, exist_ok=True)
-        for check in checks:
-            for key, figure in check.figures(check.last_result).items():
-                name = key.replace("/", "_")
-                path = args.save_figures / f"two_moons_{check.tag_name}_{name}.png"
-                figure.savefig(path, dpi=110)
-                print("wrote", path)
-
+        save_figures(checks, args.save_figures, "two_moons")
 
 if __name__ == "__main__":
     main()
