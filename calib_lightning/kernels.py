@@ -36,14 +36,14 @@ __all__ = [
     "kgfd_sq_distances",
     "median_bandwidth",
     "median_from_sq_distances",
-    "radial_profile",
     "score_embedding",
     "sq_distances",
     "stein_kernel",
+    "stein_kernel_terms",
 ]
 
 KERNELS = ("rbf", "imq")
-_IMQ_BETA = -0.5
+_IMQ_BETA = -0.5  # IMQ kernel (1 + q / l^2)^beta (Gorham and Mackey, 2017)
 
 
 def sq_distances(a: Tensor, b: Tensor) -> Tensor:
@@ -55,32 +55,51 @@ def sq_distances(a: Tensor, b: Tensor) -> Tensor:
     return d2.clamp_min(0.0)
 
 
-def radial_profile(kernel: str, q: Tensor, bandwidth: Tensor | float) -> tuple[Tensor, ...]:
-    r"""Profile :math:`\varphi(q)` and its first two derivatives in :math:`q = \|r\|^2`.
+def stein_kernel_terms(
+    y1: Tensor,
+    s1: Tensor,
+    y2: Tensor,
+    s2: Tensor,
+    kernel: str = "rbf",
+    bandwidth: Tensor | float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    r"""The Stein kernel factored as :math:`h = \exp(\log arphi) \cdot b`.
 
-    * ``"rbf"``: :math:`\varphi = \exp(-q / (2 \ell^2))`.
-    * ``"imq"``: :math:`\varphi = (1 + q / \ell^2)^{-1/2}` (Gorham and Mackey, 2017).
+    Keeping :math:`\log arphi` separate lets callers fold a second exponentiated
+    kernel into a single ``exp`` (see :func:`stein_kernel` for the arguments). With
+    :math:`c = s_1 \cdot r - s_2 \cdot r + D` and :math:`r = y_1 - y_2`:
 
-    Arguments:
-        kernel: ``"rbf"`` or ``"imq"``.
-        q: squared distances, any shape.
-        bandwidth: :math:`\ell`, a float or a tensor broadcastable to ``q``.
+    * RBF: :math:`b = s_1 \cdot s_2 + c / \ell^2 - q / \ell^4`, all inner products from
+      one ``(N, 2D) x (2D, M)`` product;
+    * IMQ (:math:`eta = -1/2`, :math:`u = 1 + q / \ell^2`):
+      :math:`b = s_1 \cdot s_2 - 2 eta c / (u \ell^2) - 4 eta (eta - 1) q / (u^2 \ell^4)`.
 
     Returns:
-        ``(phi, dphi, d2phi)``, each shaped like ``q``.
+        ``(log_phi, b)``, each ``(*, N, M)``.
     """
     check_choice("kernel", kernel, KERNELS)
-    ell2 = torch.as_tensor(bandwidth, dtype=q.dtype, device=q.device) ** 2
+    d = y1.shape[-1]
+    ell2 = torch.as_tensor(bandwidth, dtype=y1.dtype, device=y1.device) ** 2
+    if ell2.ndim > 0:
+        ell2 = ell2[..., None, None]
+    center = y1.mean(-2, keepdim=True).detach()  # translation invariant; keeps float32 exact
+    y1, y2 = y1 - center, y2 - center
+    y1_sq, y2_sq = (y1 * y1).sum(-1, keepdim=True), (y2 * y2).sum(-1, keepdim=True)
+    s1_y1, s2_y2 = (s1 * y1).sum(-1, keepdim=True), (s2 * y2).sum(-1, keepdim=True)
+    q = (y1_sq + y2_sq.transpose(-1, -2) - 2.0 * (y1 @ y2.transpose(-1, -2))).clamp_min(0.0)
     if kernel == "rbf":
-        phi = torch.exp(-q / (2.0 * ell2))
-        dphi = -phi / (2.0 * ell2)
-        return phi, dphi, phi / (4.0 * ell2 * ell2)
-    u = 1.0 + q / ell2
+        # s1.s2 - (s1.y2 + y1.s2) / l^2 + 2 y1.y2 / l^4 as one product, then row/column terms
+        left = torch.cat([s1, y1], -1)
+        right = torch.cat([s2 - y2 / ell2, 2.0 * y2 / ell2**2 - s2 / ell2], -1)
+        rows = (s1_y1 + d) / ell2 - y1_sq / ell2**2
+        cols = (s2_y2 / ell2 - y2_sq / ell2**2).transpose(-1, -2)
+        return -q / (2.0 * ell2), left @ right.transpose(-1, -2) + rows + cols
     beta = _IMQ_BETA
-    phi = u**beta
-    dphi = beta * u ** (beta - 1.0) / ell2
-    d2phi = beta * (beta - 1.0) * u ** (beta - 2.0) / (ell2 * ell2)
-    return phi, dphi, d2phi
+    u = 1.0 + q / ell2
+    c = s1_y1 + s2_y2.transpose(-1, -2) - s1 @ y2.transpose(-1, -2) - y1 @ s2.transpose(-1, -2)
+    bracket = s1 @ s2.transpose(-1, -2) - 2.0 * beta * (c + d) / (u * ell2)
+    bracket = bracket - 4.0 * beta * (beta - 1.0) * q / (u * u * ell2 * ell2)
+    return beta * torch.log(u), bracket
 
 
 def stein_kernel(
@@ -106,20 +125,8 @@ def stein_kernel(
     Returns:
         ``(*, N, M)`` matrix of :math:`h` values.
     """
-    d = y1.shape[-1]
-    bandwidth = torch.as_tensor(bandwidth, dtype=y1.dtype, device=y1.device)
-    if bandwidth.ndim > 0:
-        bandwidth = bandwidth[..., None, None]
-    center = y1.mean(-2, keepdim=True).detach()  # translation invariant; keeps float32 exact
-    y1, y2 = y1 - center, y2 - center
-    q = sq_distances(y1, y2)
-    phi, dphi, d2phi = radial_profile(kernel, q, bandwidth)
-    s1_y1 = (s1 * y1).sum(-1).unsqueeze(-1)  # s_i . y_i
-    s2_y2 = (s2 * y2).sum(-1).unsqueeze(-2)  # s_j . y_j
-    s1_r = s1_y1 - s1 @ y2.transpose(-1, -2)  # s_i . (y_i - y_j)
-    s2_r = y1 @ s2.transpose(-1, -2) - s2_y2  # s_j . (y_i - y_j)
-    ss = s1 @ s2.transpose(-1, -2)
-    return phi * ss - 2.0 * dphi * (s1_r - s2_r) - 2.0 * d * dphi - 4.0 * q * d2phi
+    log_phi, bracket = stein_kernel_terms(y1, s1, y2, s2, kernel, bandwidth)
+    return torch.exp(log_phi) * bracket
 
 
 def median_from_sq_distances(sq: Tensor) -> Tensor:

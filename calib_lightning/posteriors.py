@@ -45,6 +45,7 @@ __all__ = [
     "DistributionPosterior",
     "NflowsPosterior",
     "Posterior",
+    "SbiPosterior",
     "as_posterior",
 ]
 
@@ -286,6 +287,54 @@ class NflowsPosterior(Posterior):
         return noise.reshape(*lead, x.shape[0], theta.shape[-1])
 
 
+class SbiPosterior(Posterior):
+    """Adapter for an sbi (>= 0.24) ``ConditionalDensityEstimator`` (``ZukoFlow``,
+    ``NFlowsFlow``, mixture density networks), or the estimator inside an sbi
+    ``DirectPosterior``.
+
+    The estimator is diagnosed as trained, without the prior-support rejection that
+    ``DirectPosterior`` adds when sampling. ``to_latent`` uses the estimator's
+    ``inverse_transform`` (flows only). Samples and their log-densities come from
+    separate ``sample`` and ``log_prob`` calls, never from sbi's
+    ``sample_and_log_prob`` (its nflows version mismatches samples and conditions
+    in sbi 0.27).
+
+    Arguments:
+        module: the estimator.
+    """
+
+    def sample(self, x: Tensor, num_samples: int) -> Tensor:
+        num_samples = _check_num_samples(num_samples)
+        with torch.no_grad():
+            return self.module.sample((num_samples,), condition=_check_x(x))
+
+    # sample_and_log_prob is inherited (sample, then log_prob) on purpose: in sbi 0.27,
+    # NFlowsFlow.sample_and_log_prob reshapes nflows' (N, S, D) output to (S, N, D)
+    # without transposing, which pairs samples with the wrong conditions.
+
+    def log_prob(self, theta: Tensor, x: Tensor) -> Tensor:
+        theta = _check_theta(theta, _check_x(x))
+        lead = theta.shape[:-2]
+        flat = theta.reshape(-1, *theta.shape[-2:])
+        return self.module.log_prob(flat, condition=x).reshape(*lead, x.shape[0])
+
+    def to_latent(self, theta: Tensor, x: Tensor) -> Tensor:
+        theta = _check_theta(theta, _check_x(x))
+        return self.module.inverse_transform(theta, x)
+
+
+def _sbi_estimator(obj: object) -> Any | None:
+    """The sbi density estimator behind ``obj``, or ``None`` if ``obj`` is not from sbi."""
+    if not type(obj).__module__.startswith("sbi."):
+        return None
+    try:
+        from sbi.neural_nets.estimators.base import ConditionalDensityEstimator
+    except ImportError:  # pragma: no cover - an old sbi
+        return None
+    estimator = getattr(obj, "posterior_estimator", obj)
+    return estimator if isinstance(estimator, ConditionalDensityEstimator) else None
+
+
 def _is_nflows(obj: object) -> bool:
     try:
         from nflows.flows.base import Flow
@@ -299,14 +348,18 @@ def as_posterior(obj: Any) -> Posterior:
 
     Arguments:
         obj: a :class:`Posterior` (returned as is), an ``nflows`` ``Flow``, a zuko flow
-            (any ``zuko.lazy.LazyDistribution``), or any callable
-            ``x -> torch.distributions.Distribution`` with event shape ``(D,)``.
+            (any ``zuko.lazy.LazyDistribution``), an sbi density estimator or
+            ``DirectPosterior``, or any callable ``x -> torch.distributions.Distribution``
+            with event shape ``(D,)``.
 
     Returns:
         The adapter.
     """
     if isinstance(obj, Posterior):
         return obj
+    estimator = _sbi_estimator(obj)
+    if estimator is not None:
+        return SbiPosterior(estimator)
     if _is_nflows(obj):
         return NflowsPosterior(obj)
     if callable(obj):

@@ -193,3 +193,38 @@ def test_bad_input_errors_name_the_argument(x):
     wrong_batch = cl.as_posterior(lambda x: Independent(Normal(torch.zeros(2, D), 1.0), 1))
     with pytest.raises(ValueError, match=r"batch shape \(N,\) and event shape \(D,\)"):
         wrong_batch.sample(x, 1)
+
+
+def test_sbi_estimators_follow_the_same_convention(x):
+    pytest.importorskip("sbi")
+    from sbi.inference import NPE
+    from sbi.utils import BoxUniform
+
+    from calib_lightning.posteriors import SbiPosterior
+
+    torch.manual_seed(0)
+    prior = BoxUniform(-2 * torch.ones(D), 2 * torch.ones(D))
+    inference = NPE(prior=prior, density_estimator="nsf", show_progress_bars=False)
+    theta_train = prior.sample((200,))
+    x_train = theta_train[:, :X] + 0.1 * torch.randn(200, X)
+    estimator = inference.append_simulations(theta_train, x_train).train(max_num_epochs=15)
+    post = cl.as_posterior(estimator)
+    assert isinstance(post, SbiPosterior)
+    assert isinstance(cl.as_posterior(inference.build_posterior(estimator)), SbiPosterior)
+    xf = x.float()
+    samples = post.sample(xf, 5)
+    assert samples.shape == (5, 7, D)
+    assert post.log_prob(samples, xf).shape == (5, 7)
+    assert post.log_prob(samples[0], xf).shape == (7,)
+    theta, log_prob = post.sample_and_log_prob(xf, 3)
+    torch.testing.assert_close(log_prob, post.log_prob(theta, xf), rtol=1e-4, atol=1e-4)
+    assert post.score(samples, xf).shape == (5, 7, D)
+    z = post.to_latent(post.sample(xf.repeat(300, 1), 1)[0], xf.repeat(300, 1)).detach()
+    assert abs(float(z.mean())) < 0.15
+    assert abs(float(z.std()) - 1) < 0.15
+    # each sample belongs to its own condition: samples at x_i must have higher density
+    # under q(. | x_i) than under the other conditions, on average
+    theta, _ = post.sample_and_log_prob(xf, 200)
+    own = post.log_prob(theta, xf).mean()
+    other = post.log_prob(theta, xf.roll(1, 0)).mean()
+    assert own > other

@@ -37,11 +37,10 @@ from calib_lightning.kernels import (
     DISTRIBUTION_KERNELS,
     KERNELS,
     embedding_sq_distances,
-    exponentiated,
     median_bandwidth,
     median_from_sq_distances,
     score_embedding,
-    stein_kernel,
+    stein_kernel_terms,
 )
 from calib_lightning.posteriors import Posterior, as_posterior
 
@@ -201,12 +200,16 @@ class _Setup:
     def block(self, rows: slice) -> Tensor:
         """Rows ``rows`` of H, with the diagonal entries set to zero."""
         theta, score = self.theta, self.score
-        h = stein_kernel(
+        log_k, bracket = stein_kernel_terms(
             theta[..., rows, :], score[..., rows, :], theta, score, self.kernel, self.bandwidth
         )
-        if self.left is not None:
+        if self.left is not None:  # k(P_i, P_j) l(y_i, y_j) in one exp
             sq = embedding_sq_distances(self.left, self.right, rows)
-            h = h * exponentiated(sq, self.distribution_bandwidth)
+            sigma = torch.as_tensor(self.distribution_bandwidth, dtype=sq.dtype, device=sq.device)
+            if sigma.ndim > 0:
+                sigma = sigma[..., None, None]
+            log_k = log_k - sq / (2.0 * sigma**2)
+        h = torch.exp(log_k) * bracket
         n_rows = h.shape[-2]
         index = torch.arange(n_rows, device=h.device)
         diagonal = torch.zeros(h.shape[-2:], dtype=torch.bool, device=h.device)
