@@ -66,9 +66,7 @@ MAX_EPOCHS, PATIENCE, BATCH, LR = 300, 20, 128, 1e-3
 NUM_TEST, NUM_RANK_SAMPLES, NUM_C2ST_OBS, NUM_C2ST_SAMPLES = 1000, 200, 5, 1000
 
 
-def fit(
-    theta: torch.Tensor, x: torch.Tensor, method: str, seed: int
-) -> tuple[nn.Module, dict]:
+def fit(theta: torch.Tensor, x: torch.Tensor, method: str, seed: int) -> tuple[nn.Module, dict]:
     """Train one flow; returns it (best validation state) and training statistics."""
     cls, kwargs, weight, held_out = METHODS[method]
     regularizer = cls(**kwargs) if cls is not None else None
