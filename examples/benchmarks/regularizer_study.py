@@ -53,14 +53,16 @@ RESULTS = Path(__file__).resolve().parent / "results"
 CACHE = RESULTS / "regularizer_study_runs.json"
 TASKS = {"gaussian_linear_uniform": GaussianLinearUniform, "two_moons": TwoMoons, "slcp": SLCP}
 BUDGETS = (1000, 4000)
-# name -> (regularizer class, its arguments, weight, fraction of the budget held out of
-# the NLL and used only by the regularizer)
-METHODS: dict[str, tuple[type[nn.Module] | None, dict, float, float]] = {
-    "npe": (None, {}, 0.0, 0.0),
-    "coverage (5)": (CoverageLoss, {}, 5.0, 0.0),
-    "kccsd (1)": (KCCSDLoss, {}, 1.0, 0.0),
-    "kccsd (10)": (KCCSDLoss, {}, 10.0, 0.0),
-    "kccsd (100)": (KCCSDLoss, {}, 100.0, 0.0),
+# name -> (regularizer class, its arguments, weight, where its batches come from:
+# "train" = the NLL's training batch, "validation" = the validation split, which the NLL
+# never trains on)
+METHODS: dict[str, tuple[type[nn.Module] | None, dict, float, str]] = {
+    "npe": (None, {}, 0.0, "train"),
+    "coverage (5)": (CoverageLoss, {}, 5.0, "train"),
+    "kccsd (1)": (KCCSDLoss, {}, 1.0, "train"),
+    "kccsd (10)": (KCCSDLoss, {}, 10.0, "train"),
+    "kccsd-val (10)": (KCCSDLoss, {}, 10.0, "validation"),
+    "kccsd-val (100)": (KCCSDLoss, {}, 100.0, "validation"),
 }
 MAX_EPOCHS, PATIENCE, BATCH, LR = 300, 20, 128, 1e-3
 NUM_TEST, NUM_RANK_SAMPLES, NUM_C2ST_OBS, NUM_C2ST_SAMPLES = 1000, 200, 5, 1000
@@ -68,12 +70,12 @@ NUM_TEST, NUM_RANK_SAMPLES, NUM_C2ST_OBS, NUM_C2ST_SAMPLES = 1000, 200, 5, 1000
 
 def fit(theta: torch.Tensor, x: torch.Tensor, method: str, seed: int) -> tuple[nn.Module, dict]:
     """Train one flow; returns it (best validation state) and training statistics."""
-    cls, kwargs, weight, held_out = METHODS[method]
+    cls, kwargs, weight, source = METHODS[method]
     regularizer = cls(**kwargs) if cls is not None else None
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(theta), generator=generator)
-    n_val, n_cal = len(theta) // 10, int(held_out * len(theta))
-    val, cal, train = order[:n_val], order[n_val : n_val + n_cal], order[n_val + n_cal :]
+    n_val = len(theta) // 10
+    val, train = order[:n_val], order[n_val:]
     torch.manual_seed(seed)  # same initialization for every method
     flow = build_flow(theta[train], x[train])
     optimizer = torch.optim.Adam(flow.parameters(), lr=LR)
@@ -85,9 +87,9 @@ def fit(theta: torch.Tensor, x: torch.Tensor, method: str, seed: int) -> tuple[n
             if len(rows) < 2:
                 continue
             index = train[rows]
-            if n_cal:  # NLL on the training batch, regularizer on a held-out batch
+            if source == "validation":  # NLL on the training batch, regularizer held out
                 loss, _, _ = regularized_loss(flow, None, 0.0, theta[index], x[index])
-                pick = cal[torch.randperm(n_cal, generator=generator)[:BATCH]]
+                pick = val[torch.randperm(n_val, generator=generator)[:BATCH]]
                 loss = loss + weight * regularizer(flow, theta[pick], x[pick])
             else:
                 loss, _, _ = regularized_loss(flow, regularizer, weight, theta[index], x[index])
@@ -124,7 +126,7 @@ def c2st_accuracy(reference: np.ndarray, samples: np.ndarray, seed: int) -> floa
     dim = reference.shape[1]
     classifier = MLPClassifier(
         hidden_layer_sizes=(10 * dim, 10 * dim), activation="relu", max_iter=1000,
-        solver="adam", random_state=seed,
+        solver="adam", random_state=seed, early_stopping=True,
     )  # fmt: skip
     folds = cross_val_score(classifier, data, labels, cv=2, scoring="accuracy")
     return float(folds.mean())
