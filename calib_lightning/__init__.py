@@ -4,17 +4,47 @@ Metrics (torchmetrics), their functional cores, and Lightning callbacks that che
 a conditional normalizing flow while it trains.
 """
 
+import importlib
+from typing import Any
+
 from calib_lightning import functional, kernels, tasks
-from calib_lightning.metrics import KCCSD
+from calib_lightning.metrics import (
+    KCCSD,
+    TARP,
+    DensityCoverage,
+    FrechetDistance,
+    RankCalibration,
+)
 from calib_lightning.posteriors import Posterior, as_posterior
+
+# Lightning and matplotlib load on first use, so `import calib_lightning` stays light.
+_LAZY_MODULES = ("callbacks", "plots")
+_LAZY_CALLBACKS = ("CalibrationCallback", "KCCSDCallback", "RankCalibrationCallback")
 
 __all__ = [
     "KCCSD",
+    "TARP",
+    "CalibrationCallback",
+    "DensityCoverage",
+    "FrechetDistance",
+    "KCCSDCallback",
     "Posterior",
+    "RankCalibration",
+    "RankCalibrationCallback",
     "as_posterior",
+    "callbacks",
     "functional",
     "kernels",
+    "plots",
     "tasks",
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"calib_lightning.{name}")
+    if name in _LAZY_CALLBACKS:
+        return getattr(importlib.import_module("calib_lightning.callbacks"), name)
+    raise AttributeError(f"module 'calib_lightning' has no attribute {name!r}")

@@ -17,6 +17,7 @@ __all__ = [
     "check_finite",
     "check_matrix",
     "check_pairs",
+    "check_points",
     "check_positive",
     "check_probability",
     "check_same_device_dtype",
@@ -73,6 +74,26 @@ def check_matrix(
         raise ValueError(f"{name} must have a floating dtype, got {value.dtype}")
     if finite:
         check_finite(name, value)
+    return value
+
+
+def check_points(
+    name: str, value: Tensor, *, min_rows: int = 1, columns: int | None = None
+) -> Tensor:
+    """Check a finite floating point set ``(*, N, D)`` (optional leading batch dimensions)."""
+    value = _as_tensor(name, value)
+    if value.ndim < 2:
+        raise ValueError(f"{name} must have shape (*, N, D), got {tuple(value.shape)}")
+    if columns is not None and value.shape[-1] != columns:
+        raise ValueError(f"{name} must have shape (*, N, {columns}), got {tuple(value.shape)}")
+    if value.shape[-2] < min_rows:
+        raise ValueError(
+            f"{name} must have at least {min_rows} points (N >= {min_rows}) in shape (*, N, D), "
+            f"got {tuple(value.shape)}"
+        )
+    if not value.is_floating_point():
+        raise ValueError(f"{name} must have a floating dtype, got {value.dtype}")
+    check_finite(name, value)
     return value
 
 

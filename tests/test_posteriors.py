@@ -195,8 +195,9 @@ def test_bad_input_errors_name_the_argument(x):
         wrong_batch.sample(x, 1)
 
 
-def test_sbi_estimators_follow_the_same_convention(x):
+def test_sbi_estimators_follow_the_same_convention(x, tmp_path, monkeypatch):
     pytest.importorskip("sbi")
+    monkeypatch.chdir(tmp_path)  # sbi writes training logs to ./sbi-logs
     from sbi.inference import NPE
     from sbi.utils import BoxUniform
 

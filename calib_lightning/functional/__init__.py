@@ -1,5 +1,13 @@
 """Pure functions behind the metrics: statistics, tests and their building blocks."""
 
+from calib_lightning.functional.bands import (
+    band_coverage,
+    ecdf_levels,
+    ecdf_test,
+    pointwise_band,
+    rank_ecdf,
+    simultaneous_band,
+)
 from calib_lightning.functional.kccsd import (
     bootstrap_p_value,
     gaussian_base_points,
@@ -11,6 +19,33 @@ from calib_lightning.functional.kccsd import (
     u_statistic,
     wild_bootstrap,
 )
+from calib_lightning.functional.ranks import (
+    PosteriorDraws,
+    energy_ranks,
+    marginal_ranks,
+    posterior_ranks,
+    rank_histogram,
+    sbc_ranks,
+)
+from calib_lightning.functional.reference import compare_to_reference
+from calib_lightning.functional.samples import (
+    ball_counts,
+    density_coverage,
+    frechet_distance,
+    frechet_distance_from_moments,
+    gaussian_moments,
+    knn_sq_radii,
+    mmd,
+    vendi_score,
+)
+from calib_lightning.functional.sbc import (
+    coverage_error,
+    default_num_bins,
+    rank_calibration,
+    sharpness,
+    summarize_ranks,
+    uniformity_test,
+)
 from calib_lightning.functional.skce import (
     gaussian_mmd_sq,
     sample_mmd_sq,
@@ -19,21 +54,66 @@ from calib_lightning.functional.skce import (
     skce_test,
     wasserstein_sq_gaussian,
 )
+from calib_lightning.functional.tarp import (
+    expected_coverage,
+    tarp,
+    tarp_counts,
+    tarp_fit_scale,
+    tarp_ranks,
+    tarp_references,
+    tarp_test,
+    uniform_multinomial,
+)
 
 __all__ = [
+    "PosteriorDraws",
+    "ball_counts",
+    "band_coverage",
     "bootstrap_p_value",
+    "compare_to_reference",
+    "coverage_error",
+    "default_num_bins",
+    "density_coverage",
+    "ecdf_levels",
+    "ecdf_test",
+    "energy_ranks",
+    "expected_coverage",
+    "frechet_distance",
+    "frechet_distance_from_moments",
     "gaussian_base_points",
     "gaussian_mmd_sq",
+    "gaussian_moments",
     "kccsd",
     "kccsd_matrix",
     "kccsd_test",
+    "knn_sq_radii",
+    "marginal_ranks",
+    "mmd",
+    "pointwise_band",
+    "posterior_ranks",
     "posterior_scores",
     "rademacher",
+    "rank_calibration",
+    "rank_ecdf",
+    "rank_histogram",
     "sample_mmd_sq",
+    "sbc_ranks",
+    "sharpness",
+    "simultaneous_band",
     "skce_matrix_gaussian",
     "skce_matrix_samples",
     "skce_test",
+    "summarize_ranks",
+    "tarp",
+    "tarp_counts",
+    "tarp_fit_scale",
+    "tarp_ranks",
+    "tarp_references",
+    "tarp_test",
     "u_statistic",
+    "uniform_multinomial",
+    "uniformity_test",
+    "vendi_score",
     "wasserstein_sq_gaussian",
     "wild_bootstrap",
 ]

@@ -4,4 +4,18 @@ Every function returns a :class:`matplotlib.figure.Figure` and never calls
 ``plt.show``, so callbacks can hand it to ``SummaryWriter.add_figure``.
 """
 
-__all__: list[str] = []
+from calib_lightning.plots.history import plot_history
+from calib_lightning.plots.ranks import (
+    plot_expected_coverage,
+    plot_rank_ecdf,
+    plot_rank_histograms,
+)
+from calib_lightning.plots.tarp import plot_tarp
+
+__all__ = [
+    "plot_expected_coverage",
+    "plot_history",
+    "plot_rank_ecdf",
+    "plot_rank_histograms",
+    "plot_tarp",
+]

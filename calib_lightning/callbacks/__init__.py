@@ -1,0 +1,13 @@
+"""Lightning callbacks: check a posterior estimator's calibration while it trains.
+
+Each diagnostic is a short subclass of :class:`CalibrationCallback`, which decides
+when to check, feeds the held-out pairs to the metric, logs scalars (for
+``EarlyStopping`` and ``ModelCheckpoint``) and writes figures to TensorBoard.
+"""
+
+from calib_lightning.callbacks.base import CalibrationCallback
+from calib_lightning.callbacks.kccsd import KCCSDCallback
+from calib_lightning.callbacks.ranks import RankCalibrationCallback
+from calib_lightning.callbacks.summary import summary_table
+
+__all__ = ["CalibrationCallback", "KCCSDCallback", "RankCalibrationCallback", "summary_table"]

@@ -1,0 +1,291 @@
+r"""Simulation-based calibration from rank histograms: tests, curves, coverage, sharpness.
+
+:func:`summarize_ranks` turns the rank histogram of
+:func:`~calib_lightning.functional.ranks.sbc_ranks` (``D`` marginal rows and the joint
+energy row) into p-values (:func:`uniformity_test`, a chi-square test against the
+*discrete* uniform, and the exact ECDF-band test), ECDF curves with their bands, the
+expected-coverage curve and its signed error; :func:`sharpness` adds contraction and
+the error of the posterior mean. It is what
+:class:`calib_lightning.RankCalibration` computes; :func:`rank_calibration` does the
+same in one call for users who already hold posterior samples and log-densities.
+
+Expected coverage (energy rank ``r`` of the truth among ``M`` draws): the truth lies
+in the highest-density credible region of level ``c`` when fewer than a fraction
+``c`` of the draws are more probable than it, so the coverage curve is the ECDF of
+the joint rank at ``c``. Its signed area to the diagonal, with the randomized
+fractional rank :math:`u = (r + U) / (M + 1)`, :math:`U \sim U(0, 1)`, is
+
+.. math::
+    \mathrm{coverage\_error} = \int_0^1 (P(u \le c) - c)\, dc
+    = \frac{1}{2} - E[u] = \frac{M / 2 - \bar r}{M + 1},
+
+zero in expectation under calibration, **negative when over-confident** (credible
+regions too small or misplaced: the truth is less probable than typical draws) and
+**positive when under-confident** (regions too wide).
+
+References:
+    Talts et al. "Validating Bayesian inference algorithms with simulation-based
+    calibration." arXiv:1804.06788 (2018). Säilynoja, Bürkner, Vehtari. "Graphical
+    test for discrete uniformity ..." Statistics and Computing 32, 32 (2022).
+    Seed 004 ("validation of SBI"): energy ranks, ECDF - t curves and their bands.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from calib_lightning._checks import check_positive, check_probability
+from calib_lightning.functional.bands import (
+    ecdf_levels,
+    ecdf_test,
+    pointwise_band,
+    rank_ecdf,
+    simultaneous_band,
+)
+from calib_lightning.functional.ranks import rank_histogram, sbc_ranks
+
+__all__ = [
+    "coverage_error",
+    "default_num_bins",
+    "rank_calibration",
+    "sharpness",
+    "summarize_ranks",
+    "uniformity_test",
+]
+
+
+def default_num_bins(num_posterior_samples: int, num_ranks: int) -> int:
+    """``min(M + 1, 20, max(2, N // 5))``: at least 5 expected counts per bin."""
+    return min(num_posterior_samples + 1, 20, max(2, num_ranks // 5))
+
+
+def uniformity_test(histogram: Tensor, num_bins: int | None = None) -> tuple[Tensor, Tensor]:
+    r"""Chi-square test that ranks are uniform on the discrete set :math:`\{0, \dots, M\}`.
+
+    The ``M + 1`` rank values are grouped into ``B`` contiguous bins of
+    :math:`\lfloor (b+1)(M+1)/B \rfloor - \lfloor b(M+1)/B \rfloor` values each, whose
+    probabilities under discrete uniformity are exact, so no integer rank is ever
+    compared with a continuous uniform. Statistic
+    :math:`X^2 = \sum_b (O_b - E_b)^2 / E_b`, p-value :math:`P(\chi^2_{B-1} \ge X^2)`.
+
+    Arguments:
+        histogram: rank counts ``(*, M + 1)``, the same total ``N`` per row.
+        num_bins: ``B``; default ``min(M + 1, 20, max(2, N // 5))``.
+
+    Returns:
+        ``(statistic, p_value)``, each ``(*)`` float64.
+
+    Example:
+        >>> stat, p = uniformity_test(torch.tensor([[5, 5, 5, 5], [20, 0, 0, 0]]), 2)
+        >>> stat
+        tensor([ 0., 20.], dtype=torch.float64)
+    """
+    m1 = histogram.shape[-1]
+    counts = histogram.double()
+    n = counts.sum(-1, keepdim=True)
+    if bool((n <= 0).any()):
+        raise ValueError("histogram must hold at least one rank per row, got an empty row")
+    if num_bins is None:
+        num_bins = default_num_bins(m1 - 1, int(n.min()))
+    check_positive("num_bins", num_bins, integer=True)
+    if not 2 <= num_bins <= m1:
+        raise ValueError(f"num_bins must lie in 2..M+1 = 2..{m1}, got {num_bins}")
+    edges = torch.arange(num_bins + 1, device=histogram.device) * m1 // num_bins
+    cumulative = torch.nn.functional.pad(counts.cumsum(-1), (1, 0))
+    observed = cumulative[..., edges[1:]] - cumulative[..., edges[:-1]]
+    expected = n * (edges[1:] - edges[:-1]).double() / m1
+    statistic = ((observed - expected) ** 2 / expected).sum(-1)
+    p_value = torch.special.gammaincc(torch.tensor((num_bins - 1) / 2.0), statistic / 2)
+    return statistic, p_value
+
+
+def sharpness(
+    mean_error_sq: Tensor, variance: Tensor, prior_variance: Tensor, num_draws: int
+) -> dict[str, Tensor]:
+    r"""Contraction and posterior-mean error from per-dimension averages.
+
+    .. math::
+        \mathrm{contraction}_a = 1 - \overline{v}_a / \mathrm{Var}_{\mathrm{prior},a},
+        \qquad \mathrm{MSE}_a = \overline{(\hat\mu_a - \theta^*_a)^2} - \overline{v}_a / S
+
+    with ``S`` draws per pair behind :math:`\hat\mu` and :math:`\hat v` (the ``- v / S``
+    term removes the Monte Carlo error of :math:`\hat\mu`, so MSE is
+    unbiased for the squared error of the exact posterior mean of ``q``). For a
+    calibrated ``q``, :math:`\mathrm{MSE}_a \approx \overline{v}_a`; the prior has
+    contraction 0, a posterior that pins the parameter down has contraction 1.
+
+    Arguments:
+        mean_error_sq: mean over pairs of :math:`(\hat\mu - \theta^*)^2`, ``(D,)``.
+        variance: mean over pairs of the posterior variance, ``(D,)``.
+        prior_variance: variance of the calibration parameters, ``(D,)``.
+        num_draws: ``S``, the draws per pair behind the moments.
+
+    Returns:
+        Dict with ``contraction``, ``mean_squared_error``, ``posterior_variance``,
+        ``prior_variance``, each ``(D,)``.
+    """
+    return {
+        "contraction": 1 - variance / prior_variance,
+        "mean_squared_error": mean_error_sq - variance / num_draws,
+        "posterior_variance": variance,
+        "prior_variance": prior_variance,
+    }
+
+
+def coverage_error(histogram: Tensor) -> Tensor:
+    r"""Signed area between the expected-coverage curve and the diagonal.
+
+    :math:`(M/2 - \bar r) / (M + 1)` from energy-rank counts; negative means
+    over-confident, positive under-confident (see the module docstring).
+
+    Arguments:
+        histogram: energy-rank counts ``(*, M + 1)``.
+
+    Returns:
+        ``(*)`` float64, in :math:`[-\frac12, \frac12]`.
+
+    Example:
+        >>> coverage_error(torch.tensor([0, 0, 10]))  # truth always least probable
+        tensor(-0.3333, dtype=torch.float64)
+    """
+    counts = histogram.double()
+    m = counts.shape[-1] - 1
+    values = torch.arange(m + 1, dtype=torch.float64, device=counts.device)
+    mean_rank = (counts * values).sum(-1) / counts.sum(-1)
+    return (m / 2 - mean_rank) / (m + 1)
+
+
+def summarize_ranks(
+    histogram: Tensor,
+    *,
+    alpha: float = 0.05,
+    num_bins: int | None = None,
+    num_ecdf_points: int | None = 100,
+) -> dict[str, Tensor]:
+    r"""Tests, curves and coverage from rank counts ``(*, D + 1, M + 1)`` (joint row last).
+
+    Arguments:
+        histogram: counts of each rank value, the same number ``N`` of pairs in every
+            row; rows ``0..D-1`` marginal, row ``D`` the joint energy rank.
+        alpha: level of the bands.
+        num_bins: chi-square bins (default ``min(M + 1, 20, max(2, N // 5))``).
+        num_ecdf_points: ``K`` levels of the ECDF curves (at most ``M``).
+
+    Returns:
+        Dict of tensors (``*`` the leading batch shape):
+
+        * ``p_value``, ``statistic`` ``(*)``: chi-square test of discrete uniformity
+          (:func:`~calib_lightning.functional.ranks.uniformity_test`) of the joint rank;
+        * ``marginal_p_values``, ``marginal_statistics`` ``(*, D)``: same per dimension;
+        * ``ecdf_p_values`` ``(*, D + 1)``: exact p-values of the simultaneous-band test
+          (:func:`~calib_lightning.functional.bands.ecdf_test`), dims then joint;
+        * ``coverage_error`` ``(*)``: negative = over-confident, positive =
+          under-confident (:func:`coverage_error`);
+        * ``levels`` ``(K,)``, ``ecdf`` ``(*, D + 1, K)``, ``coverage`` ``(*, K)``
+          (the joint ECDF: coverage of the level-``c`` HPD region);
+        * ``simultaneous_band``, ``pointwise_band`` ``(2, K)``: lower and upper bounds
+          of ``ECDF - t``; ``band_coverage``: exact simultaneous coverage achieved;
+        * ``histogram``, ``num_bins``, ``num_pairs``, ``alpha`` (for the plots).
+
+    Example:
+        >>> counts = torch.full((3, 10), 30)  # D = 2, M = 9, N = 300, perfectly flat
+        >>> out = summarize_ranks(counts)
+        >>> float(out["p_value"]), float(out["coverage_error"])
+        (1.0, 0.0)
+    """
+    check_probability("alpha", alpha)
+    if histogram.ndim < 2 or histogram.shape[-2] < 2 or histogram.shape[-1] < 2:
+        raise ValueError(
+            f"histogram must have shape (*, D + 1, M + 1) with D >= 1, M >= 1, "
+            f"got {tuple(histogram.shape)}"
+        )
+    totals = histogram.sum(-1)
+    n = int(totals.flatten()[0])
+    if n < 1 or bool((totals != n).any()):
+        raise ValueError(
+            f"histogram rows must all count the same number N >= 1 of pairs, got "
+            f"{sorted(set(totals.flatten().tolist()))[:5]}"
+        )
+    m = histogram.shape[-1] - 1
+    num_bins = default_num_bins(m, n) if num_bins is None else num_bins
+    statistic, p_value = uniformity_test(histogram, num_bins)
+    cuts = ecdf_levels(m, num_ecdf_points)
+    levels, ecdf = rank_ecdf(histogram, cuts)
+    _, ecdf_p = ecdf_test(ecdf, levels, n)
+    lower, upper, achieved = simultaneous_band(levels, n, alpha)
+    half = pointwise_band(levels, n, alpha)
+    device = histogram.device
+    return {
+        "p_value": p_value[..., -1],
+        "statistic": statistic[..., -1],
+        "marginal_p_values": p_value[..., :-1],
+        "marginal_statistics": statistic[..., :-1],
+        "ecdf_p_values": ecdf_p,
+        "coverage_error": coverage_error(histogram[..., -1, :]),
+        "levels": levels.to(device),
+        "ecdf": ecdf,
+        "coverage": ecdf[..., -1, :],
+        "simultaneous_band": torch.stack([lower, upper]).to(device),
+        "pointwise_band": torch.stack([-half, half]).to(device),
+        "band_coverage": torch.tensor(achieved, dtype=torch.float64, device=device),
+        "histogram": histogram,
+        "num_bins": torch.tensor(num_bins, device=device),
+        "num_pairs": torch.tensor(n, device=device),
+        "alpha": torch.tensor(alpha, dtype=torch.float64, device=device),
+    }
+
+
+def rank_calibration(
+    samples: Tensor,
+    log_prob_samples: Tensor,
+    theta: Tensor,
+    log_prob_theta: Tensor,
+    *,
+    alpha: float = 0.05,
+    num_bins: int | None = None,
+    num_ecdf_points: int | None = 100,
+    generator: torch.Generator | None = None,
+) -> dict[str, Tensor]:
+    r"""Full rank-calibration check from posterior samples the caller already has.
+
+    Arguments:
+        samples: posterior draws ``(M, *, N, D)``, ``M >= 2``.
+        log_prob_samples: their log-densities ``(M, *, N)``.
+        theta: true parameters ``(*, N, D)``.
+        log_prob_theta: their log-densities ``(*, N)`` (``-inf`` allowed).
+        alpha, num_bins, num_ecdf_points: as in :func:`summarize_ranks`.
+        generator: for tie-breaking.
+
+    Returns:
+        :func:`summarize_ranks`'s dict plus the sharpness of
+        :func:`~calib_lightning.functional.ranks.sharpness` (``contraction``,
+        ``mean_squared_error``, ``posterior_variance``, ``prior_variance``, each
+        ``(*, D)``; the prior variance is that of ``theta`` over its ``N`` rows).
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> theta = torch.randn(500, 2, generator=g)
+        >>> prior = torch.distributions.Normal(0.0, 1.0)  # a calibrated, useless posterior
+        >>> samples = torch.randn(100, 500, 2, generator=g)
+        >>> out = rank_calibration(samples, prior.log_prob(samples).sum(-1),
+        ...                        theta, prior.log_prob(theta).sum(-1), generator=g)
+        >>> bool(out["p_value"] > 0.01), bool(out["contraction"].abs().max() < 0.2)
+        (True, True)
+    """
+    m = samples.shape[0]
+    if m < 2 or theta.ndim < 2 or samples.shape[1:] != theta.shape:
+        raise ValueError(
+            f"samples must have shape (M, *, N, D) with M >= 2 and (*, N, D) = "
+            f"{tuple(theta.shape)}, got {tuple(samples.shape)}"
+        )
+    ranks = sbc_ranks(samples, log_prob_samples, theta, log_prob_theta, generator=generator)
+    out = summarize_ranks(
+        rank_histogram(ranks, m), alpha=alpha, num_bins=num_bins, num_ecdf_points=num_ecdf_points
+    )
+    diff = (samples - theta).double()
+    mean_error = diff.mean(0)
+    variance = diff.var(0)  # unbiased, over the M draws
+    prior_variance = theta.double().var(-2)
+    out.update(sharpness((mean_error**2).mean(-2), variance.mean(-2), prior_variance, m))
+    return out

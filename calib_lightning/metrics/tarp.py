@@ -1,0 +1,213 @@
+"""Streaming TARP coverage test as a torchmetrics ``Metric``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torchmetrics import Metric
+
+from calib_lightning._checks import (
+    check_choice,
+    check_pairs,
+    check_positive,
+    check_probability,
+)
+from calib_lightning.functional.tarp import DISTANCES, tarp_counts, tarp_ranks, tarp_test
+from calib_lightning.posteriors import Posterior, as_posterior, checked_samples
+
+__all__ = ["TARP"]
+
+
+class TARP(Metric):
+    r"""TARP expected coverage with an exact Monte Carlo test, accumulated over batches.
+
+    ``update(posterior, theta, x)`` draws ``S`` posterior samples per pair and one
+    reference point per pair, and adds the pair's TARP rank to a histogram;
+    ``compute()`` returns the sup-deviation statistic of the expected-coverage curve,
+    its p-value under :math:`H_0`: "the posterior is calibrated", the ATC and the curve
+    (see :mod:`calib_lightning.functional.tarp` for the math and why the level holds).
+
+    The state is the rank histogram, ``S + 1`` integers summed over batches and
+    processes: constant memory, and exact under DDP. ``update`` samples
+    ``chunk_size`` pairs at a time, so it needs ``S * chunk_size * D`` numbers at most.
+
+    Coordinates: distances are measured on ``theta / scale`` and references are drawn
+    uniformly on the box ``[low, high]`` of the standardized parameters. Unless given,
+    ``scale`` (standard deviation) and the box (min and max) are fitted on the
+    parameters of the first ``update``, pooled over processes, and then kept (also
+    across ``reset``) so that every batch and epoch is measured in the same units.
+
+    Arguments:
+        num_posterior_samples: ``S`` samples per pair.
+        scale: per-dimension scale ``(D,)``; ``None``: fitted as above.
+        reference_bounds: ``(low, high)``, each ``(D,)`` in parameter units (e.g. the
+            bounds of a box prior); ``None``: fitted as above.
+        distance: ``"l2"`` or ``"l1"``.
+        num_null: null histograms drawn by ``compute``.
+        level: the band in ``compute``'s output is the ``1 - level`` null quantile.
+        num_bins: the curve is returned on ``num_bins + 1`` levels in ``[0, 1]``.
+        seed: seeds the references (per process) and the null draws.
+        chunk_size: pairs sampled at once.
+
+    ``update`` also accepts, in place of a posterior, a tensor of samples ``(S, N, D)``
+    already drawn at ``x`` (from MCMC or another library).
+
+    Example:
+        >>> from calib_lightning.tasks import GaussianToy
+        >>> toy, g = GaussianToy(dim=2), torch.Generator().manual_seed(0)
+        >>> metric = TARP(num_posterior_samples=200)
+        >>> _ = torch.manual_seed(0)
+        >>> for _ in range(4):
+        ...     theta, x = toy.sample(250, g)
+        ...     metric.update(toy.posterior(variance_scale=0.5), theta, x)
+        >>> out = metric.compute()
+        >>> int(out["num_samples"]), bool(out["p_value"] < 0.01), bool(out["atc"] < 0)
+        (1000, True, True)
+
+    References:
+        Lemos, Coogan, Hezaveh, Perreault-Levasseur. "Sampling-Based Accuracy Testing of
+        Posterior Estimators for General Inference." ICML 2023.
+    """
+
+    is_differentiable = False
+    higher_is_better = False
+    full_state_update = False
+
+    counts: Tensor
+
+    def __init__(
+        self,
+        num_posterior_samples: int = 1000,
+        scale: Tensor | None = None,
+        reference_bounds: tuple[Tensor, Tensor] | None = None,
+        distance: str = "l2",
+        num_null: int = 1000,
+        level: float = 0.05,
+        num_bins: int = 100,
+        seed: int = 0,
+        chunk_size: int = 1024,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        check_positive("num_posterior_samples", num_posterior_samples, integer=True)
+        check_choice("distance", distance, DISTANCES)
+        check_positive("num_null", num_null, integer=True)
+        check_probability("level", level)
+        check_positive("num_bins", num_bins, integer=True)
+        check_positive("chunk_size", chunk_size, integer=True)
+        self.num_posterior_samples, self.distance = num_posterior_samples, distance
+        self.num_null, self.level, self.num_bins = num_null, level, num_bins
+        self.seed, self.chunk_size = seed, chunk_size
+
+        empty = torch.empty(0)
+        if scale is not None and (
+            not isinstance(scale, Tensor) or scale.ndim != 1 or not bool((scale > 0).all())
+        ):
+            raise ValueError(f"scale must be a positive tensor of shape (D,), got {scale!r}")
+        low = high = empty
+        if reference_bounds is not None:
+            low, high = (torch.as_tensor(b).detach().clone() for b in reference_bounds)
+            if low.ndim != 1 or low.shape != high.shape or not bool((high >= low).all()):
+                raise ValueError(
+                    "reference_bounds must be (low, high), two tensors of shape (D,) with "
+                    f"low <= high, got shapes {tuple(low.shape)} and {tuple(high.shape)}"
+                )
+        self.register_buffer("scale", empty if scale is None else scale.detach().clone())
+        self.register_buffer("low", low)
+        self.register_buffer("high", high)
+        self.add_state(
+            "counts",
+            default=torch.zeros(num_posterior_samples + 1, dtype=torch.long),
+            dist_reduce_fx="sum",
+        )
+        self._generator: torch.Generator | None = None
+
+    # -- coordinates ----------------------------------------------------------------
+    def _fit(self, theta: Tensor) -> None:
+        """Fit the scale and the reference box on ``theta``, pooled over processes."""
+        theta = theta.detach().double()
+        d = theta.shape[1]
+        sums = torch.cat([theta.new_tensor([theta.shape[0]]), theta.sum(0), (theta**2).sum(0)])
+        low, high = theta.amin(0), theta.amax(0)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(sums, group=self.process_group)
+            dist.all_reduce(low, op=dist.ReduceOp.MIN, group=self.process_group)
+            dist.all_reduce(high, op=dist.ReduceOp.MAX, group=self.process_group)
+        count, total, total_sq = sums[0], sums[1 : 1 + d], sums[1 + d :]
+        if self.scale.numel() == 0:
+            if count < 2:
+                raise ValueError(
+                    "TARP fits its scale on the first update and needs N >= 2 pairs there, "
+                    f"got N = {int(count)}; pass scale= to fit nothing"
+                )
+            var = ((total_sq - total**2 / count) / (count - 1)).clamp_min(0.0)
+            std = var.sqrt()
+            self.scale = torch.where(std > 0, std, torch.ones_like(std)).to(self.counts.device)
+        if self.low.numel() == 0:
+            self.low, self.high = low.to(self.counts.device), high.to(self.counts.device)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
+        for name in ("scale", "low", "high"):
+            if prefix + name in state_dict:
+                setattr(self, name, torch.empty_like(state_dict[prefix + name]))
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
+    def _references(self, n: int, like: Tensor) -> Tensor:
+        if self._generator is None:
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            self._generator = torch.Generator().manual_seed(self.seed + 7919 * (rank + 1))
+        u = torch.rand(n, like.shape[1], generator=self._generator, dtype=torch.float64)
+        low, high = self.low.double().cpu(), self.high.double().cpu()
+        return (low + (high - low) * u).to(dtype=like.dtype, device=like.device)
+
+    # -- accumulation -----------------------------------------------------------------
+    def update(self, posterior: Posterior | object | Tensor, theta: Tensor, x: Tensor) -> None:
+        """Add the TARP ranks of the pairs ``theta (N, D)``, ``x (N, *X)``."""
+        check_pairs(theta, x)
+        n, d = theta.shape
+        if self.scale.numel() == 0 or self.low.numel() == 0:
+            self._fit(theta)
+        for name in ("scale", "low"):
+            if getattr(self, name).shape != (d,):
+                raise ValueError(
+                    f"theta must have D = {getattr(self, name).shape[0]} columns like {name}, "
+                    f"got shape {tuple(theta.shape)}"
+                )
+        references = self._references(n, theta)
+        scale = self.scale.to(dtype=theta.dtype, device=theta.device)
+        size = self.num_posterior_samples
+        if isinstance(posterior, Tensor):
+            if posterior.shape != (size, n, d):
+                raise ValueError(
+                    f"posterior samples must have shape ({size}, {n}, {d}) "
+                    f"(num_posterior_samples, N, D), got {tuple(posterior.shape)}"
+                )
+            chunks = [(slice(0, n), posterior)]
+        else:
+            post = as_posterior(posterior)
+            chunks = (
+                (rows, post.sample(x[rows], size))
+                for rows in (slice(s, min(s + self.chunk_size, n))
+                             for s in range(0, n, self.chunk_size))
+            )
+        for rows, samples in chunks:
+            checked_samples(samples)
+            ranks = tarp_ranks(samples.to(theta.dtype), theta[rows], references[rows],
+                               scale=scale, distance=self.distance)
+            self.counts += tarp_counts(ranks, size).to(self.counts.device)
+
+    def reset(self) -> None:
+        super().reset()
+        self._generator = None
+
+    def compute(self) -> dict[str, Tensor]:
+        """Statistic, p-value, ATC, band, the curve (``alpha``, ``ecp``) and ``num_samples``."""
+        if int(self.counts.sum()) == 0:
+            raise ValueError("TARP.compute() needs at least one update with N >= 1 pairs, got none")
+        return tarp_test(
+            self.counts, num_null=self.num_null, level=self.level, num_bins=self.num_bins,
+            generator=torch.Generator().manual_seed(self.seed + 1),
+        )  # fmt: skip

@@ -1,0 +1,265 @@
+r"""Figures of simulation-based calibration: rank histograms, ECDF - t curves, coverage.
+
+Each function takes the dict of :class:`calib_lightning.RankCalibration` ``.compute()``
+(or :func:`calib_lightning.functional.rank_calibration`) and returns a
+:class:`matplotlib.figure.Figure`; every figure says on its face how to read it:
+
+* :func:`plot_rank_histograms`: one histogram per dimension and one for the joint
+  energy rank, with the band a calibrated posterior's bars stay in;
+* :func:`plot_rank_ecdf`: :math:`\mathrm{ECDF}(t) - t` of every dimension and of the
+  joint rank, with the simultaneous band (the test) and the pointwise band;
+* :func:`plot_expected_coverage`: coverage of the highest-density credible regions
+  against their level, with over- and under-confident regions labelled.
+
+References:
+    Talts et al. (2018), "Validating Bayesian inference algorithms with
+    simulation-based calibration"; Säilynoja, Bürkner, Vehtari (2022), "Graphical
+    test for discrete uniformity ..."; seed 004 ("validation of SBI").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from matplotlib.figure import Figure
+from scipy import stats
+from torch import Tensor
+
+__all__ = ["plot_expected_coverage", "plot_rank_ecdf", "plot_rank_histograms"]
+
+_JOINT = "joint (energy)"
+_BAND_COLOR, _POINTWISE_COLOR = "0.82", "0.35"
+_NOTE = {"fontsize": 7.5, "color": "0.2", "va": "top"}
+
+
+def _get(result: Mapping[str, Tensor], *keys: str) -> list[Tensor]:
+    missing = [k for k in keys if k not in result]
+    if missing:
+        raise ValueError(
+            f"result must be the dict of RankCalibration.compute(); missing keys {missing}"
+        )
+    return [result[k].detach().cpu() for k in keys]
+
+
+def _labels(labels: Sequence[str] | None, d: int) -> list[str]:
+    if labels is None:
+        return [f"θ{i + 1}" for i in range(d)]
+    if len(labels) != d:
+        raise ValueError(f"labels must name the D = {d} dimensions, got {len(labels)}")
+    return list(labels)
+
+
+def plot_rank_histograms(
+    result: Mapping[str, Tensor],
+    *,
+    labels: Sequence[str] | None = None,
+    panel_size: tuple[float, float] = (3.0, 2.6),
+) -> Figure:
+    r"""Rank histograms, one panel per dimension and one for the joint energy rank.
+
+    Ranks are grouped into the same ``num_bins`` bins as the chi-square test. The grey
+    band holds every bar of a calibrated posterior with probability at least
+    :math:`1 - \alpha` (binomial quantiles at level :math:`\alpha / B` per bin,
+    Bonferroni over the ``B`` bins). Bars show observed / expected counts (bins may
+    differ by one rank value), so calibration is the dashed line at 1.
+
+    Arguments:
+        result: ``RankCalibration.compute()``'s dict (``histogram``, ``num_bins``,
+            ``alpha``, ``p_value``, ``marginal_p_values``).
+        labels: names of the ``D`` dimensions.
+        panel_size: inches per panel.
+
+    Returns:
+        The figure.
+
+    Example:
+        >>> from calib_lightning.functional import summarize_ranks
+        >>> fig = plot_rank_histograms(summarize_ranks(torch.full((3, 10), 30)))
+        >>> [ax.get_title().split(" ")[0] for ax in fig.axes]
+        ['θ1', 'θ2', 'joint']
+    """
+    hist, num_bins, alpha, p, marginal_p = _get(
+        result, "histogram", "num_bins", "alpha", "p_value", "marginal_p_values"
+    )
+    if hist.ndim != 2:
+        raise ValueError(f"result['histogram'] must be (D + 1, M + 1), got {tuple(hist.shape)}")
+    d, m1, b = hist.shape[0] - 1, hist.shape[1], int(num_bins)
+    names = [*_labels(labels, d), _JOINT]
+    p_values = [*marginal_p.tolist(), float(p)]
+    edges = torch.arange(b + 1) * m1 // b
+    cumulative = torch.nn.functional.pad(hist.double().cumsum(-1), (1, 0))
+    counts = cumulative[:, edges[1:]] - cumulative[:, edges[:-1]]
+    n = int(hist[0].sum())
+    prob = ((edges[1:] - edges[:-1]) / m1).numpy()
+    level = float(alpha) / b
+    low, high = stats.binom.ppf(level / 2, n, prob), stats.binom.ppf(1 - level / 2, n, prob)
+    left = (edges[:-1] / m1).numpy()
+    width = ((edges[1:] - edges[:-1]) / m1).numpy()
+    fig = Figure(figsize=(panel_size[0] * (d + 1), panel_size[1] + 1.0), layout="constrained")
+    axes = fig.subplots(1, d + 1, squeeze=False)[0]
+    expected = n * prob  # bins may differ by one rank value: plot observed / expected
+    for ax, name, row, pv in zip(axes, names, counts.numpy(), p_values, strict=True):
+        ax.fill_between([*left, 1.0], [*(low / expected), 1], [*(high / expected), 1],
+                        step="post", color=_BAND_COLOR, lw=0)  # fmt: skip
+        outside = (row < low) | (row > high)
+        colors = ["tab:red" if o else "tab:blue" for o in outside]
+        ax.bar(left, row / expected, width=width, align="edge", color=colors, alpha=0.8, lw=0)
+        ax.axhline(1.0, color="0.3", ls="--", lw=1)
+        ax.set_title(f"{name}  (p = {pv:.2g})", fontsize=9)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("rank of the truth / (M + 1)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0].set_ylabel("observed / expected count", fontsize=8)
+    fig.suptitle(
+        f"Rank histograms ({b} bins, N = {n}): flat at 1 = calibrated\n"
+        f"a calibrated posterior keeps all bars in the grey band with prob. ≥ "
+        f"{1 - float(alpha):.0%}; red bars lie outside",
+        fontsize=10,
+    )
+    fig.text(0.01, 0.0,
+             "Per dimension: ∪-shape = posterior too narrow (over-confident); ∩-shape = too "
+             "wide (under-confident); mass piled left = posterior too high, right = too low.\n"
+             "Joint (energy): mass on the right = truth less probable than the posterior's "
+             "own draws (over-confident or biased); on the left = under-confident.",
+             ha="left", va="bottom", fontsize=7.5, color="0.2")  # fmt: skip
+    fig.get_layout_engine().set(rect=(0, 0.12, 1, 0.88))
+    return fig
+
+
+def plot_rank_ecdf(
+    result: Mapping[str, Tensor],
+    *,
+    labels: Sequence[str] | None = None,
+    figsize: tuple[float, float] = (10.0, 4.2),
+) -> Figure:
+    r"""ECDF of the ranks minus the uniform CDF, for every dimension and the joint rank.
+
+    Left panel: the ``D`` marginal curves; right panel: the joint energy curve. The grey
+    area is the simultaneous :math:`1 - \alpha` band (a calibrated curve stays inside
+    everywhere with that probability; leaving it is the test's rejection), the dashed
+    lines the pointwise band :math:`\pm z_{1-\alpha/2} \sqrt{t (1 - t) / N}` (each point
+    alone; a calibrated curve crosses them often).
+
+    Arguments:
+        result: ``RankCalibration.compute()``'s dict (``levels``, ``ecdf``,
+            ``simultaneous_band``, ``pointwise_band``, ``alpha``, ``ecdf_p_values``).
+        labels: names of the ``D`` dimensions.
+        figsize: figure size in inches.
+
+    Returns:
+        The figure.
+    """
+    t, ecdf, simultaneous, pointwise, alpha, ecdf_p = _get(
+        result, "levels", "ecdf", "simultaneous_band", "pointwise_band", "alpha",
+        "ecdf_p_values",
+    )  # fmt: skip
+    if ecdf.ndim != 2:
+        raise ValueError(f"result['ecdf'] must be (D + 1, K), got {tuple(ecdf.shape)}")
+    d = ecdf.shape[0] - 1
+    names = _labels(labels, d)
+    t, dev = t.numpy(), (ecdf - t).numpy()
+    # close the curves at t = 0 and t = 1, where ECDF - t is 0
+    tt = [0.0, *t, 1.0]
+    fig = Figure(figsize=figsize, layout="constrained")
+    axes = fig.subplots(1, 2, sharey=True)
+    level = round(100 * (1 - float(alpha)))
+    for ax in axes:
+        ax.fill_between(tt, [0, *simultaneous[0].numpy(), 0], [0, *simultaneous[1].numpy(), 0],
+                        color=_BAND_COLOR, lw=0, label=f"{level}% simultaneous band")  # fmt: skip
+        for bound in pointwise.numpy():
+            ax.plot(tt, [0, *bound, 0], color=_POINTWISE_COLOR, ls="--", lw=0.8)
+        ax.plot([], [], color=_POINTWISE_COLOR, ls="--", lw=0.8, label=f"{level}% pointwise")
+        ax.axhline(0, color="0.3", lw=0.6)
+        ax.set_xlim(0, 1)
+        ax.set_xlabel("t (fractional rank)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    colors = [f"C{i % 10}" for i in range(d)]
+    for i in range(d):
+        axes[0].plot(tt, [0, *dev[i], 0], color=colors[i], lw=1.3,
+                     label=f"{names[i]} (p = {float(ecdf_p[i]):.2g})")  # fmt: skip
+    axes[1].plot(tt, [0, *dev[d], 0], color="k", lw=1.5,
+                 label=f"{_JOINT} (p = {float(ecdf_p[d]):.2g})")  # fmt: skip
+    axes[0].set_ylabel("ECDF(t) − t", fontsize=8)
+    axes[0].set_title("Marginal ranks, one curve per dimension", fontsize=9)
+    axes[1].set_title("Joint energy rank", fontsize=9)
+    for ax in axes:
+        ax.legend(fontsize=7, loc="lower left", ncol=2 if d > 3 else 1)
+    axes[0].text(0.02, 0.98,
+                 "above 0 on the left, below on the right: too narrow (over-confident)\n"
+                 "below 0 on the left, above on the right: too wide (under-confident)\n"
+                 "above 0 throughout: posterior too high; below throughout: too low",
+                 transform=axes[0].transAxes, **_NOTE)  # fmt: skip
+    axes[1].text(0.02, 0.98,
+                 "below 0: truth less probable than the posterior's draws\n"
+                 "  (over-confident or biased)\n"
+                 "above 0: truth more probable than its draws (under-confident)",
+                 transform=axes[1].transAxes, **_NOTE)  # fmt: skip
+    top = max(abs(dev).max(), float(simultaneous.abs().max()))
+    axes[0].set_ylim(-1.25 * top, 1.9 * top)
+    fig.suptitle("ECDF − t: inside the grey band everywhere = calibrated", fontsize=10)
+    return fig
+
+
+def plot_expected_coverage(
+    result: Mapping[str, Tensor], *, figsize: tuple[float, float] = (4.8, 4.6)
+) -> Figure:
+    r"""Coverage of highest-density credible regions against their credibility level.
+
+    At level ``c`` the region holds the fraction ``c`` of the posterior's draws with the
+    lowest energy; the curve is the fraction of calibration pairs whose truth lies
+    inside (the ECDF of the joint energy rank). Above the diagonal the regions cover
+    more often than claimed (under-confident, conservative); below, less often
+    (over-confident). The grey band is the simultaneous :math:`1 - \alpha` band.
+
+    Arguments:
+        result: ``RankCalibration.compute()``'s dict (``levels``, ``coverage``,
+            ``simultaneous_band``, ``coverage_error``, ``alpha``).
+        figsize: figure size in inches.
+
+    Returns:
+        The figure.
+    """
+    t, coverage, simultaneous, error, alpha = _get(
+        result, "levels", "coverage", "simultaneous_band", "coverage_error", "alpha"
+    )
+    if coverage.ndim != 1:
+        raise ValueError(f"result['coverage'] must be (K,), got {tuple(coverage.shape)}")
+    tt = [0.0, *t.numpy(), 1.0]
+    fig = Figure(figsize=figsize, layout="constrained")
+    ax = fig.subplots()
+    ax.fill_between([0, 1], [0, 1], [1, 1], color="tab:blue", alpha=0.06, lw=0)
+    ax.fill_between([0, 1], [0, 0], [0, 1], color="tab:red", alpha=0.06, lw=0)
+    ax.fill_between(tt, [0, *(t + simultaneous[0]).numpy(), 1],
+                    [0, *(t + simultaneous[1]).numpy(), 1], color=_BAND_COLOR, lw=0,
+                    label=f"{round(100 * (1 - float(alpha)))}% band if calibrated")  # fmt: skip
+    ax.plot([0, 1], [0, 1], color="0.3", lw=0.8, ls="--")
+    ax.plot(tt, [0, *coverage.numpy(), 1], color="k", lw=1.6,
+            label=f"observed (signed area {float(error):+.3f})")  # fmt: skip
+    ax.text(0.04, 0.96, "UNDER-CONFIDENT\n(conservative: regions\ntoo wide, cover too often)",
+            color="tab:blue", fontsize=8, va="top", transform=ax.transAxes)  # fmt: skip
+    ax.text(
+        0.96,
+        0.04,
+        "OVER-CONFIDENT\n(regions too narrow or\nmisplaced, cover too rarely)",
+        color="tab:red",
+        fontsize=8,
+        ha="right",
+        va="bottom",
+        transform=ax.transAxes,
+    )
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_aspect("equal")
+    ax.set_xlabel("credibility level of the HPD region", fontsize=8)
+    ax.set_ylabel("fraction of truths inside (coverage)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7, loc="center right", bbox_to_anchor=(1.0, 0.3))
+    deviation = coverage - t
+    if bool(((deviation < simultaneous[0]) | (deviation > simultaneous[1])).any()):
+        verdict = "leaves the band: " + ("over" if float(error) < 0 else "under") + "-confident"
+    else:
+        verdict = "inside the band: consistent with calibration"
+    ax.set_title(f"Expected coverage (energy rank)\n{verdict}", fontsize=9)
+    return fig

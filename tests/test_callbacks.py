@@ -1,0 +1,468 @@
+"""Calibration callbacks inside real ``Trainer.fit`` runs (CPU, tiny flows, few epochs).
+
+What must hold: scalars reach the logger under their tags and figures reach
+TensorBoard; EarlyStopping and ModelCheckpoint can monitor a calibration scalar; a
+resumed run continues the histories with the same base points; without TensorBoard
+the scalars are still logged; a two-process DDP run writes each figure once and logs
+the same synced values as one process on the same data.
+"""
+
+import csv
+import math
+import warnings
+
+import lightning as L
+import pytest
+import torch
+import zuko
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.data import DataLoader, TensorDataset
+from torchmetrics import Metric
+from torchmetrics.utilities.data import dim_zero_cat
+
+import calib_lightning as cl
+from calib_lightning.callbacks import CalibrationCallback, KCCSDCallback, summary_table
+from calib_lightning.tasks import GaussianToy, TwoMoons
+
+KEYS = ("statistic", "p_value", "bandwidth", "distribution_bandwidth", "num_samples")
+TAGS = {f"calibration/kccsd/{k}" for k in KEYS}
+
+
+class NPE(L.LightningModule):
+    """Minimal neural posterior estimation module: a tiny zuko flow, NLL loss."""
+
+    def __init__(self, lr=1e-3, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.flow = zuko.flows.MAF(2, 2, transforms=1, hidden_features=(16, 16))
+        self.head = torch.nn.Dropout(0.1).eval()  # a submodule the user keeps in eval mode
+        self.lr = lr
+
+    def training_step(self, batch, batch_idx):
+        theta, x = batch
+        return -self.flow(x).log_prob(theta).mean()
+
+    def validation_step(self, batch, batch_idx):
+        theta, x = batch
+        self.log("val_loss", -self.flow(x).log_prob(theta).mean())
+
+    def configure_optimizers(self):
+        return (
+            torch.optim.SGD(self.parameters(), lr=self.lr)
+            if self.lr == 0
+            else torch.optim.Adam(self.parameters(), lr=self.lr)
+        )
+
+
+class FixedPosterior(L.LightningModule):
+    """A module whose 'flow' is a known Gaussian posterior of :class:`GaussianToy`."""
+
+    def __init__(self, shift):
+        super().__init__()
+        self.dummy = torch.nn.Parameter(torch.zeros(()))
+        self.flow = GaussianToy(dim=2).posterior(shift=shift)
+
+    def training_step(self, batch, batch_idx):
+        return self.dummy**2
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def two_moons(n, seed):
+    return TwoMoons().sample(n, torch.Generator().manual_seed(seed))
+
+
+def loader(theta, x, batch_size=64, shuffle=False):
+    return DataLoader(TensorDataset(theta, x), batch_size=batch_size, shuffle=shuffle)
+
+
+def metric():
+    return cl.KCCSD(num_bootstrap=100, base_points=8, seed=3)
+
+
+def trainer(tmp_path=None, **kwargs):
+    options = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "enable_progress_bar": False,
+        "max_epochs": 2,
+        "enable_model_summary": False,
+        "enable_checkpointing": False,
+        "logger": False,
+    }
+    options.update(kwargs)
+    if tmp_path is not None:
+        options["default_root_dir"] = tmp_path
+    return L.Trainer(**options)
+
+
+def events(log_dir):
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "images": 0, "histograms": 0})
+    acc.Reload()
+    return acc
+
+
+@pytest.fixture(scope="module")
+def data():
+    return two_moons(256, 0), two_moons(96, 1)
+
+
+def test_tensorboard_gets_scalars_and_history_figure(tmp_path, data):
+    (theta, x), (theta_cal, x_cal) = data
+    callback = KCCSDCallback(theta_cal, x_cal, metric=metric())
+    logger = TensorBoardLogger(tmp_path, name="tb", version=0)
+    trainer(max_epochs=3, logger=logger, callbacks=[callback]).fit(
+        NPE(), loader(theta, x, shuffle=True), loader(theta_cal, x_cal)
+    )
+
+    acc = events(logger.log_dir)
+    scalar_tags = set(acc.Tags()["scalars"])
+    assert scalar_tags >= TAGS
+    for tag in TAGS:  # one value per check, equal to the recorded history
+        logged = [e.value for e in acc.Scalars(tag)]
+        assert logged == pytest.approx(callback.history[tag.split("/")[-1]], rel=1e-6)
+    assert callback.epochs == [0, 1, 2]
+    images = acc.Images("calibration/kccsd/history")
+    assert len(images) == 3
+    assert [e.step for e in images] == [e.step for e in acc.Scalars("calibration/kccsd/p_value")]
+    assert all(e.encoded_image_string.startswith(b"\x89PNG") for e in images)
+    assert callback.history["num_samples"] == [96.0] * 3
+    assert all(0 < p <= 1 for p in callback.history["p_value"])
+
+
+class LatentMean(Metric):
+    """Toy metric: mean of the flow's latent z* = T^-1(theta*; x) (0 when calibrated)."""
+
+    full_state_update = False
+
+    def __init__(self):
+        super().__init__()
+        self.add_state("total", torch.zeros(2), dist_reduce_fx="sum")
+        self.add_state("count", torch.tensor(0.0), dist_reduce_fx="sum")
+        self.add_state("latent", [], dist_reduce_fx="cat")
+
+    def update(self, posterior, theta, x):
+        z = cl.as_posterior(posterior).to_latent(theta, x)
+        self.total += z.sum(0)
+        self.count += z.shape[0]
+        self.latent.append(z)
+
+    def compute(self):
+        return {"mean": self.total / self.count, "latent": dim_zero_cat(self.latent)}
+
+
+class LatentCallback(CalibrationCallback):
+    """A new diagnostic is a few lines: its metric, its history keys, its histograms."""
+
+    name = "latent"
+    history_keys = ("mean",)
+
+    def __init__(self, theta, x, **kwargs):
+        super().__init__(LatentMean(), theta, x, **kwargs)
+
+    def histograms(self, result):
+        return {"latent_0": result["latent"][:, 0]}
+
+
+def test_subclass_logs_vector_scalars_histograms_and_figures(tmp_path):
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(64, torch.Generator().manual_seed(0))
+    callback = LatentCallback(theta, x)
+    logger = TensorBoardLogger(tmp_path, name="tb", version=0)
+    trainer(max_epochs=2, logger=logger, callbacks=[callback]).fit(
+        FixedPosterior(shift=0.5), loader(theta, x)
+    )
+    acc = events(logger.log_dir)
+    expected = ((theta - toy.weight * x - 0.5) / math.sqrt(0.2)).mean(0)
+    for i in range(2):
+        logged = [e.value for e in acc.Scalars(f"calibration/latent/mean/{i}")]
+        assert logged == pytest.approx([float(expected[i])] * 2, abs=1e-5)
+    histogram = acc.Histograms("calibration/latent/latent_0")
+    assert len(histogram) == 2
+    assert histogram[0].histogram_value.num == 64
+    assert len(acc.Images("calibration/latent/history")) == 2
+
+
+def test_check_runs_in_eval_mode_and_restores_each_submodule(data):
+    (theta, x), (theta_cal, x_cal) = data
+    seen = []
+
+    def estimator(module):
+        def posterior(x):
+            seen.append((module.flow.training, torch.is_grad_enabled()))
+            return module.flow(x)
+
+        return posterior
+
+    class ModeProbe(L.Callback):
+        def on_train_epoch_end(self, trainer, module):
+            modes.append((module.training, module.flow.training, module.head.training))
+
+    modes = []
+    callback = KCCSDCallback(
+        theta_cal, x_cal, metric=metric(), estimator=estimator, log_figures=False
+    )
+    # no validation loop: the check runs at train-epoch end, while the module trains
+    trainer(max_epochs=2, callbacks=[callback, ModeProbe()]).fit(NPE(), loader(theta, x))
+    assert callback.epochs == [0, 1]
+    assert seen
+    assert all(not training for training, _ in seen)
+    assert any(grad for _, grad in seen)  # scores take gradients even under no_grad
+    assert modes == [(True, True, False)] * 2  # train mode back; the eval head stays eval
+
+
+def test_float64_module_gets_its_calibration_data_in_float64(data):
+    (theta, x), (theta_cal, x_cal) = data  # float32 tensors
+    callback = KCCSDCallback(theta_cal, x_cal, metric=metric(), log_figures=False)
+    trainer(max_epochs=1, precision="64-true", callbacks=[callback]).fit(
+        NPE(), loader(theta.double(), x.double())
+    )
+    assert callback.metric.base_points.dtype == torch.float64
+    assert callback.history["num_samples"] == [96.0]
+
+
+def test_every_n_epochs_without_validation_checks_at_train_epoch_end(data):
+    (theta, x), (theta_cal, x_cal) = data
+    callback = KCCSDCallback(theta_cal, x_cal, metric=metric(), every_n_epochs=2, log_figures=False)
+    trainer(max_epochs=4, limit_val_batches=0, callbacks=[callback]).fit(
+        NPE(), loader(theta, x), loader(theta_cal, x_cal)
+    )
+    assert callback.epochs == [0, 1, 3]  # the first epoch, then every second one
+    assert len(callback.seconds) == 3
+
+
+@pytest.mark.parametrize("kind", ["none", "csv"])
+def test_without_tensorboard_scalars_are_logged_with_one_warning(tmp_path, data, kind):
+    (theta, x), (theta_cal, x_cal) = data
+    callback = KCCSDCallback(theta_cal, x_cal, metric=metric())
+    logger = False if kind == "none" else CSVLogger(tmp_path, name="csv", version=0)
+    fit = trainer(max_epochs=2, logger=logger, callbacks=[callback])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit.fit(NPE(), loader(theta, x), loader(theta_cal, x_cal))
+    ours = [w for w in caught if "TensorBoardLogger only" in str(w.message)]
+    assert len(ours) == 1
+    assert set(fit.callback_metrics) >= TAGS
+    assert (
+        float(fit.callback_metrics["calibration/kccsd/p_value"]) == callback.history["p_value"][-1]
+    )
+    if kind == "csv":
+        with open(logger.log_dir + "/metrics.csv") as f:
+            rows = [r for r in csv.DictReader(f) if r["calibration/kccsd/p_value"]]
+        assert [int(r["epoch"]) for r in rows] == [0, 1]
+        assert [float(r["calibration/kccsd/p_value"]) for r in rows] == pytest.approx(
+            callback.history["p_value"]
+        )
+
+
+def test_early_stopping_monitors_calibration_p_value():
+    theta, x = GaussianToy(dim=2).sample(128, torch.Generator().manual_seed(0))
+    empty = loader(torch.zeros(4, 1), torch.zeros(4, 1))
+
+    def run(shift):
+        callback = KCCSDCallback(theta, x, metric=metric(), log_figures=False)
+        stop = EarlyStopping(
+            "calibration/kccsd/p_value",
+            mode="max",
+            patience=100,
+            divergence_threshold=0.02,
+            check_on_train_epoch_end=True,
+        )
+        fit = trainer(max_epochs=4, callbacks=[callback, stop])
+        fit.fit(FixedPosterior(shift), empty)
+        return fit, callback
+
+    fit, callback = run(shift=1.0)  # posterior mean off by one prior sd: rejected at once
+    assert fit.should_stop
+    assert callback.epochs == [0]
+    assert callback.history["p_value"][0] < 0.02
+    fit, callback = run(shift=0.0)  # the exact posterior: trains to max_epochs
+    assert not fit.should_stop
+    assert callback.epochs == [0, 1, 2, 3]
+    assert min(callback.history["p_value"]) > 0.02
+
+
+def test_resume_continues_histories_and_keeps_base_points(tmp_path, data):
+    (theta, x), (theta_cal, x_cal) = data
+    monitor = "calibration/kccsd/p_value"
+
+    def run(max_epochs, seed, ckpt_path=None):
+        callback = KCCSDCallback(
+            theta_cal,
+            x_cal,
+            every_n_epochs=2,
+            log_figures=False,
+            metric=cl.KCCSD(num_bootstrap=100, base_points=8, seed=seed),
+        )
+        checkpoint = ModelCheckpoint(
+            tmp_path / f"run{seed}", monitor=monitor, mode="max", save_last=True
+        )
+        trainer(
+            max_epochs=max_epochs, callbacks=[callback, checkpoint], enable_checkpointing=True
+        ).fit(NPE(seed=seed), loader(theta, x), loader(theta_cal, x_cal), ckpt_path=ckpt_path)
+        return callback, checkpoint
+
+    first, checkpoint = run(max_epochs=3, seed=0)
+    assert first.epochs == [0, 1]  # epoch 2 is not a check epoch
+    assert checkpoint.best_model_score == pytest.approx(max(first.history["p_value"]))
+    # resuming at epoch 3 checks at once, so the ModelCheckpoint finds its monitor
+    second, _ = run(max_epochs=6, seed=1, ckpt_path=tmp_path / "run0" / "last.ckpt")
+    assert second.epochs == [0, 1, 3, 5]
+    for key, values in first.history.items():
+        assert second.history[key][:2] == values
+        assert not any(math.isnan(v) for v in second.history[key])
+    # base points come from the checkpoint, not from a new draw with the new seed
+    assert torch.equal(second.metric.base_points, first.metric.base_points)
+    fresh = cl.KCCSD(base_points=8, seed=1)
+    fresh.update(GaussianToy(dim=2).posterior(), theta_cal, x_cal)
+    assert not torch.allclose(fresh.base_points, first.metric.base_points)
+    assert "kccsd" in summary_table([second])
+
+
+def test_dataloader_and_tensors_give_the_same_test(data):
+    (theta, x), (theta_cal, x_cal) = data
+    base = torch.randn(8, 2, generator=torch.Generator().manual_seed(0))
+    from_tensors = KCCSDCallback(
+        theta_cal, x_cal, log_figures=False, metric=cl.KCCSD(num_bootstrap=100, base_points=base)
+    )
+    from_loader = KCCSDCallback(
+        dataloader=loader(theta_cal, x_cal, batch_size=20),
+        name="kccsd_loader",
+        log_figures=False,
+        metric=cl.KCCSD(num_bootstrap=100, base_points=base),
+    )
+    fit = trainer(max_epochs=1, callbacks=[from_tensors, from_loader])
+    fit.fit(NPE(), loader(theta, x))
+    assert from_loader.history["num_samples"] == [96.0]
+    for key in ("statistic", "p_value"):
+        assert from_loader.history[key] == pytest.approx(from_tensors.history[key], rel=1e-5)
+    assert "calibration/kccsd_loader/statistic" in fit.callback_metrics
+
+
+def test_bad_arguments_are_named():
+    theta, x = torch.zeros(8, 2), torch.zeros(8, 3)
+    with pytest.raises(ValueError, match="either as tensors theta and x or as a dataloader"):
+        KCCSDCallback()
+    with pytest.raises(ValueError, match="either as tensors"):
+        KCCSDCallback(theta, x, dataloader=loader(theta, x))
+    with pytest.raises(ValueError, match="theta and x must both be given"):
+        KCCSDCallback(theta)
+    with pytest.raises(ValueError, match="x must have the same number of rows"):
+        KCCSDCallback(theta, x[:5])
+    with pytest.raises(ValueError, match="every_n_epochs must be a positive integer"):
+        KCCSDCallback(theta, x, every_n_epochs=0)
+    with pytest.raises(ValueError, match=r"metric must be a calib_lightning\.KCCSD"):
+        KCCSDCallback(theta, x, metric=torch.nn.Linear(1, 1))
+    callback = KCCSDCallback(theta, x, estimator="posterior_net")
+    with pytest.raises(ValueError, match=r"'posterior_net'.*submodules are \['flow', 'head'\]"):
+        trainer(max_epochs=1, callbacks=[callback]).fit(NPE(), loader(*two_moons(8, 0)))
+    callback = KCCSDCallback(dataloader=[torch.zeros(4, 2)], log_figures=False)
+    with pytest.raises(ValueError, match="dataloader must yield \\(theta, x\\) pairs"):
+        trainer(max_epochs=1, callbacks=[callback]).fit(NPE(), loader(*two_moons(8, 0)))
+
+
+class DrawCounter(KCCSDCallback):
+    """Records, in a file per rank, each time it draws figures."""
+
+    def __init__(self, *args, record_dir, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.record_dir = record_dir
+
+    def on_fit_start(self, trainer, pl_module):
+        self.rank = trainer.global_rank
+
+    def figures(self, result):
+        with open(self.record_dir / f"figures-rank{self.rank}.txt", "a") as f:
+            f.write(f"{self.tag_name}\n")
+        return super().figures(result)
+
+
+def test_ddp_two_processes_log_figures_once_and_match_one_process(tmp_path):
+    # the exact posterior of the Gaussian toy: p-values away from their floor 1 / 101
+    theta_cal, x_cal = GaussianToy(dim=2).sample(80, torch.Generator().manual_seed(1))
+    base = torch.randn(8, 2, generator=torch.Generator().manual_seed(0))
+
+    def run(devices):
+        record_dir = tmp_path / f"devices{devices}"
+        record_dir.mkdir()
+        callbacks = [  # tensors: rows split over ranks; a loader: batches split over ranks
+            DrawCounter(theta_cal, x_cal, metric=metric(), record_dir=record_dir),
+            DrawCounter(
+                dataloader=loader(theta_cal, x_cal, batch_size=20),
+                name="loader",
+                metric=cl.KCCSD(num_bootstrap=100, base_points=base),
+                record_dir=record_dir,
+            ),
+        ]
+        logger = TensorBoardLogger(tmp_path, name=f"devices{devices}", version=0)
+        fit = trainer(
+            max_epochs=2,
+            devices=devices,
+            logger=logger,
+            callbacks=callbacks,
+            strategy="ddp_fork" if devices > 1 else "auto",
+        )
+        fit.fit(FixedPosterior(shift=0.0), loader(theta_cal, x_cal, batch_size=16))
+        draws = {p.name: p.read_text().split() for p in sorted(record_dir.glob("figures-*"))}
+        return events(logger.log_dir), draws
+
+    (one, draws_one), (two, draws_two) = run(1), run(2)
+    assert draws_two == draws_one == {"figures-rank0.txt": ["kccsd", "loader"] * 2}
+    for name in ("kccsd", "loader"):
+        for key in KEYS:  # per check (steps differ: each rank trains on half the batches)
+            tag = f"calibration/{name}/{key}"
+            expected = [e.value for e in one.Scalars(tag)]
+            got = [e.value for e in two.Scalars(tag)]
+            if key == "p_value":  # at most one bootstrap count may flip on float rounding
+                assert got == pytest.approx(expected, abs=1.5 / 101)
+            else:
+                assert got == pytest.approx(expected, rel=1e-4)
+        assert [e.value for e in two.Scalars(f"calibration/{name}/num_samples")] == [80.0] * 2
+        p_values = [e.value for e in one.Scalars(f"calibration/{name}/p_value")]
+        assert min(p_values) > 0.05  # so their agreement is not that of two floors
+        steps = [e.step for e in two.Images(f"calibration/{name}/history")]
+        assert len(steps) == 2  # once per check, not once per rank
+        assert len(set(steps)) == 2
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.4])
+def test_rank_callback_logs_scalars_figures_and_rank_histograms(tmp_path, shift):
+    from calib_lightning.callbacks import RankCalibrationCallback
+
+    theta, x = GaussianToy(dim=2).sample(400, torch.Generator().manual_seed(5))
+    callback = RankCalibrationCallback(theta, x, labels=["a", "b"])
+    logger = TensorBoardLogger(tmp_path, name="tb", version=0)
+    train = loader(*GaussianToy(dim=2).sample(64, torch.Generator().manual_seed(6)))
+    trainer(max_epochs=1, logger=logger, callbacks=[callback]).fit(FixedPosterior(shift), train)
+
+    acc = events(logger.log_dir)
+    expected = (
+        {"p_value", "coverage_error", "num_pairs"}
+        | {
+            f"{key}/{d}"
+            for key in ("marginal_p_values", "contraction", "mean_squared_error")
+            for d in (0, 1)
+        }
+        | {f"ecdf_p_values/{d}" for d in (0, 1, 2)}
+    )
+    assert set(acc.Tags()["scalars"]) - {"epoch"} == {f"calibration/ranks/{k}" for k in expected}
+    figures = {"history", "ecdf", "rank_histograms", "expected_coverage"}
+    assert set(acc.Tags()["images"]) == {f"calibration/ranks/{f}" for f in figures}
+    assert set(acc.Tags()["histograms"]) == {
+        f"calibration/ranks/rank/{r}" for r in ("0", "1", "joint")
+    }
+    joint = acc.Histograms("calibration/ranks/rank/joint")[0].histogram_value
+    assert joint.num == 400  # every calibration pair's rank
+    assert 0 <= joint.min <= joint.max <= 100
+
+    p_value = callback.history["p_value"][0]
+    marginal = min(callback.history["marginal_p_values/0"], callback.history["marginal_p_values/1"])
+    if shift == 0.0:  # the exact posterior
+        assert p_value > 0.01
+        assert marginal[0] > 0.01
+    else:  # every coordinate shifted by 0.4 posterior-widths: the marginal ranks see it
+        assert marginal[0] < 1e-6
+    assert callback.history["contraction/0"][0] == pytest.approx(0.8, abs=0.05)

@@ -1,0 +1,253 @@
+"""TARP: ranks, exact null draws, level and power of the test, the streaming metric, the plot."""
+
+import pytest
+import torch
+from matplotlib.figure import Figure
+
+from calib_lightning.functional import (
+    expected_coverage,
+    tarp,
+    tarp_counts,
+    tarp_fit_scale,
+    tarp_ranks,
+    tarp_references,
+    tarp_test,
+    uniform_multinomial,
+)
+from calib_lightning.functional.tarp import _ks_atc
+from calib_lightning.metrics import TARP
+from calib_lightning.plots import plot_tarp
+from calib_lightning.tasks import GaussianToy
+from calib_lightning.testing import run_distributed
+
+F64 = torch.float64
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def toy_datasets(reps, n, num_samples, seed, variance_scale=1.0, shift=0.0, dim=2):
+    """``reps`` GaussianToy datasets at once: theta (reps, n, D), samples (S, reps, n, D)."""
+    g = gen(seed)
+    toy = GaussianToy(dim=dim)
+    theta = torch.randn(reps, n, dim, generator=g)
+    x = theta + toy.noise_std * torch.randn(reps, n, dim, generator=g)
+    post_std = (toy.weight * toy.noise_std**2 * variance_scale) ** 0.5
+    eps = torch.randn(num_samples, reps, n, dim, generator=g)
+    samples = toy.weight * x + shift + post_std * eps
+    references = tarp_references(theta, generator=g)
+    ranks = tarp_ranks(samples, theta, references, scale=tarp_fit_scale(theta))
+    return tarp_counts(ranks, num_samples), g
+
+
+def test_ranks_equal_naive_definition():
+    g = gen(0)
+    samples = torch.randn(9, 6, 3, generator=g, dtype=F64)
+    theta, refs = torch.randn(6, 3, generator=g, dtype=F64), torch.randn(6, 3, generator=g,
+                                                                          dtype=F64)
+    scale = torch.tensor([1.0, 2.0, 0.5], dtype=F64)
+    for distance, p in (("l2", 2), ("l1", 1)):
+        ranks = tarp_ranks(samples, theta, refs, scale=scale, distance=distance)
+        for i in range(6):
+            d_true = torch.linalg.vector_norm((theta[i] - refs[i]) / scale, ord=p)
+            d_samples = torch.linalg.vector_norm((samples[:, i] - refs[i]) / scale, ord=p, dim=-1)
+            assert int(ranks[i]) == int((d_samples < d_true).sum())
+
+
+def test_references_lie_in_the_box_of_the_parameters():
+    theta = torch.tensor([[0.0, -3.0], [2.0, 5.0], [1.0, 0.0]])
+    refs = tarp_references(theta, 10_000, generator=gen(1))
+    assert refs.shape == (10_000, 2)
+    assert bool((refs.amin(0) >= theta.amin(0)).all() and (refs.amax(0) <= theta.amax(0)).all())
+    assert torch.allclose(refs.mean(0), (theta.amin(0) + theta.amax(0)) / 2, atol=0.1)
+
+
+@pytest.mark.parametrize("cells", [7, 150], ids=["binary-splitting", "indices"])
+def test_uniform_multinomial_has_multinomial_moments(cells):
+    total = torch.tensor([1000.0, 37.0])
+    draws = uniform_multinomial(total, cells, 40_000, gen(2))
+    assert draws.shape == (2, 40_000, cells)
+    assert torch.equal(draws.sum(-1), total[:, None].expand(2, 40_000).double())
+    p = 1 / cells
+    off_diagonal = ~torch.eye(cells, dtype=torch.bool)
+    for row, n in enumerate(total.tolist()):
+        cov = torch.cov(draws[row].T)
+        assert torch.allclose(draws[row].mean(0), torch.full((cells,), n * p, dtype=F64),
+                              rtol=0.05)
+        assert float(cov.diagonal().mean()) == pytest.approx(n * p * (1 - p), rel=0.02)
+        assert float(cov[off_diagonal].mean()) == pytest.approx(-n * p * p, rel=0.05)
+
+
+def test_statistic_atc_and_curve_are_exact_for_the_step_function():
+    counts = torch.tensor([[3, 0, 5, 1, 1], [0, 0, 10, 0, 0]])
+    statistic, atc = _ks_atc(counts)
+    grid = torch.linspace(0, 1, 200_001, dtype=F64)
+    ecp = expected_coverage(counts, grid)
+    assert torch.allclose(ecp[:, 0], torch.zeros(2, dtype=F64))
+    assert torch.allclose(ecp[:, -1], torch.ones(2, dtype=F64))
+    dev = (ecp - grid).abs().amax(-1)
+    assert bool((statistic >= dev - 1e-12).all())
+    assert torch.allclose(statistic, dev, atol=1e-4)
+    upper = grid >= 0.5
+    area = torch.trapezoid(ecp[:, upper] - grid[upper], grid[upper])
+    assert torch.allclose(atc, area, atol=1e-4)
+    # a histogram concentrated on the middle rank: all c_i = 1/2
+    assert float(statistic[1]) == pytest.approx(0.5)
+    assert float(atc[1]) == pytest.approx(0.5 * 1 - 0.375)
+
+
+def test_level_holds_over_many_datasets():
+    counts, g = toy_datasets(reps=300, n=1000, num_samples=30, seed=3)
+    out = tarp_test(counts, num_null=400, generator=g)
+    p = torch.sort(out["p_value"]).values
+    rate = float((p <= 0.05).double().mean())
+    grid = torch.linspace(0, 1, 101, dtype=F64)
+    excess = float(((p[None] <= grid[:, None]).double().mean(1) - grid).max())
+    assert 0.01 <= rate <= 0.10
+    assert excess < 0.1
+    assert abs(float(out["atc"].mean())) < 0.003
+
+
+@pytest.mark.parametrize(
+    ("variance_scale", "shift", "atc_sign"),
+    [(2.0, 0.0, 1), (0.5, 0.0, -1), (1.0, 0.5, 0)],
+    ids=["variance-x2", "variance-x0.5", "shifted"],
+)
+def test_power_at_n_1000_with_the_documented_atc_sign(variance_scale, shift, atc_sign):
+    counts, g = toy_datasets(reps=20, n=1000, num_samples=100, seed=4,
+                             variance_scale=variance_scale, shift=shift)
+    out = tarp_test(counts, num_null=200, generator=g)
+    assert float((out["p_value"] <= 0.05).double().mean()) >= 0.95
+    assert bool((out["statistic"] > out["band"]).all())  # the curve leaves the band
+    if atc_sign:
+        assert bool((torch.sign(out["atc"]) == atc_sign).all())
+
+
+def test_functional_tarp_on_a_posterior_equals_given_samples():
+    toy, g = GaussianToy(dim=3), gen(5)
+    theta, x = toy.sample(300, g)
+    refs = tarp_references(theta, generator=g)
+    torch.manual_seed(0)
+    drawn = tarp(toy.posterior(), theta, x, num_posterior_samples=50, references=refs,
+                 generator=gen(6), chunk_size=64)
+    torch.manual_seed(0)
+    samples = torch.cat([toy.posterior()(x[s : s + 64]).sample((50,)) for s in range(0, 300, 64)],
+                        1)
+    given = tarp(samples, theta, x, references=refs, generator=gen(6))
+    for key in ("statistic", "p_value", "atc", "ecp"):
+        assert torch.equal(drawn[key], given[key])
+    assert int(given["num_samples"]) == 300
+
+
+def test_metric_streams_exactly_and_equals_the_functional_core():
+    toy, g = GaussianToy(dim=2), gen(7)
+    theta, x = toy.sample(400, g)
+    samples = toy.posterior(variance_scale=1.5)(x).sample((40,))
+    bounds = (theta.amin(0), theta.amax(0))
+    scale = theta.std(0)
+    one = TARP(num_posterior_samples=40, scale=scale, reference_bounds=bounds, seed=3)
+    one.update(samples, theta, x)
+    many = TARP(num_posterior_samples=40, scale=scale, reference_bounds=bounds, seed=3)
+    for s in range(0, 400, 75):
+        many.update(samples[:, s : s + 75], theta[s : s + 75], x[s : s + 75])
+    assert torch.equal(one.counts, many.counts)
+    # the references are uniform on the box, drawn from the metric's seeded stream
+    u = torch.rand(400, 2, generator=torch.Generator().manual_seed(3 + 7919), dtype=F64)
+    refs = (bounds[0].double() + (bounds[1] - bounds[0]).double() * u).float()
+    expected = tarp_counts(tarp_ranks(samples, theta, refs, scale=scale), 40)
+    assert torch.equal(one.counts, expected)
+    out = one.compute()
+    assert torch.equal(out["statistic"], tarp_test(expected, generator=gen(4))["statistic"])
+    # fitted coordinates: the scale and box of the first update
+    fitted = TARP(num_posterior_samples=40)
+    fitted.update(samples, theta, x)
+    assert torch.allclose(fitted.scale.float(), tarp_fit_scale(theta))
+    assert torch.equal(fitted.low.float(), theta.amin(0))
+    fitted.reset()
+    assert fitted.scale.numel() == 2
+    assert int(fitted.counts.sum()) == 0
+
+
+def test_metric_under_ddp_equals_the_pooled_histogram():
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(600, gen(8))
+    samples = toy.posterior(variance_scale=2.0)(x).sample((50,))
+
+    def fn(rank, world_size):
+        metric = TARP(num_posterior_samples=50, num_null=300)
+        rows = slice(rank * 300, (rank + 1) * 300)
+        metric.update(samples[:, rows], theta[rows], x[rows])
+        local = metric.counts.clone()
+        return local, metric.compute(), metric.scale, metric.low, metric.high
+
+    results = run_distributed(fn, world_size=2)
+    pooled = results[0][0] + results[1][0]
+    expected = tarp_test(pooled, num_null=300, generator=gen(1))
+    for _, out, scale, low, high in results:
+        for key in ("statistic", "p_value", "atc", "ecp", "num_samples"):
+            assert torch.equal(out[key], expected[key]), key
+        assert torch.allclose(scale.float(), theta.std(0), rtol=1e-5)
+        assert torch.equal(low.float(), theta.amin(0))
+        assert torch.equal(high.float(), theta.amax(0))
+    assert float(expected["p_value"]) <= 0.05
+    assert float(expected["atc"]) > 0
+
+
+def test_figure_shows_the_curve_and_band():
+    counts, g = toy_datasets(reps=1, n=500, num_samples=50, seed=9, variance_scale=2.0)
+    out = {k: (v[0] if v.ndim and k not in ("alpha", "level") else v)
+           for k, v in tarp_test(counts, num_null=100, generator=g).items()}
+    fig = plot_tarp(out)
+    assert isinstance(fig, Figure)
+    (ax,) = fig.axes
+    assert ax.get_xlabel().startswith("credibility level")
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "conservative (too wide)" in labels
+    assert "expected coverage" in labels
+    with pytest.raises(ValueError, match="one curve"):
+        plot_tarp(tarp_test(torch.cat([counts, counts]), num_null=10))
+    with pytest.raises(ValueError, match="must contain 'band'"):
+        plot_tarp({"alpha": out["alpha"], "ecp": out["ecp"]})
+
+
+@pytest.mark.filterwarnings("ignore:The ``compute`` method")
+def test_bad_input_raises_value_errors_naming_the_argument():
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(10, gen(10))
+    samples = torch.randn(5, 10, 2)
+    nan = theta.clone()
+    nan[2, 0] = float("nan")
+    cases = [
+        (lambda: tarp_ranks(samples[:, :9], theta, theta), r"samples must have shape \(S, 10, 2\)"),
+        (lambda: tarp_ranks(samples, theta, theta[:9]), "references must have the shape"),
+        (lambda: tarp_ranks(samples, theta, theta, distance="cos"), "distance must be one of"),
+        (lambda: tarp_counts(torch.tensor([0, 6]), 5), r"ranks must lie in \[0, 5\]"),
+        (lambda: tarp_test(torch.zeros(4, dtype=torch.long)), "at least one calibration pair"),
+        (lambda: tarp_test(torch.ones(4), level=1.5), r"level must lie in \(0, 1\)"),
+        (lambda: tarp_test(torch.ones(4), num_null=0), "num_null must be a positive integer"),
+        (lambda: tarp(toy.posterior(), nan, x), "theta must be finite"),
+        (lambda: tarp(toy.posterior(), theta[:1], x[:1]), "theta must have at least 2 rows"),
+        (lambda: tarp(toy.posterior(), theta, x[:9]), "x must have the same number of rows"),
+        (lambda: tarp(samples[:, :, :1], theta, x), r"posterior samples must have shape"),
+        (lambda: tarp(toy.posterior(), theta, x, scale=torch.ones(3)), r"scale must be a tensor"),
+        (lambda: tarp(toy.posterior(), theta, x, references=theta[:, :1]), "references must"),
+        (lambda: TARP(num_posterior_samples=0), "num_posterior_samples must be a positive"),
+        (lambda: TARP(scale=-torch.ones(2)), "scale must be a positive tensor"),
+        (lambda: TARP(reference_bounds=(torch.ones(2), torch.zeros(2))), "low <= high"),
+        (lambda: TARP(num_posterior_samples=5).update(samples[:4], theta, x),
+         r"posterior samples must have shape \(5, 10, 2\)"),
+        (lambda: TARP().update(toy.posterior(), theta[:1], x[:1]), "needs N >= 2 pairs"),
+        (lambda: TARP().compute(), "needs at least one update"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=message):
+            call()
+    metric = TARP(num_posterior_samples=5)
+    metric.update(samples, theta, x)
+    with pytest.raises(ValueError, match="theta must have D = 2 columns"):
+        metric.update(torch.randn(5, 10, 3), torch.randn(10, 3), x)
+    bad = samples.clone()
+    bad[0, 3, 1] = float("inf")
+    with pytest.raises(ValueError, match="posterior samples must be finite"):
+        metric.update(bad, theta, x)
