@@ -7,7 +7,8 @@ a conditional normalizing flow while it trains.
 import importlib
 from typing import Any
 
-from calib_lightning import functional, kernels, tasks
+from calib_lightning import functional, kernels, losses, tasks
+from calib_lightning.losses import CoverageLoss, KCCSDLoss
 from calib_lightning.metrics import (
     KCCSD,
     TARP,
@@ -25,9 +26,11 @@ __all__ = [
     "KCCSD",
     "TARP",
     "CalibrationCallback",
+    "CoverageLoss",
     "DensityCoverage",
     "FrechetDistance",
     "KCCSDCallback",
+    "KCCSDLoss",
     "Posterior",
     "RankCalibration",
     "RankCalibrationCallback",
@@ -35,6 +38,7 @@ __all__ = [
     "callbacks",
     "functional",
     "kernels",
+    "losses",
     "plots",
     "tasks",
 ]
