@@ -20,7 +20,8 @@ Run (about a minute on one core)::
     tensorboard --logdir lightning_logs
 
 It trains plain NPE and the regularized one on the same simulations (Two Moons,
-1,000 by default) and prints held-out NLL and the KCCSD calibration test of both.
+1,000 by default) and prints the held-out NLL, expected-coverage error and joint-rank
+p-value (``cl.RankCalibration``) of both.
 """
 
 from __future__ import annotations
@@ -171,10 +172,14 @@ def main() -> None:
         flow = train(theta, x, regularizer, weight, args.seed, args.max_epochs)
         with torch.no_grad():
             nll = -flow(x_test).log_prob(theta_test).mean()
-        test = cl.KCCSD(seed=0)
-        test.update(flow, theta_test, x_test)
-        p_value = test.compute()["p_value"]
-        print(f"{name:24s} held-out NLL {float(nll):7.3f}   KCCSD p-value {float(p_value):.3f}")
+        ranks = cl.RankCalibration(num_posterior_samples=200)
+        ranks.update(flow, theta_test, x_test)
+        out = ranks.compute()
+        print(
+            f"{name:24s} held-out NLL {float(nll):7.3f}   coverage error "
+            f"{float(out['coverage_error']):+.3f} (< 0: over-confident)   "
+            f"joint-rank p-value {float(out['p_value']):.3f}"
+        )
 
 
 if __name__ == "__main__":
