@@ -13,8 +13,9 @@ Three measurements, written to ``examples/benchmarks/results/regularizer_design.
    error of ``d loss / d s`` at the true ``s`` over ``R`` batches (negative = the loss
    asks for a wider posterior), and the variance scale minimizing the mean loss on a
    grid.
-3. Cost. Seconds per optimizer step of a zuko NSF on batches of 128, NLL alone and
-   NLL plus each regularizer, interleaved in one process; ratios to NLL alone.
+3. Cost. Seconds per optimizer step of the study's flow on batches of 128, NLL alone
+   and NLL plus each regularizer (``regularized_loss`` of ``examples/npe_regularized.py``),
+   interleaved in one process; ratios to NLL alone.
 
 Run: ``PYTHONPATH=. python examples/benchmarks/regularizer_design.py`` (about 5 min on
 one core; ``--quick`` for a smoke run).
@@ -25,15 +26,18 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
-import zuko
 from torch.distributions import Independent, Normal
 
 from calib_lightning.losses import CoverageLoss, KCCSDLoss
 from calib_lightning.tasks import GaussianLinearUniform, GaussianToy, TwoMoons
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from npe_regularized import build_flow, regularized_loss
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NOISE = 0.3
@@ -124,10 +128,6 @@ def gradient_bias(reps: int, dim: int) -> list[str]:
     return lines
 
 
-def _flow(task: object) -> zuko.flows.NSF:
-    return zuko.flows.NSF(task.theta_dim, task.x_dim, transforms=3, hidden_features=[64, 64])
-
-
 def cost(steps: int, rounds: int) -> list[str]:
     regularizers = {
         "KCCSD latent": KCCSDLoss(),
@@ -137,8 +137,10 @@ def cost(steps: int, rounds: int) -> list[str]:
         "coverage L=16": CoverageLoss(),
     }
     lines = [
-        f"Median over {rounds} interleaved rounds of {steps} steps (batch {BATCH}, NSF with "
-        "3 transforms, 2x64 hidden); ratio to the NLL step in the same round.",
+        f"Median over {rounds} interleaved rounds of {steps} steps (batch {BATCH}, the study's "
+        "flow: standardized coupling NSF, 3 transforms, 2x64 hidden; the loss of "
+        "`examples/npe_regularized.py`, which shares the flow pass between the NLL and the "
+        "latent KCCSD or the coverage loss); ratio to the NLL step in the same round.",
         "",
         "| task (D) | " + " | ".join(regularizers) + " |",
         "|---" * (len(regularizers) + 1) + "|",
@@ -146,7 +148,7 @@ def cost(steps: int, rounds: int) -> list[str]:
     for task in (TwoMoons(), GaussianLinearUniform()):
         torch.manual_seed(0)
         theta, x = task.sample(BATCH * steps, torch.Generator().manual_seed(0))
-        flow = _flow(task)
+        flow = build_flow(theta, x)
         optimizer = torch.optim.Adam(flow.parameters(), 1e-3)
 
         def run(regularizer: torch.nn.Module | None, flow=flow, theta=theta, x=x,
@@ -154,9 +156,7 @@ def cost(steps: int, rounds: int) -> list[str]:
             start = time.perf_counter()
             for i in range(steps):
                 t, c = theta[i * BATCH : (i + 1) * BATCH], x[i * BATCH : (i + 1) * BATCH]
-                loss = -flow(c).log_prob(t).mean()
-                if regularizer is not None:
-                    loss = loss + regularizer(flow, t, c)
+                loss, _, _ = regularized_loss(flow, regularizer, 1.0, t, c)
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
