@@ -162,42 +162,48 @@ def latent_kccsd_loss(
 class KCCSDLoss(nn.Module):
     r"""KCCSD calibration regularizer: ``loss = nll + weight * KCCSDLoss()(flow, theta, x)``.
 
-    Computes :func:`kccsd_loss` on the training batch. Each choice below was settled
-    by a measurement (``examples/benchmarks/regularizer_design.py``, batch ``n = 128``,
-    Gaussian posteriors of width 0.29 under an ``N(0, I)`` prior):
+    Computes the statistic on the batch it is given (the training batch, in the usual
+    integration). Each default below was settled by a measurement
+    (``examples/benchmarks/regularizer_design.py``, batches of ``n = 128``, exact
+    Gaussian posteriors of sd 0.29 under an ``N(0, I)`` prior; results in
+    ``examples/benchmarks/results/regularizer_design.md``):
 
-    * ``space="latent"`` (default): points :math:`z_i = T_{x_i}^{-1}(\theta_i)`, scores
-      :math:`-z_i`. Signal-to-noise of the normalized statistic for a posterior whose
-      standard deviation is 0.6 times the truth: 10.9 (``D = 2``), 5.1 (``D = 10``);
-      ``space="parameter"``: 0.7 and 0.5 (it sees a mean shift of half a posterior
-      standard deviation well, 23 and 54, but the variance hardly). Needs
-      ``posterior.to_latent`` (zuko, nflows, Gaussians). ``"parameter"`` needs only
-      scores; they are computed with ``create_graph=True`` on :math:`\theta`
-      standardized by the batch.
-    * ``estimator="u"``: the V-statistic's diagonal :math:`\|s_i\|^2 + D/\ell^2` makes
-      its gradient at a calibrated model push the variance up (measured in the design
-      benchmark); the U-statistic's gradient has mean zero there.
-    * ``normalize=True``: the raw statistic on :math:`\theta` scales like
-      :math:`1/\sigma^4` in the posterior width; dividing by the detached
-      :math:`\bar H` makes it width-free, keeps the U-statistic's zero-mean gradient,
-      and lets one ``weight`` serve every task.
-    * ``condition=None``: the kernel between models is constant, the statistic tests
-      calibration on average over ``x`` (what expected coverage measures). ``"x"``
-      multiplies by a Gaussian kernel on standardized ``x`` (a conditional Stein
-      discrepancy, local calibration; cheap); ``"gfd"`` by the exponentiated GFD on
-      ``num_base_points`` base points (costs ``num_base_points`` extra score passes
-      with ``create_graph=True``).
+    * ``space="latent"``: points :math:`z_i = T_{x_i}^{-1}(\theta_i)`, scores
+      :math:`-z_i`, bandwidth :math:`\sqrt D` (:func:`latent_kccsd_loss`). Mean over
+      batches / null sd, for a posterior whose sd is 0.6 times the truth: 19.4
+      (``D = 2``) and 14.2 (``D = 10``); with ``space="parameter"``: 0.9 and 0.5. On
+      :math:`\theta` the statistic sees a mean shift of half a posterior sd (22.6, 52.9)
+      but hardly the width, whatever the kernel between models (none, ``"x"``, GFD).
+      ``"latent"`` needs ``posterior.to_latent`` (zuko, nflows, Gaussians) and no
+      second-order autograd; ``"parameter"`` needs only log-densities: scores with
+      ``create_graph=True`` on :math:`\theta` standardized by the batch.
+    * ``estimator="u"``: gradient in the log-sd at a calibrated model, over 400
+      batches: +1.1 and +0.6 standard errors from zero (latent, parameter); the
+      V-statistic's diagonal :math:`\|s_i\|^2 + D/\ell^2` gives -5.1 and -26.8: its
+      descent widens a calibrated posterior. The U-statistic can be negative.
+    * ``normalize=True``: on :math:`\theta` the raw statistic grows like
+      :math:`1/\sigma^4` as the posterior narrows; the detached mean diagonal makes it a
+      correlation in :math:`[-1/(n-1), 1]` and leaves the direction of the gradient
+      alone. In latent space the statistic is width-free already and the normalizer is
+      a constant (a batch-dependent one biased the gradient by 4 standard errors).
+    * ``condition=None``: a constant kernel between models, i.e. calibration on
+      average over ``x``, which is what expected coverage measures. ``"x"``: a Gaussian
+      kernel on standardized ``x`` (a conditional Stein discrepancy; local calibration;
+      cheap). ``"gfd"``: the exponentiated GFD on ``num_base_points`` base points
+      (``num_base_points`` more score passes with ``create_graph=True``, about 10x the
+      step time of plain NPE; it did not add sensitivity in the measurements above).
 
-    Bandwidths are median heuristics on the batch, detached from the graph.
+    Bandwidths (median heuristics on the batch) are detached from the graph.
 
     Arguments:
         space: ``"latent"`` or ``"parameter"``.
         kernel: ``"rbf"`` or ``"imq"``.
-        bandwidth: fixed :math:`\ell` (in standardized units), or ``None``.
+        bandwidth: fixed :math:`\ell` (standardized or latent units); ``None``: median
+            heuristic on :math:`\theta`, :math:`\sqrt D` on :math:`z`.
         condition: ``None``, ``"x"`` or ``"gfd"``.
         num_base_points: base points for ``condition="gfd"``.
         estimator: ``"u"`` or ``"v"``.
-        normalize: divide by the detached mean diagonal (see :func:`kccsd_loss`).
+        normalize: see :func:`kccsd_loss` and :func:`latent_kccsd_loss`.
 
     Example:
         >>> from calib_lightning.tasks import GaussianToy

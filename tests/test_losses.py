@@ -293,7 +293,7 @@ def test_coverage_loss_levels_signs_and_gradient_direction():
     theta, x = toy.sample(2000, _gen(13))
     torch.manual_seed(0)
     loss, conservative = CoverageLoss(), CoverageLoss(conservative=True)
-    calibrated = float(loss(_toy_model(toy), theta, x))
+    calibrated = float(loss(_toy_model(toy), theta, x).detach())
     assert calibrated < 2e-3  # sorted uniforms vs their quantiles: O(1 / n)
     for sd_factor in (0.5, 2.0):
         assert float(loss(_toy_model(toy, sd_factor), theta, x)) > 20 * calibrated
