@@ -7,7 +7,8 @@ a conditional normalizing flow while it trains.
 import importlib
 from typing import Any
 
-from calib_lightning import classifiers, functional, kernels, tasks
+from calib_lightning import classifiers, functional, kernels, losses, tasks
+from calib_lightning.losses import CoverageLoss, KCCSDLoss
 from calib_lightning.metrics import (
     KCCSD,
     LC2ST,
@@ -34,9 +35,11 @@ __all__ = [
     "LC2STNF",
     "TARP",
     "CalibrationCallback",
+    "CoverageLoss",
     "DensityCoverage",
     "FrechetDistance",
     "KCCSDCallback",
+    "KCCSDLoss",
     "LC2STNFCallback",
     "Posterior",
     "RankCalibration",
@@ -46,6 +49,7 @@ __all__ = [
     "classifiers",
     "functional",
     "kernels",
+    "losses",
     "plots",
     "tasks",
 ]
