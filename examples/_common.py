@@ -1,4 +1,4 @@
-"""Pieces the NPE examples share: an epoch timer, the cost table, figure export.
+"""Pieces the NPE examples share: arguments, data, the training run and its report.
 
 Imported by the example scripts (``python examples/npe_*.py`` puts this folder on the
 path); uses only the public API of calib_lightning.
@@ -6,15 +6,20 @@ path); uses only the public API of calib_lightning.
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from torch.utils.data import DataLoader, TensorDataset
 
-from calib_lightning.callbacks import CalibrationCallback
+from calib_lightning.callbacks import CalibrationCallback, summary_table
 
 PRINTED = (
     "train/nll", "val/nll", "calibration/kccsd/p_value", "calibration/ranks/p_value",
@@ -66,3 +71,82 @@ def save_figures(checks: Sequence[CalibrationCallback], folder: Path, prefix: st
             path = folder / f"{prefix}_{check.tag_name}_{key.replace('/', '_')}.png"
             figure.savefig(path, dpi=110)
             print("wrote", path)
+
+
+def parse_arguments(description: str, num_observations: int) -> argparse.Namespace:
+    """The examples' command line; sets the torch threads and the seeds."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--num-simulations", type=int, default=30_000)
+    parser.add_argument("--num-calibration", type=int, default=1_000)
+    parser.add_argument(
+        "--num-observations",
+        type=int,
+        default=num_observations,
+        help="reference observations x_o for the local L-C2ST-NF tests",
+    )
+    parser.add_argument("--every-n-epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--save-figures", type=Path, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads; small flows gain nothing from more, and on a "
+        "shared machine extra threads mostly wait for each other",
+    )
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    L.seed_everything(args.seed, verbose=False)
+    return args
+
+
+def simulate(task, args: argparse.Namespace) -> tuple[SimpleNamespace, torch.Generator]:
+    """Training, validation (2,000), held-out calibration and "observed" pairs."""
+    generator = torch.Generator().manual_seed(args.seed)
+    data = SimpleNamespace()
+    data.theta, data.x = task.sample(args.num_simulations, generator)
+    data.theta_val, data.x_val = task.sample(2_000, generator)
+    data.theta_cal, data.x_cal = task.sample(args.num_calibration, generator)  # never trained on
+    data.theta_o, data.x_o = task.sample(args.num_observations, generator)
+    return data, generator
+
+
+def fit_and_report(
+    model: L.LightningModule,
+    checks: Sequence[CalibrationCallback],
+    data: SimpleNamespace,
+    args: argparse.Namespace,
+    name: str,
+    figure_prefix: str,
+) -> None:
+    """Train with the checks, then print the calibration summary and the checks' cost."""
+    timer = EpochTimer()
+    trainer = L.Trainer(
+        max_epochs=args.epochs,
+        accelerator="cpu",
+        logger=TensorBoardLogger("lightning_logs", name=name),
+        callbacks=[*checks, timer],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    start = time.perf_counter()
+    trainer.fit(
+        model,
+        DataLoader(TensorDataset(data.theta, data.x), batch_size=args.batch_size, shuffle=True),
+        DataLoader(TensorDataset(data.theta_val, data.x_val), batch_size=2_000),
+    )
+    total = time.perf_counter() - start
+
+    print("\nCalibration on", args.num_calibration, "held-out pairs")
+    print(summary_table(checks))
+    print("\nCost of the checks")
+    print(overhead_table(checks, timer))
+    print(
+        f"\ntraining took {total:.0f} s; TensorBoard: tensorboard --logdir lightning_logs"
+        f"  (run {trainer.logger.log_dir})"
+    )
+    if args.save_figures is not None:
+        save_figures(checks, args.save_figures, figure_prefix)

@@ -17,15 +17,11 @@ Only the public API of calib_lightning is used.
 
 from __future__ import annotations
 
-import argparse
 import math
-import time
-from pathlib import Path
 
 import lightning as L
 import torch
-from _common import EpochTimer, overhead_table, save_figures
-from lightning.pytorch.loggers import TensorBoardLogger
+from _common import fit_and_report, parse_arguments, simulate
 from nflows.distributions import StandardNormal
 from nflows.flows import Flow
 from nflows.transforms import (
@@ -35,7 +31,6 @@ from nflows.transforms import (
     RandomPermutation,
 )
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 import calib_lightning as cl
 from calib_lightning.callbacks import (
@@ -43,7 +38,6 @@ from calib_lightning.callbacks import (
     KCCSDCallback,
     LC2STNFCallback,
     RankCalibrationCallback,
-    summary_table,
 )
 from calib_lightning.tasks import SLCP
 
@@ -69,12 +63,16 @@ def masked_autoregressive_flow(theta_dim, x_mean, x_std, theta_low, theta_high, 
     transforms = [PointwiseAffineTransform(-theta_mean / theta_std, 1.0 / theta_std)]
     for _ in range(layers):
         transforms += [
-            MaskedAffineAutoregressiveTransform(theta_dim, hidden_features=64,
-                                                context_features=x_mean.shape[0], num_blocks=2),
+            MaskedAffineAutoregressiveTransform(
+                theta_dim, hidden_features=64, context_features=x_mean.shape[0], num_blocks=2
+            ),
             RandomPermutation(theta_dim),
         ]
-    return Flow(CompositeTransform(transforms), StandardNormal([theta_dim]),
-                embedding_net=Standardize(x_mean, x_std))
+    return Flow(
+        CompositeTransform(transforms),
+        StandardNormal([theta_dim]),
+        embedding_net=Standardize(x_mean, x_std),
+    )
 
 
 class NPE(L.LightningModule):
@@ -108,70 +106,41 @@ def calibration_callbacks(
     """The calibration checks; each one logs under calibration/<name>/. SLCP has no
     tractable posterior, so L-C2ST-NF runs without reference samples."""
     return [
-        KCCSDCallback(theta_cal, x_cal, every_n_epochs=every_n_epochs,
-                      metric=cl.KCCSD(num_bootstrap=500, seed=0)),
-        RankCalibrationCallback(theta_cal, x_cal, every_n_epochs=every_n_epochs,
-                                labels=LABELS),
-        LC2STNFCallback(theta_cal, x_cal, every_n_epochs=every_n_epochs,
-                        metric=cl.LC2STNF(observations=x_o, num_null=100, num_eval=10_000),
-                        truths=theta_o, labels=LABELS),
+        KCCSDCallback(
+            theta_cal,
+            x_cal,
+            every_n_epochs=every_n_epochs,
+            metric=cl.KCCSD(num_bootstrap=500, seed=0),
+        ),
+        RankCalibrationCallback(theta_cal, x_cal, every_n_epochs=every_n_epochs, labels=LABELS),
+        LC2STNFCallback(
+            theta_cal,
+            x_cal,
+            every_n_epochs=every_n_epochs,
+            metric=cl.LC2STNF(observations=x_o, num_null=100, num_eval=10_000),
+            truths=theta_o,
+            labels=LABELS,
+        ),
     ]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--num-simulations", type=int, default=30_000)
-    parser.add_argument("--num-calibration", type=int, default=1_000)
-    parser.add_argument("--every-n-epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--save-figures", type=Path, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads; small flows gain nothing from more, and on a "
-                             "shared machine extra threads mostly wait for each other")
-    args = parser.parse_args()
-
-    torch.set_num_threads(args.threads)
-    L.seed_everything(args.seed, verbose=False)
+    args = parse_arguments(__doc__.split("\n")[0], num_observations=2)
     task = SLCP()
-    generator = torch.Generator().manual_seed(args.seed)
-    theta, x = task.sample(args.num_simulations, generator)
-    theta_val, x_val = task.sample(2_000, generator)
-    theta_cal, x_cal = task.sample(args.num_calibration, generator)  # never trained on
-    theta_o, x_o = task.sample(2, generator)  # "observed" data for the local tests
-
+    data, _ = simulate(task, args)
     low, high = task.prior_bounds
-    flow = masked_autoregressive_flow(task.theta_dim, x.mean(0), x.std(0),
-                                      torch.full((task.theta_dim,), low),
-                                      torch.full((task.theta_dim,), high))
-    checks = calibration_callbacks(theta_cal, x_cal, args.every_n_epochs, theta_o, x_o)
-    timer = EpochTimer()
-    trainer = L.Trainer(
-        max_epochs=args.epochs,
-        accelerator="cpu",
-        logger=TensorBoardLogger("lightning_logs", name="npe_slcp_nflows"),
-        callbacks=[*checks, timer],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
+    flow = masked_autoregressive_flow(
+        task.theta_dim,
+        data.x.mean(0),
+        data.x.std(0),
+        torch.full((task.theta_dim,), low),
+        torch.full((task.theta_dim,), high),
     )
-    start = time.perf_counter()
-    trainer.fit(
-        NPE(flow, epochs=args.epochs),
-        DataLoader(TensorDataset(theta, x), batch_size=args.batch_size, shuffle=True),
-        DataLoader(TensorDataset(theta_val, x_val), batch_size=2_000),
+    checks = calibration_callbacks(
+        data.theta_cal, data.x_cal, args.every_n_epochs, data.theta_o, data.x_o
     )
-    total = time.perf_counter() - start
+    fit_and_report(NPE(flow, epochs=args.epochs), checks, data, args, "npe_slcp_nflows", "slcp")
 
-    print("\nCalibration on", args.num_calibration, "held-out pairs")
-    print(summary_table(checks))
-    print("\nCost of the checks")
-    print(overhead_table(checks, timer))
-    print(f"\ntraining took {total:.0f} s; TensorBoard: tensorboard --logdir lightning_logs"
-          f"  (run {trainer.logger.log_dir})")
-    if args.save_figures is not None:
-        save_figures(checks, args.save_figures, "slcp")
 
 if __name__ == "__main__":
     main()

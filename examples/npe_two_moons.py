@@ -18,16 +18,10 @@ is used.
 
 from __future__ import annotations
 
-import argparse
-import time
-from pathlib import Path
-
 import lightning as L
 import torch
 import zuko
-from _common import EpochTimer, overhead_table, save_figures
-from lightning.pytorch.loggers import TensorBoardLogger
-from torch.utils.data import DataLoader, TensorDataset
+from _common import fit_and_report, parse_arguments, simulate
 
 import calib_lightning as cl
 from calib_lightning.callbacks import (
@@ -35,7 +29,6 @@ from calib_lightning.callbacks import (
     KCCSDCallback,
     LC2STNFCallback,
     RankCalibrationCallback,
-    summary_table,
 )
 from calib_lightning.tasks import TwoMoons
 
@@ -78,72 +71,36 @@ def calibration_callbacks(
     posterior locally, at the reference observations ``x_o`` (with the exact Two Moons
     posterior samples ``reference`` it also logs MMD and the oracle C2ST there)."""
     return [
-        KCCSDCallback(theta_cal, x_cal, every_n_epochs=every_n_epochs,
-                      metric=cl.KCCSD(num_bootstrap=500, seed=0)),
-        RankCalibrationCallback(theta_cal, x_cal, every_n_epochs=every_n_epochs,
-                                labels=LABELS),
-        LC2STNFCallback(theta_cal, x_cal, every_n_epochs=every_n_epochs,
-                        metric=cl.LC2STNF(observations=x_o, num_null=100, num_eval=10_000),
-                        truths=theta_o, reference_samples=reference, labels=LABELS),
+        KCCSDCallback(
+            theta_cal,
+            x_cal,
+            every_n_epochs=every_n_epochs,
+            metric=cl.KCCSD(num_bootstrap=500, seed=0),
+        ),
+        RankCalibrationCallback(theta_cal, x_cal, every_n_epochs=every_n_epochs, labels=LABELS),
+        LC2STNFCallback(
+            theta_cal,
+            x_cal,
+            every_n_epochs=every_n_epochs,
+            metric=cl.LC2STNF(observations=x_o, num_null=100, num_eval=10_000),
+            truths=theta_o,
+            reference_samples=reference,
+            labels=LABELS,
+        ),
     ]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--num-simulations", type=int, default=30_000)
-    parser.add_argument("--num-calibration", type=int, default=1_000)
-    parser.add_argument("--num-observations", type=int, default=3,
-                        help="reference observations x_o for the local L-C2ST-NF tests")
-    parser.add_argument("--every-n-epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--save-figures", type=Path, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads; small flows gain nothing from more, and on a "
-                             "shared machine extra threads mostly wait for each other")
-    args = parser.parse_args()
-
-    torch.set_num_threads(args.threads)
-    L.seed_everything(args.seed, verbose=False)
+    args = parse_arguments(__doc__.split("\n")[0], num_observations=3)
     task = TwoMoons()
-    generator = torch.Generator().manual_seed(args.seed)
-    theta, x = task.sample(args.num_simulations, generator)
-    theta_val, x_val = task.sample(2_000, generator)
-    theta_cal, x_cal = task.sample(args.num_calibration, generator)  # never trained on
-    theta_o, x_o = task.sample(args.num_observations, generator)  # "observed" data
-    reference = task.reference_posterior_samples(x_o, 1_000, generator)  # exact posterior
-
+    data, generator = simulate(task, args)
+    reference = task.reference_posterior_samples(data.x_o, 1_000, generator)  # exact posterior
     checks = calibration_callbacks(
-        theta_cal, x_cal, args.every_n_epochs, theta_o, x_o, reference
-    )
-    timer = EpochTimer()
-    trainer = L.Trainer(
-        max_epochs=args.epochs,
-        accelerator="cpu",
-        logger=TensorBoardLogger("lightning_logs", name="npe_two_moons"),
-        callbacks=[*checks, timer],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
+        data.theta_cal, data.x_cal, args.every_n_epochs, data.theta_o, data.x_o, reference
     )
     model = NPE(task.theta_dim, task.x_dim, epochs=args.epochs)
-    start = time.perf_counter()
-    trainer.fit(
-        model,
-        DataLoader(TensorDataset(theta, x), batch_size=args.batch_size, shuffle=True),
-        DataLoader(TensorDataset(theta_val, x_val), batch_size=2_000),
-    )
-    total = time.perf_counter() - start
+    fit_and_report(model, checks, data, args, "npe_two_moons", "two_moons")
 
-    print("\nCalibration on", args.num_calibration, "held-out pairs")
-    print(summary_table(checks))
-    print("\nCost of the checks")
-    print(overhead_table(checks, timer))
-    print(f"\ntraining took {total:.0f} s; TensorBoard: tensorboard --logdir lightning_logs"
-          f"  (run {trainer.logger.log_dir})")
-    if args.save_figures is not None:
-        save_figures(checks, args.save_figures, "two_moons")
 
 if __name__ == "__main__":
     main()

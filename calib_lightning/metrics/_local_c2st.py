@@ -52,14 +52,14 @@ class LocalC2ST(Metric):
     def __init__(
         self,
         observations: Tensor,
-        num_null: int,
-        num_eval: int,
-        num_ensemble: int,
-        classifier: str | Any,
-        classifier_kwargs: dict[str, Any] | None,
-        max_samples: int,
-        confidence: float,
-        seed: int,
+        num_null: int = 100,
+        num_eval: int = 10_000,
+        num_ensemble: int = 1,
+        classifier: str | Any = "mlp",
+        classifier_kwargs: dict[str, Any] | None = None,
+        max_samples: int = 100_000,
+        confidence: float = 0.95,
+        seed: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)

@@ -103,37 +103,14 @@ class LC2STNF(LocalC2ST):
     latent: list[Tensor]
     x: list[Tensor]
 
-    def __init__(
-        self,
-        observations: Tensor,
-        num_null: int = 100,
-        num_eval: int = 10_000,
-        num_ensemble: int = 1,
-        classifier: str | Any = "mlp",
-        classifier_kwargs: dict[str, Any] | None = None,
-        max_samples: int = 100_000,
-        confidence: float = 0.95,
-        seed: int = 0,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            observations,
-            num_null,
-            num_eval,
-            num_ensemble,
-            classifier,
-            classifier_kwargs,
-            max_samples,
-            confidence,
-            seed,
-            **kwargs,
-        )
+    def __init__(self, observations: Tensor, *args: Any, **kwargs: Any) -> None:
+        super().__init__(observations, *args, **kwargs)
         for name in _BUFFERS[1:]:
             dtype = torch.uint8 if name in ("null_fingerprint", "null_settings") else None
             dtype = dtype or self.observations.dtype
             self.register_buffer(name, torch.empty(0, dtype=dtype))
-        self.null_classifier = self._ensemble(num_null * num_ensemble, stream=3)
-        self.classifier = self._ensemble(num_ensemble, stream=2)
+        self.null_classifier = self._ensemble(self.num_null * self.num_ensemble, stream=3)
+        self.classifier = self._ensemble(self.num_ensemble, stream=2)
         self.add_state("latent", default=[], dist_reduce_fx="cat")
         self.add_state("x", default=[], dist_reduce_fx="cat")
 
@@ -313,31 +290,8 @@ class LC2ST(LocalC2ST):
     x: list[Tensor]
     eval_theta: list[Tensor]
 
-    def __init__(
-        self,
-        observations: Tensor,
-        num_null: int = 100,
-        num_eval: int = 10_000,
-        num_ensemble: int = 1,
-        classifier: str | Any = "mlp",
-        classifier_kwargs: dict[str, Any] | None = None,
-        max_samples: int = 100_000,
-        confidence: float = 0.95,
-        seed: int = 0,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            observations,
-            num_null,
-            num_eval,
-            num_ensemble,
-            classifier,
-            classifier_kwargs,
-            max_samples,
-            confidence,
-            seed,
-            **kwargs,
-        )
+    def __init__(self, observations: Tensor, *args: Any, **kwargs: Any) -> None:
+        super().__init__(observations, *args, **kwargs)
         for name in ("theta", "posterior_theta", "x", "eval_theta"):
             self.add_state(name, default=[], dist_reduce_fx="cat")
 
