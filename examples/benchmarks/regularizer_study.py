@@ -404,6 +404,10 @@ def plot(table: dict) -> object:
                                 if len(values) > 1 else 0, markeredgecolor="k")  # fmt: skip
             if name == "coverage_error":
                 ax.axhline(0.0, color="gray", lw=0.8)
+            if not ax.has_data():
+                ax.text(0.5, 0.5, "no exact posterior samples\nfor this task", ha="center",
+                        va="center", transform=ax.transAxes, color="0.4")  # fmt: skip
+                ax.set_yticks([])
             ax.set_xticks(range(len(methods)), methods, rotation=35, fontsize=7)
             ax.set_ylabel(label)
             if row_i == 0:
