@@ -55,8 +55,6 @@ def check_matrix(
     *,
     min_rows: int = 1,
     columns: int | None = None,
-    floating: bool = True,
-    finite: bool = True,
 ) -> Tensor:
     """Check that ``value`` is a ``(N, D)`` tensor with ``N >= min_rows``."""
     value = _as_tensor(name, value)
@@ -70,10 +68,9 @@ def check_matrix(
             f"{name} must have at least {min_rows} rows (N >= {min_rows}), "
             f"got shape {tuple(value.shape)}"
         )
-    if floating and not value.is_floating_point():
+    if not value.is_floating_point():
         raise ValueError(f"{name} must have a floating dtype, got {value.dtype}")
-    if finite:
-        check_finite(name, value)
+    check_finite(name, value)
     return value
 
 
@@ -134,12 +131,7 @@ def check_pairs(theta: Tensor, x: Tensor, *, min_rows: int = 1) -> tuple[Tensor,
             f"got shape {tuple(x.shape)}"
         )
     check_finite("x", x)
-    if x.device != theta.device:
-        raise ValueError(
-            f"x must be on the same device as theta ({theta.device}), got {x.device}"
-        )
-    if x.is_floating_point() and x.dtype != theta.dtype:
-        raise ValueError(f"x must have the same dtype as theta ({theta.dtype}), got {x.dtype}")
+    check_same_device_dtype(theta=theta, x=x)
     return theta, x
 
 

@@ -55,6 +55,18 @@ def sq_distances(a: Tensor, b: Tensor) -> Tensor:
     return d2.clamp_min(0.0)
 
 
+def _evenly_spaced(n: int, count: int, device: torch.device) -> Tensor:
+    """At most ``count`` evenly spaced indices into ``range(n)``."""
+    return torch.linspace(0, n - 1, min(n, count), device=device).long()
+
+
+def _pairwise_bandwidth(bandwidth: Tensor | float, like: Tensor) -> Tensor:
+    """A bandwidth, float or of shape ``(*)``, as a tensor that broadcasts against the
+    pairwise ``(*, N, M)`` matrices built from ``like`` (its dtype and device)."""
+    value = torch.as_tensor(bandwidth, dtype=like.dtype, device=like.device)
+    return value[..., None, None] if value.ndim > 0 else value
+
+
 def stein_kernel_terms(
     y1: Tensor,
     s1: Tensor,
@@ -63,31 +75,29 @@ def stein_kernel_terms(
     kernel: str = "rbf",
     bandwidth: Tensor | float = 1.0,
 ) -> tuple[Tensor, Tensor]:
-    r"""The Stein kernel factored as :math:`h = \exp(\log arphi) \cdot b`.
+    r"""The Stein kernel factored as :math:`h = \exp(\log \varphi) \cdot b`.
 
-    Keeping :math:`\log arphi` separate lets callers fold a second exponentiated
+    Keeping :math:`\log \varphi` separate lets callers fold a second exponentiated
     kernel into a single ``exp`` (see :func:`stein_kernel` for the arguments). With
     :math:`c = s_1 \cdot r - s_2 \cdot r + D` and :math:`r = y_1 - y_2`:
 
     * RBF: :math:`b = s_1 \cdot s_2 + c / \ell^2 - q / \ell^4`, all inner products from
       one ``(N, 2D) x (2D, M)`` product;
-    * IMQ (:math:`eta = -1/2`, :math:`u = 1 + q / \ell^2`):
-      :math:`b = s_1 \cdot s_2 - 2 eta c / (u \ell^2) - 4 eta (eta - 1) q / (u^2 \ell^4)`.
+    * IMQ (:math:`\beta = -1/2`, :math:`u = 1 + q / \ell^2`):
+      :math:`b = s_1 \cdot s_2 - 2 \beta c / (u \ell^2) - 4 \beta (\beta - 1) q / (u^2 \ell^4)`.
 
     Returns:
         ``(log_phi, b)``, each ``(*, N, M)``.
     """
     check_choice("kernel", kernel, KERNELS)
     d = y1.shape[-1]
-    ell2 = torch.as_tensor(bandwidth, dtype=y1.dtype, device=y1.device) ** 2
-    if ell2.ndim > 0:
-        ell2 = ell2[..., None, None]
+    ell2 = _pairwise_bandwidth(bandwidth, y1) ** 2
     center = y1.mean(-2, keepdim=True).detach()  # translation invariant; keeps float32 exact
     y1, y2 = y1 - center, y2 - center
-    y1_sq, y2_sq = (y1 * y1).sum(-1, keepdim=True), (y2 * y2).sum(-1, keepdim=True)
     s1_y1, s2_y2 = (s1 * y1).sum(-1, keepdim=True), (s2 * y2).sum(-1, keepdim=True)
-    q = (y1_sq + y2_sq.transpose(-1, -2) - 2.0 * (y1 @ y2.transpose(-1, -2))).clamp_min(0.0)
+    q = sq_distances(y1, y2)
     if kernel == "rbf":
+        y1_sq, y2_sq = (y1 * y1).sum(-1, keepdim=True), (y2 * y2).sum(-1, keepdim=True)
         # s1.s2 - (s1.y2 + y1.s2) / l^2 + 2 y1.y2 / l^4 as one product, then row/column terms
         left = torch.cat([s1, y1], -1)
         right = torch.cat([s2 - y2 / ell2, 2.0 * y2 / ell2**2 - s2 / ell2], -1)
@@ -151,17 +161,13 @@ def median_bandwidth(points: Tensor, max_points: int = 1000) -> Tensor:
     whatever ``N``; detached from the graph. Returns a tensor of shape ``(*)``.
     """
     points = points.detach()
-    n = points.shape[-2]
-    index = torch.linspace(0, n - 1, min(n, max_points), device=points.device).long()
-    points = points.index_select(-2, index)
+    points = points.index_select(-2, _evenly_spaced(points.shape[-2], max_points, points.device))
     return median_from_sq_distances(sq_distances(points, points))
 
 
 def exponentiated(sq_dist: Tensor, bandwidth: Tensor | float) -> Tensor:
     r"""Exponentiated Hilbertian metric :math:`\exp(-d^2 / (2 \sigma^2))`."""
-    sigma = torch.as_tensor(bandwidth, dtype=sq_dist.dtype, device=sq_dist.device)
-    if sigma.ndim > 0:
-        sigma = sigma[..., None, None]
+    sigma = _pairwise_bandwidth(bandwidth, sq_dist)
     return torch.exp(-sq_dist / (2.0 * sigma**2))
 
 

@@ -37,15 +37,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from calib_lightning._checks import check_choice, check_finite, check_pairs, check_positive
-from calib_lightning.functional.kccsd import gaussian_base_points, posterior_scores
+from calib_lightning._checks import (
+    check_choice,
+    check_finite,
+    check_pairs,
+    check_points,
+    check_positive,
+)
+from calib_lightning.functional.kccsd import _base_scores, gaussian_base_points
 from calib_lightning.kernels import (
     KERNELS,
-    embedding_sq_distances,
     exponentiated,
+    gfd_sq_distances,
     median_bandwidth,
     median_from_sq_distances,
-    score_embedding,
     sq_distances,
     stein_kernel,
 )
@@ -58,12 +63,16 @@ CONDITIONING = (None, "x", "gfd")
 ESTIMATORS = ("u", "v")
 
 
+def _batch_std(value: Tensor) -> Tensor:
+    """Detached per-column standard deviation of ``(n, F)``, with 1 for constant columns."""
+    std = value.detach().std(0)
+    return torch.where(std > 0, std, torch.ones_like(std))
+
+
 def _standardized(value: Tensor) -> Tensor:
     """``(value - mean) / std`` per column with batch statistics, detached scale."""
     flat = value.reshape(value.shape[0], -1)
-    std = flat.detach().std(0)
-    std = torch.where(std > 0, std, torch.ones_like(std))
-    return (flat - flat.detach().mean(0)) / std
+    return (flat - flat.detach().mean(0)) / _batch_std(flat)
 
 
 def kccsd_loss(
@@ -107,8 +116,46 @@ def kccsd_loss(
     Returns:
         ``(*)``: a scalar for one batch.
     """
+    _check_loss_inputs("points", points, kernel, bandwidth, condition, estimator)
+    if score.shape != points.shape:
+        raise ValueError(
+            f"score must have the shape of points {tuple(points.shape)}, got {tuple(score.shape)}"
+        )
+    check_finite("score", score)
+    return _kccsd_loss(points, score, kernel, bandwidth, condition, estimator, normalize)
+
+
+def _check_loss_inputs(
+    name: str,
+    points: Tensor,
+    kernel: str,
+    bandwidth: float | Tensor | None,
+    condition: Tensor | None,
+    estimator: str,
+) -> None:
     check_choice("kernel", kernel, KERNELS)
     check_choice("estimator", estimator, ESTIMATORS)
+    check_points(name, points, min_rows=2)
+    if bandwidth is not None and not isinstance(bandwidth, Tensor):
+        check_positive("bandwidth", bandwidth)
+    n = points.shape[-2]
+    if condition is not None and tuple(condition.shape[-2:]) != (n, n):
+        raise ValueError(
+            f"condition must have shape (*, {n}, {n}) like the pairs of {name}, "
+            f"got {tuple(condition.shape)}"
+        )
+
+
+def _kccsd_loss(
+    points: Tensor,
+    score: Tensor,
+    kernel: str,
+    bandwidth: float | Tensor | None,
+    condition: Tensor | None,
+    estimator: str,
+    normalize: bool,
+) -> Tensor:
+    """:func:`kccsd_loss` on checked arguments."""
     n = points.shape[-2]
     if bandwidth is None:
         bandwidth = median_bandwidth(points)
@@ -150,12 +197,10 @@ def latent_kccsd_loss(
     Returns:
         ``(*)``.
     """
+    _check_loss_inputs("latent", latent, kernel, bandwidth, condition, estimator)
     dim = latent.shape[-1]
     bandwidth = dim**0.5 if bandwidth is None else bandwidth
-    value = kccsd_loss(
-        latent, -latent, kernel=kernel, bandwidth=bandwidth, condition=condition,
-        estimator=estimator, normalize=False,
-    )  # fmt: skip
+    value = _kccsd_loss(latent, -latent, kernel, bandwidth, condition, estimator, False)
     return value / (dim * (1.0 + 1.0 / bandwidth**2)) if normalize else value
 
 
@@ -271,18 +316,16 @@ class KCCSDLoss(nn.Module):
                     f"latent must have the shape of theta {tuple(theta.shape)}, "
                     f"got {tuple(points.shape)}"
                 )
-            check_finite("latent point of theta", points)
         else:
-            std = theta.detach().std(0)
-            std = torch.where(std > 0, std, torch.ones_like(std))
+            std = _batch_std(theta)
             score = posterior.score(theta, x, create_graph=True)
             check_finite("posterior score at theta", score)
             points, score = (theta - theta.mean(0)) / std, score * std
         condition = self._condition(posterior, theta, x)
         if self.space == "parameter":
-            return kccsd_loss(
-                points, score, kernel=self.kernel, bandwidth=self.bandwidth,
-                condition=condition, estimator=self.estimator, normalize=self.normalize,
+            return _kccsd_loss(
+                points, score, self.kernel, self.bandwidth, condition, self.estimator,
+                self.normalize,
             )  # fmt: skip
         return latent_kccsd_loss(
             points, kernel=self.kernel, bandwidth=self.bandwidth, condition=condition,
@@ -295,10 +338,9 @@ class KCCSDLoss(nn.Module):
         if self.condition == "x":
             features = _standardized(x).detach()
             sq = sq_distances(features, features)
-            return exponentiated(sq, median_from_sq_distances(sq))
-        base_points = gaussian_base_points(theta, self.num_base_points)
-        _, base_scores = posterior_scores(posterior, theta, x, base_points, create_graph=True)
-        sq = embedding_sq_distances(*score_embedding(base_scores, "gfd"))
+        else:
+            base_points = gaussian_base_points(theta, self.num_base_points)
+            sq = gfd_sq_distances(_base_scores(posterior, x, base_points, create_graph=True))
         return exponentiated(sq, median_from_sq_distances(sq))
 
 

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.distributions import (
     Distribution,
     Independent,
@@ -39,7 +39,7 @@ from torch.distributions import (
     TransformedDistribution,
 )
 
-from calib_lightning._checks import check_finite
+from calib_lightning._checks import check_finite, check_positive
 
 __all__ = [
     "DistributionPosterior",
@@ -72,8 +72,7 @@ def _check_theta(theta: Tensor, x: Tensor) -> Tensor:
 
 
 def _check_num_samples(num_samples: int) -> int:
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+    check_positive("num_samples", num_samples, integer=True)
     return num_samples
 
 
@@ -368,12 +367,6 @@ def as_posterior(obj: Any) -> Posterior:
         "posterior must be a zuko flow, an nflows Flow, or a callable "
         f"x -> torch.distributions.Distribution, got {type(obj).__name__}"
     )
-
-
-def module_of(posterior: Posterior) -> nn.Module | None:
-    """The ``nn.Module`` behind a posterior, if there is one (for train/eval handling)."""
-    module = posterior.module
-    return module if isinstance(module, nn.Module) else None
 
 
 def checked_samples(samples: Tensor, log_prob: Tensor | None = None) -> None:

@@ -30,12 +30,15 @@ from calib_lightning._checks import (
     check_finite,
     check_matrix,
     check_pairs,
+    check_points,
     check_positive,
     check_same_device_dtype,
 )
 from calib_lightning.kernels import (
     DISTRIBUTION_KERNELS,
     KERNELS,
+    _evenly_spaced,
+    _pairwise_bandwidth,
     embedding_sq_distances,
     median_bandwidth,
     median_from_sq_distances,
@@ -111,11 +114,20 @@ def posterior_scores(
     check_pairs(theta, x)
     check_positive("chunk_size", chunk_size, integer=True)
     score = posterior.score(theta, x, create_graph=create_graph)
-    if base_points is None:
-        return score, None
-    check_matrix("base_points", base_points, columns=theta.shape[1])
-    check_same_device_dtype(theta=theta, base_points=base_points)
-    n = theta.shape[0]
+    base_scores = None
+    if base_points is not None:
+        check_matrix("base_points", base_points, columns=theta.shape[1])
+        check_same_device_dtype(theta=theta, base_points=base_points)
+        base_scores = _base_scores(posterior, x, base_points, create_graph, chunk_size)
+    check_finite("posterior score at theta", score)
+    return score, base_scores
+
+
+def _base_scores(
+    posterior: Posterior, x: Tensor, base_points: Tensor, create_graph: bool, chunk_size: int = 16
+) -> Tensor:
+    """Scores ``(N, m, D)`` of each model at the shared base points ``(m, D)``, checked."""
+    n = x.shape[0]
     chunks = []
     for start in range(0, base_points.shape[0], chunk_size):
         z = base_points[start : start + chunk_size]
@@ -123,8 +135,7 @@ def posterior_scores(
         chunks.append(posterior.score(z, x, create_graph=create_graph))
     base_scores = torch.cat(chunks, 0).transpose(0, 1)
     check_finite("posterior score at the base points", base_scores)
-    check_finite("posterior score at theta", score)
-    return score, base_scores
+    return base_scores
 
 
 def rademacher(
@@ -139,18 +150,23 @@ def rademacher(
 
 
 def _validate(
-    theta: Tensor, score: Tensor, base_scores: Tensor | None, kernel: str, dist_kernel: str | None
+    theta: Tensor,
+    score: Tensor,
+    base_scores: Tensor | None,
+    base_points: Tensor | None,
+    kernel: str,
+    dist_kernel: str | None,
+    bandwidths: dict[str, float | Tensor | None],
 ) -> None:
     check_choice("kernel", kernel, KERNELS)
     check_choice("distribution_kernel", dist_kernel, (*DISTRIBUTION_KERNELS, None))
-    if theta.ndim < 2 or theta.shape[-2] < 2:
-        raise ValueError(f"theta must have shape (*, N, D) with N >= 2, got {tuple(theta.shape)}")
+    check_points("theta", theta, min_rows=2)
     if score.shape != theta.shape:
         raise ValueError(
             f"score must have the shape of theta {tuple(theta.shape)}, got {tuple(score.shape)}"
         )
-    check_finite("theta", theta)
     check_finite("score", score)
+    check_same_device_dtype(theta=theta, score=score, base_scores=base_scores)
     if base_scores is not None:
         expected = (*theta.shape[:-1], base_scores.shape[-2], theta.shape[-1])
         if base_scores.ndim != theta.ndim + 1 or tuple(base_scores.shape) != expected:
@@ -159,10 +175,21 @@ def _validate(
                 f"got {tuple(base_scores.shape)}"
             )
         check_finite("base_scores", base_scores)
+        if dist_kernel == "kgfd" and base_points is not None:
+            check_matrix("base_points", base_points, columns=theta.shape[-1])
+            if base_points.shape[0] != base_scores.shape[-2]:
+                raise ValueError(
+                    f"base_points must have shape (m, D) with m = {base_scores.shape[-2]} "
+                    f"(the base points of base_scores), got {tuple(base_points.shape)}"
+                )
+            check_same_device_dtype(theta=theta, base_points=base_points)
     elif dist_kernel is not None:
         raise ValueError(
             f"base_scores must be given for distribution_kernel={dist_kernel!r}, got None"
         )
+    for name, value in bandwidths.items():
+        if value is not None and not isinstance(value, Tensor):
+            check_positive(name, value)
 
 
 class _Setup:
@@ -180,7 +207,11 @@ class _Setup:
         distribution_bandwidth: float | Tensor | None,
         base_bandwidth: float | Tensor | None,
     ) -> None:
-        _validate(theta, score, base_scores, kernel, distribution_kernel)
+        _validate(
+            theta, score, base_scores, base_points, kernel, distribution_kernel,
+            {"bandwidth": bandwidth, "distribution_bandwidth": distribution_bandwidth,
+             "base_bandwidth": base_bandwidth},
+        )  # fmt: skip
         self.theta, self.score, self.kernel = theta, score, kernel
         self.bandwidth = median_bandwidth(theta, _MEDIAN_POINTS) if bandwidth is None else bandwidth
         self.left = self.right = None
@@ -205,9 +236,7 @@ class _Setup:
         )  # fmt: skip
         if self.left is not None:  # k(P_i, P_j) l(y_i, y_j) in one exp
             sq = embedding_sq_distances(self.left, self.right, rows, cols)
-            sigma = torch.as_tensor(self.distribution_bandwidth, dtype=sq.dtype, device=sq.device)
-            if sigma.ndim > 0:
-                sigma = sigma[..., None, None]
+            sigma = _pairwise_bandwidth(self.distribution_bandwidth, sq)
             log_k = log_k - sq / (2.0 * sigma**2)
         h = torch.exp(log_k) * bracket
         first, last = max(rows.start, cols.start), min(rows.stop, cols.stop)
@@ -217,11 +246,6 @@ class _Setup:
             diagonal[index - rows.start, index - cols.start] = True
             h = h.masked_fill(diagonal, 0.0)
         return h
-
-
-def _evenly_spaced(n: int, count: int, device: torch.device) -> Tensor:
-    """At most ``count`` evenly spaced indices into ``range(n)``."""
-    return torch.linspace(0, n - 1, min(n, count), device=device).long()
 
 
 def _blocks(n: int, block_size: int) -> list[slice]:
@@ -348,8 +372,9 @@ def kccsd_test(
     weights = None
     if num_bootstrap:
         check_positive("num_bootstrap", num_bootstrap, integer=True)
-        weights = rademacher((*theta.shape[:-2], n, num_bootstrap), generator, theta.dtype)
-        weights = weights.to(theta.device)
+        weights = rademacher(
+            (*theta.shape[:-2], n, num_bootstrap), generator, theta.dtype, theta.device
+        )
     # H is symmetric: compute the blocks on and above the diagonal only; an
     # off-diagonal block counts twice in the sum and feeds both H_IJ W_J and H_JI W_I
     total = 0.0

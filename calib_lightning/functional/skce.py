@@ -29,13 +29,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_choice, check_finite, check_positive
+from calib_lightning._checks import (
+    check_choice,
+    check_finite,
+    check_points,
+    check_positive,
+    check_same_device_dtype,
+)
 from calib_lightning.functional.kccsd import (
     bootstrap_p_value,
     u_statistic,
     wild_bootstrap,
 )
 from calib_lightning.kernels import (
+    _pairwise_bandwidth,
     exponentiated,
     gaussian_expected_kernel,
     median_bandwidth,
@@ -65,12 +72,6 @@ def _zero_diagonal(matrix: Tensor) -> Tensor:
     return matrix.masked_fill(eye, 0.0)
 
 
-def _bw(value: Tensor | float, like: Tensor) -> Tensor:
-    """A bandwidth of shape ``(*)`` as ``(*, 1, 1)`` against pairwise ``(*, n, n)``."""
-    value = torch.as_tensor(value, dtype=like.dtype, device=like.device)
-    return value[..., None, None] if value.ndim > 0 else value
-
-
 def wasserstein_sq_gaussian(mean: Tensor, var: Tensor) -> Tensor:
     r"""Squared 2-Wasserstein distances between diagonal Gaussians: ``(*, n, D)`` -> ``(*, n, n)``.
 
@@ -82,7 +83,7 @@ def wasserstein_sq_gaussian(mean: Tensor, var: Tensor) -> Tensor:
 
 def gaussian_mmd_sq(mean: Tensor, var: Tensor, bandwidth: Tensor | float) -> Tensor:
     r"""Closed-form MMD^2 between diagonal Gaussians with an RBF kernel: ``(*, n, n)``."""
-    bw = _bw(bandwidth, mean)
+    bw = _pairwise_bandwidth(bandwidth, mean)
     mi, mj = _pairwise(mean)
     vi, vj = _pairwise(var)
     cross = gaussian_expected_kernel(mi, vi, mj, vj, bw)
@@ -138,17 +139,19 @@ def skce_matrix_gaussian(
         ``(*, n, n)``.
     """
     check_choice("distribution_kernel", distribution_kernel, _PREDICTION_KERNELS)
-    for name, value in (("theta", theta), ("mean", mean), ("var", var)):
+    check_points("theta", theta, min_rows=2)
+    for name, value in (("mean", mean), ("var", var)):
         check_finite(name, value)
         if value.shape != theta.shape:
             raise ValueError(
                 f"{name} must have shape {tuple(theta.shape)}, got {tuple(value.shape)}"
             )
+    check_same_device_dtype(theta=theta, mean=mean, var=var)
     if bool((var < 0).any()):
         raise ValueError(f"var must be non-negative, got minimum {float(var.min())}")
     if bandwidth is None:
         bandwidth = median_bandwidth(theta)
-    bw = _bw(bandwidth, theta)
+    bw = _pairwise_bandwidth(bandwidth, theta)
     yi, yj = _pairwise(theta)
     mi, mj = _pairwise(mean)
     vi, vj = _pairwise(var)
@@ -188,13 +191,16 @@ def skce_matrix_samples(
         ``(*, n, n)``.
     """
     check_choice("distribution_kernel", distribution_kernel, ("mmd", None))
-    check_finite("theta", theta)
+    check_points("theta", theta, min_rows=2)
     check_finite("samples", samples)
-    if samples.ndim != theta.ndim + 1 or samples.shape[:-2] != theta.shape[:-1]:
+    if samples.ndim != theta.ndim + 1 or samples.shape[:-2] != theta.shape[:-1] or (
+        samples.shape[-1] != theta.shape[-1]
+    ):
         raise ValueError(
             f"samples must have shape (*, n, S, D) matching theta {tuple(theta.shape)}, "
             f"got {tuple(samples.shape)}"
         )
+    check_same_device_dtype(theta=theta, samples=samples)
     if bandwidth is None:
         bandwidth = median_bandwidth(theta)
     s = samples.shape[-2]
@@ -220,6 +226,11 @@ def skce_test(
         dict with ``statistic`` and ``p_value``, each ``(*)``.
     """
     check_positive("num_bootstrap", num_bootstrap, integer=True)
+    if matrix.ndim < 2 or matrix.shape[-1] != matrix.shape[-2] or matrix.shape[-1] < 2:
+        raise ValueError(
+            f"matrix must have shape (*, n, n) with n >= 2, got {tuple(matrix.shape)}"
+        )
+    check_finite("matrix", matrix)
     statistic = u_statistic(matrix)
     draws = wild_bootstrap(matrix, num_bootstrap, generator)
     return {"statistic": statistic, "p_value": bootstrap_p_value(statistic, draws)}
