@@ -45,7 +45,8 @@ from scipy import special, stats
 from threadpoolctl import threadpool_limits
 from torch import Tensor
 
-from calib_lightning._checks import check_positive, check_probability
+from calib_lightning._checks import check_finite, check_positive, check_probability
+from calib_lightning.functional.ranks import _check_counts
 
 __all__ = [
     "band_coverage",
@@ -88,6 +89,17 @@ def ecdf_levels(num_posterior_samples: int, num_points: int | None = 100) -> Ten
     return cuts.round().long().clamp(1, m).unique()
 
 
+def _check_levels(levels: Tensor, *, increasing: bool = True) -> Tensor:
+    """``levels`` as a CPU float64 tensor; raise unless it is ``(K,)`` in ``(0, 1)``
+    (and strictly increasing)."""
+    z = levels.double().cpu()
+    ok = z.ndim == 1 and z.numel() > 0 and bool(((z > 0) & (z < 1)).all())
+    if not ok or (increasing and bool((z.diff() <= 0).any())):
+        order = " increasing" if increasing else ""
+        raise ValueError(f"levels must be a (K,){order} sequence in (0, 1), got {z[:5]}...")
+    return z
+
+
 def rank_ecdf(histogram: Tensor, cuts: Tensor) -> tuple[Tensor, Tensor]:
     r"""ECDF of ranks at the levels ``z = cuts / (M + 1)``.
 
@@ -98,11 +110,12 @@ def rank_ecdf(histogram: Tensor, cuts: Tensor) -> tuple[Tensor, Tensor]:
     Returns:
         ``(z, ecdf)``: levels ``(K,)`` float64 and ECDF values ``(*, K)`` float64.
     """
+    _check_counts("histogram", histogram)
     m1 = histogram.shape[-1]
+    if cuts.ndim != 1 or cuts.is_floating_point() or not bool(((cuts >= 1) & (cuts < m1)).all()):
+        raise ValueError(f"cuts must be (K,) integers in 1..M = 1..{m1 - 1}, got {cuts[:5]}...")
     cumulative = histogram.to(torch.float64).cumsum(-1)
     total = cumulative[..., -1:]
-    if bool((total <= 0).any()):
-        raise ValueError("histogram must hold at least one rank per row, got an empty row")
     ecdf = cumulative[..., cuts.to(histogram.device) - 1] / total
     return cuts.to(torch.float64) / m1, ecdf
 
@@ -128,6 +141,7 @@ def pointwise_band(levels: Tensor, num_ranks: int, alpha: float = 0.05) -> Tenso
     """
     check_positive("num_ranks", num_ranks, integer=True)
     check_probability("alpha", alpha)
+    _check_levels(levels, increasing=False)
     quantile = stats.norm.ppf(1 - alpha / 2)
     return quantile * torch.sqrt(levels * (1 - levels) / num_ranks)
 
@@ -161,6 +175,11 @@ def band_coverage(levels: Tensor, lower: Tensor, upper: Tensor, num_ranks: int) 
     References:
         Säilynoja, Bürkner, Vehtari (2022), section 3 (the "optimization" method).
     """
+    check_positive("num_ranks", num_ranks, integer=True)
+    z = _check_levels(levels)
+    if lower.shape[-1:] != z.shape or upper.shape != lower.shape:
+        raise ValueError(f"lower and upper must both have shape (*, K) with K = {z.numel()}, "
+                         f"got {tuple(lower.shape)} and {tuple(upper.shape)}")  # fmt: skip
     n = num_ranks
     shape = lower.shape[:-1]
     low = lower.reshape(-1, lower.shape[-1]).clamp(0, n).numpy()
@@ -168,7 +187,7 @@ def band_coverage(levels: Tensor, lower: Tensor, upper: Tensor, num_ranks: int) 
     # One BLAS thread: the products are small, and threads waiting on each other on a
     # busy machine make them 10-30x slower.
     with threadpool_limits(1, user_api="blas"):
-        prob = _forward(levels.tolist(), low, high, n)
+        prob = _forward(z.tolist(), low, high, n)
     if prob is None:
         return torch.zeros(shape, dtype=torch.float64)
     return torch.as_tensor(prob.sum(-1)).clamp(0.0, 1.0).reshape(shape)
@@ -263,9 +282,7 @@ def simultaneous_band(
     """
     check_positive("num_ranks", num_ranks, integer=True)
     check_probability("alpha", alpha)
-    z = levels.double().cpu()
-    if z.ndim != 1 or z.numel() == 0 or z[0] <= 0 or z[-1] >= 1 or bool((z.diff() <= 0).any()):
-        raise ValueError(f"levels must be a (K,) increasing sequence in (0, 1), got {z[:5]}...")
+    z = _check_levels(levels)
     key = tuple(z.tolist())
     gamma, coverage = _adjusted_gamma(key, num_ranks, float(alpha))
     lower, upper = _count_band(key, num_ranks, gamma / 2, 1 - gamma / 2)
@@ -295,9 +312,14 @@ def ecdf_test(ecdf: Tensor, levels: Tensor, num_ranks: int) -> tuple[Tensor, Ten
         Säilynoja, Bürkner, Vehtari (2022).
     """
     check_positive("num_ranks", num_ranks, integer=True)
+    z = _check_levels(levels)
+    check_finite("ecdf", ecdf)
+    if ecdf.ndim < 1 or ecdf.shape[-1:] != z.shape:
+        raise ValueError(
+            f"ecdf must have shape (*, K) with K = {z.numel()}, got {tuple(ecdf.shape)}"
+        )
     n = num_ranks
     counts = (ecdf.double().cpu() * n).round()
-    z = levels.double().cpu()
     below = stats.binom.cdf(counts.numpy(), n, z.numpy())
     above = stats.binom.sf(counts.numpy() - 1, n, z.numpy())
     tails = torch.as_tensor(2 * below.clip(max=0.5)).minimum(torch.as_tensor(2 * above))

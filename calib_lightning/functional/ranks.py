@@ -282,17 +282,15 @@ def posterior_ranks(
     draws = max(1, min(m, max_chunk_elements // d))
     head = min(m, MOMENT_DRAWS)
     work = _Workspace()
-    ranks, errors, variances = [], [], []
     theta = theta.detach()
     with torch.no_grad():
-        for start in range(0, n, rows):
-            draws_of_chunk = _rank_chunk(
-                posterior, theta[start : start + rows], x[start : start + rows], m, draws,
-                head, start, work, generator,
-            )  # fmt: skip
-            for out, value in zip((ranks, errors, variances), draws_of_chunk, strict=True):
-                out.append(value)
-    return PosteriorDraws(torch.cat(ranks), torch.cat(errors), torch.cat(variances))
+        chunks = [
+            _rank_chunk(
+                posterior, theta[s : s + rows], x[s : s + rows], m, draws, head, s, work, generator
+            )
+            for s in range(0, n, rows)
+        ]
+    return PosteriorDraws(*(torch.cat(parts) for parts in zip(*chunks, strict=True)))
 
 
 def _rank_chunk(
@@ -367,10 +365,22 @@ def rank_histogram(ranks: Tensor, num_posterior_samples: int) -> Tensor:
     m1 = num_posterior_samples + 1
     if ranks.ndim < 2:
         raise ValueError(f"ranks must have shape (*, N, C), got {tuple(ranks.shape)}")
-    if bool(((ranks < 0) | (ranks >= m1)).any()):
-        raise ValueError(f"ranks must lie in 0..{m1 - 1}, got values outside")
+    if ranks.is_floating_point() or ranks.is_complex():
+        raise ValueError(f"ranks must have an integer dtype, got {ranks.dtype}")
+    if ranks.numel() and (int(ranks.min()) < 0 or int(ranks.max()) >= m1):
+        raise ValueError(f"ranks must lie in [0, {num_posterior_samples}], got "
+                         f"[{int(ranks.min())}, {int(ranks.max())}]")  # fmt: skip
     lead, c = ranks.shape[:-2], ranks.shape[-1]
     flat = ranks.long().movedim(-2, -1).reshape(-1, ranks.shape[-2])  # (B * C, N)
     offsets = torch.arange(flat.shape[0], device=ranks.device)[:, None] * m1
     counts = torch.bincount((flat + offsets).flatten(), minlength=flat.shape[0] * m1)
     return counts.reshape(*lead, c, m1)
+
+
+def _check_counts(name: str, counts: Tensor, unit: str = "rank") -> None:
+    """Raise unless ``counts`` ``(*, C)`` is a histogram: finite, non-negative, no empty row."""
+    if not bool((torch.isfinite(counts) & (counts >= 0)).all()):
+        raise ValueError(f"{name} must hold finite non-negative counts, got "
+                         f"{counts.flatten()[:8].tolist()}...")  # fmt: skip
+    if bool((counts.sum(-1) <= 0).any()):
+        raise ValueError(f"{name} must hold at least one {unit} per row, got an empty row")

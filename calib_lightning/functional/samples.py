@@ -50,6 +50,13 @@ def _check_sets(samples: Tensor, reference: Tensor, min_rows: int) -> None:
     check_same_device_dtype(samples=samples, reference=reference)
 
 
+def _check_bandwidth(bandwidth: float | Tensor) -> None:
+    if not isinstance(bandwidth, Tensor):
+        check_positive("bandwidth", bandwidth)
+    elif not bool(((bandwidth > 0) & torch.isfinite(bandwidth)).all()):
+        raise ValueError(f"bandwidth must be positive and finite, got {bandwidth}")
+
+
 # -- MMD ------------------------------------------------------------------------------
 def _mmd_from_gram(gram: Tensor, membership: Tensor, n: int, m: int) -> Tensor:
     r"""Unbiased :math:`\mathrm{MMD}^2` for every labelling in ``membership`` at once.
@@ -128,8 +135,8 @@ def mmd(
     pooled = torch.cat([samples, reference], -2)
     if bandwidth is None:
         bandwidth = median_bandwidth(pooled)
-    elif not isinstance(bandwidth, Tensor):
-        check_positive("bandwidth", bandwidth)
+    else:
+        _check_bandwidth(bandwidth)
     gram = exponentiated(sq_distances(pooled, pooled), bandwidth)
     eye = torch.eye(n + m, dtype=torch.bool, device=gram.device)
     gram = gram.masked_fill(eye, 0.0)
@@ -253,6 +260,7 @@ def knn_sq_radii(reference: Tensor, k: int = 5, block_size: int = 1024) -> Tenso
     """
     check_positive("k", k, integer=True)
     check_points("reference", reference, min_rows=k + 1)
+    check_positive("block_size", block_size, integer=True)
     reference = reference - reference.mean(-2, keepdim=True)
     m = reference.shape[-2]
     radii = []
@@ -278,6 +286,12 @@ def ball_counts(
     Returns:
         ``(*, m)`` counts :math:`\sum_j 1[\|y_j - x_i\| < r_i]` (int64).
     """
+    check_positive("block_size", block_size, integer=True)
+    if samples.shape[-1] != reference.shape[-1] or sq_radii.shape != reference.shape[:-1]:
+        raise ValueError(
+            f"samples (*, n, D), reference (*, m, D) and sq_radii (*, m) must match, got "
+            f"{tuple(samples.shape)}, {tuple(reference.shape)} and {tuple(sq_radii.shape)}"
+        )
     center = reference.mean(-2, keepdim=True)
     samples, reference = samples - center, reference - center
     counts = torch.zeros(sq_radii.shape, dtype=torch.long, device=sq_radii.device)
@@ -324,7 +338,6 @@ def density_coverage(
         Generative Models." ICML 2020.
     """
     _check_sets(samples, reference, min_rows=1)
-    check_positive("block_size", block_size, integer=True)
     sq_radii = knn_sq_radii(reference, k, block_size)
     counts = ball_counts(samples, reference, sq_radii, block_size)
     density = counts.sum(-1).to(samples.dtype) / (k * samples.shape[-2])
@@ -373,8 +386,7 @@ def vendi_score(samples: Tensor, bandwidth: float | Tensor, *, q: float = 1.0) -
         Machine Learning." TMLR 2023.
     """
     check_points("samples", samples, min_rows=1)
-    if not isinstance(bandwidth, Tensor):
-        check_positive("bandwidth", bandwidth)
+    _check_bandwidth(bandwidth)
     if isinstance(q, bool) or not isinstance(q, int | float) or not q >= 0:
         raise ValueError(f"q must be a number in [0, inf], got {q!r}")
     n = samples.shape[-2]

@@ -43,7 +43,7 @@ from calib_lightning.functional.bands import (
     rank_ecdf,
     simultaneous_band,
 )
-from calib_lightning.functional.ranks import rank_histogram, sbc_ranks
+from calib_lightning.functional.ranks import _check_counts, rank_histogram, sbc_ranks
 
 __all__ = [
     "coverage_error",
@@ -58,6 +58,15 @@ __all__ = [
 def default_num_bins(num_posterior_samples: int, num_ranks: int) -> int:
     """``min(M + 1, 20, max(2, N // 5))``: at least 5 expected counts per bin."""
     return min(num_posterior_samples + 1, 20, max(2, num_ranks // 5))
+
+
+def _binned_counts(histogram: Tensor, num_bins: int) -> tuple[Tensor, Tensor]:
+    r"""Rank counts ``(*, M + 1)`` summed over ``num_bins`` contiguous bins of
+    :math:`\lfloor (b+1)(M+1)/B \rfloor - \lfloor b(M+1)/B \rfloor` rank values:
+    ``(*, B)`` float64 counts and the ``(B + 1,)`` bin edges."""
+    edges = torch.arange(num_bins + 1, device=histogram.device) * histogram.shape[-1] // num_bins
+    cumulative = torch.nn.functional.pad(histogram.double().cumsum(-1), (1, 0))
+    return cumulative[..., edges[1:]] - cumulative[..., edges[:-1]], edges
 
 
 def uniformity_test(histogram: Tensor, num_bins: int | None = None) -> tuple[Tensor, Tensor]:
@@ -81,19 +90,15 @@ def uniformity_test(histogram: Tensor, num_bins: int | None = None) -> tuple[Ten
         >>> stat
         tensor([ 0., 20.], dtype=torch.float64)
     """
+    _check_counts("histogram", histogram)
     m1 = histogram.shape[-1]
-    counts = histogram.double()
-    n = counts.sum(-1, keepdim=True)
-    if bool((n <= 0).any()):
-        raise ValueError("histogram must hold at least one rank per row, got an empty row")
+    n = histogram.double().sum(-1, keepdim=True)
     if num_bins is None:
         num_bins = default_num_bins(m1 - 1, int(n.min()))
     check_positive("num_bins", num_bins, integer=True)
     if not 2 <= num_bins <= m1:
         raise ValueError(f"num_bins must lie in 2..M+1 = 2..{m1}, got {num_bins}")
-    edges = torch.arange(num_bins + 1, device=histogram.device) * m1 // num_bins
-    cumulative = torch.nn.functional.pad(counts.cumsum(-1), (1, 0))
-    observed = cumulative[..., edges[1:]] - cumulative[..., edges[:-1]]
+    observed, edges = _binned_counts(histogram, num_bins)
     expected = n * (edges[1:] - edges[:-1]).double() / m1
     statistic = ((observed - expected) ** 2 / expected).sum(-1)
     p_value = torch.special.gammaincc(torch.tensor((num_bins - 1) / 2.0), statistic / 2)
@@ -149,6 +154,7 @@ def coverage_error(histogram: Tensor) -> Tensor:
         >>> coverage_error(torch.tensor([0, 0, 10]))  # truth always least probable
         tensor(-0.3333, dtype=torch.float64)
     """
+    _check_counts("histogram", histogram)
     counts = histogram.double()
     m = counts.shape[-1] - 1
     values = torch.arange(m + 1, dtype=torch.float64, device=counts.device)
@@ -200,6 +206,7 @@ def summarize_ranks(
             f"histogram must have shape (*, D + 1, M + 1) with D >= 1, M >= 1, "
             f"got {tuple(histogram.shape)}"
         )
+    _check_counts("histogram", histogram)
     totals = histogram.sum(-1)
     n = int(totals.flatten()[0])
     if n < 1 or bool((totals != n).any()):
@@ -278,6 +285,10 @@ def rank_calibration(
         raise ValueError(
             f"samples must have shape (M, *, N, D) with M >= 2 and (*, N, D) = "
             f"{tuple(theta.shape)}, got {tuple(samples.shape)}"
+        )
+    if theta.shape[-2] < 2:
+        raise ValueError(
+            f"theta must have N >= 2 rows in shape (*, N, D), got {tuple(theta.shape)}"
         )
     ranks = sbc_ranks(samples, log_prob_samples, theta, log_prob_theta, generator=generator)
     out = summarize_ranks(

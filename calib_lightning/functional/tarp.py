@@ -57,6 +57,8 @@ References:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import torch
 from torch import Tensor
 
@@ -68,6 +70,7 @@ from calib_lightning._checks import (
     check_positive,
     check_probability,
 )
+from calib_lightning.functional.ranks import _check_counts, rank_histogram
 from calib_lightning.posteriors import Posterior, as_posterior, checked_samples
 
 __all__ = [
@@ -164,13 +167,7 @@ def tarp_ranks(
 
 def tarp_counts(ranks: Tensor, num_posterior_samples: int) -> Tensor:
     """Histogram of ranks ``(*, N)`` over ``{0, ..., S}``: ``(*, S + 1)`` int64 counts."""
-    check_positive("num_posterior_samples", num_posterior_samples, integer=True)
-    cells = num_posterior_samples + 1
-    if ranks.numel() and (int(ranks.min()) < 0 or int(ranks.max()) >= cells):
-        raise ValueError(f"ranks must lie in [0, {num_posterior_samples}], got "
-                         f"[{int(ranks.min())}, {int(ranks.max())}]")
-    counts = torch.zeros(*ranks.shape[:-1], cells, dtype=torch.long, device=ranks.device)
-    return counts.scatter_add_(-1, ranks.long(), torch.ones_like(ranks, dtype=torch.long))
+    return rank_histogram(ranks.unsqueeze(-1), num_posterior_samples).squeeze(-2)
 
 
 def _midpoints(cells: int, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -187,6 +184,7 @@ def expected_coverage(counts: Tensor, alpha: Tensor) -> Tensor:
     Returns:
         ``(*, A)`` in float64.
     """
+    check_finite("alpha", alpha)
     counts = counts.double()
     cells = counts.shape[-1]
     cdf = torch.cat([torch.zeros_like(counts[..., :1]), counts.cumsum(-1)], -1)
@@ -233,6 +231,10 @@ def uniform_multinomial(
     check_positive("cells", cells, integer=True)
     check_positive("num_draws", num_draws, integer=True)
     total = torch.as_tensor(total, dtype=torch.float64).cpu()
+    if not bool((torch.isfinite(total) & (total >= 0) & (total == total.round())).all()):
+        raise ValueError(
+            f"total must hold non-negative integers, got {total.flatten()[:5].tolist()}"
+        )
     largest = int(total.max()) if total.numel() else 0
     if largest <= 8 * cells:
         return _multinomial_by_indices(total, largest, cells, num_draws, generator)
@@ -295,9 +297,8 @@ def tarp_test(
         raise ValueError(
             f"counts must have shape (*, S + 1) with S >= 1, got {tuple(counts.shape)}"
         )
+    _check_counts("counts", counts, unit="calibration pair")
     total = counts.sum(-1)
-    if bool((total < 1).any()):
-        raise ValueError("counts must hold at least one calibration pair per histogram, got 0")
     statistic, atc = _ks_atc(counts)
     null = uniform_multinomial(total.cpu(), counts.shape[-1], num_null, generator)
     null_statistic = _ks_atc(null)[0].to(counts.device)
@@ -375,33 +376,43 @@ def tarp(
     check_finite("references", references)
     scale = tarp_fit_scale(theta) if scale is None else _check_scale(scale, d)
     if isinstance(posterior, Tensor):
-        samples = posterior
-        if samples.ndim != 3 or samples.shape[1:] != theta.shape:
+        if posterior.ndim != 3 or posterior.shape[1:] != theta.shape:
             raise ValueError(f"posterior samples must have shape (S, {n}, {d}), "
-                             f"got {tuple(samples.shape)}")
-        checked_samples(samples)
-        num_posterior_samples = samples.shape[0]
-        ranks = tarp_ranks(samples, theta, references, scale=scale, distance=distance)
+                             f"got {tuple(posterior.shape)}")
+        num_posterior_samples = posterior.shape[0]
     else:
         check_positive("num_posterior_samples", num_posterior_samples, integer=True)
-        post = as_posterior(posterior)
-        parts = []
-        for start in range(0, n, chunk_size):
-            rows = slice(start, min(start + chunk_size, n))
-            samples = post.sample(x[rows], num_posterior_samples)
-            checked_samples(samples)
-            parts.append(tarp_ranks(samples, theta[rows], references[rows], scale=scale,
-                                    distance=distance))
-        ranks = torch.cat(parts)
+    ranks = torch.cat([
+        tarp_ranks(samples, theta[rows], references[rows], scale=scale, distance=distance)
+        for rows, samples in _sample_chunks(posterior, x, num_posterior_samples, chunk_size)
+    ])  # fmt: skip
     counts = tarp_counts(ranks, num_posterior_samples)
     return tarp_test(counts, num_null=num_null, level=level, num_bins=num_bins,
                      generator=generator)
 
 
-def _check_scale(scale: Tensor, dim: int) -> Tensor:
-    if not isinstance(scale, Tensor) or scale.shape != (dim,):
+def _sample_chunks(
+    posterior: Posterior | object | Tensor, x: Tensor, num_samples: int, chunk_size: int
+) -> Iterator[tuple[slice, Tensor]]:
+    """``(rows, samples)`` of ``num_samples`` finite posterior draws ``(S, rows, D)`` at
+    ``x[rows]``, ``chunk_size`` pairs at a time; a tensor of samples is one chunk."""
+    if isinstance(posterior, Tensor):
+        chunks: Iterable[tuple[slice, Tensor]] = [(slice(0, x.shape[0]), posterior)]
+    else:
+        post = as_posterior(posterior)
+        starts = range(0, x.shape[0], chunk_size)
+        rows = (slice(s, min(s + chunk_size, x.shape[0])) for s in starts)
+        chunks = ((r, post.sample(x[r], num_samples)) for r in rows)
+    for rows, samples in chunks:
+        checked_samples(samples)
+        yield rows, samples
+
+
+def _check_scale(scale: Tensor, dim: int | None = None) -> Tensor:
+    """Raise unless ``scale`` is a positive finite tensor of shape ``(dim,)`` (any ``(D,)``)."""
+    if not isinstance(scale, Tensor) or scale.ndim != 1 or dim not in (None, scale.shape[0]):
         shape = tuple(scale.shape) if isinstance(scale, Tensor) else type(scale).__name__
-        raise ValueError(f"scale must be a tensor of shape ({dim},), got {shape}")
+        raise ValueError(f"scale must be a tensor of shape ({dim or 'D'},), got {shape}")
     if not bool((scale > 0).all()) or not bool(torch.isfinite(scale).all()):
-        raise ValueError(f"scale must be positive and finite, got {scale.tolist()}")
+        raise ValueError(f"scale must be a positive tensor of finite values, got {scale.tolist()}")
     return scale

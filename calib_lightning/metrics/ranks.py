@@ -110,24 +110,29 @@ class RankCalibration(Metric):
         check_probability("alpha", alpha)
         if num_bins is not None:
             check_positive("num_bins", num_bins, integer=True)
+            if num_bins < 2:
+                raise ValueError(f"num_bins must be >= 2, got {num_bins}")
         if num_ecdf_points is not None:
             check_positive("num_ecdf_points", num_ecdf_points, integer=True)
         check_positive("max_chunk_elements", max_chunk_elements, integer=True)
         self.num_posterior_samples, self.num_dims = num_posterior_samples, num_dims
         self.alpha, self.num_bins, self.num_ecdf_points = alpha, num_bins, num_ecdf_points
         self.max_chunk_elements = max_chunk_elements
-        d = num_dims if num_dims is not None else 0
-        m1 = num_posterior_samples + 1
-        self.add_state("histogram", torch.zeros(d + 1 if d else 0, m1, dtype=torch.long),
-                       dist_reduce_fx="sum")  # fmt: skip
-        self.add_state("moments", torch.zeros(4, d, dtype=torch.float64), dist_reduce_fx="sum")
+        histogram, moments = self._zero_states(num_dims or 0)
+        self.add_state("histogram", histogram, dist_reduce_fx="sum")
+        self.add_state("moments", moments, dist_reduce_fx="sum")
+
+    def _zero_states(self, d: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+        """Zero ``histogram`` ``(D + 1, M + 1)`` and ``moments`` ``(4, D)``; empty if ``D = 0``."""
+        rows = d + 1 if d else 0
+        histogram = torch.zeros(
+            rows, self.num_posterior_samples + 1, dtype=torch.long, device=device
+        )
+        return histogram, torch.zeros(4, d, dtype=torch.float64, device=device)
 
     def _allocate(self, d: int) -> None:
         if self.histogram.shape[0] == 0:
-            device = self.histogram.device
-            self.histogram = torch.zeros(d + 1, self.num_posterior_samples + 1,
-                                         dtype=torch.long, device=device)  # fmt: skip
-            self.moments = torch.zeros(4, d, dtype=torch.float64, device=device)
+            self.histogram, self.moments = self._zero_states(d, self.histogram.device)
         elif self.histogram.shape[0] != d + 1:
             raise ValueError(
                 f"theta must have D = {self.histogram.shape[0] - 1} columns as in earlier "

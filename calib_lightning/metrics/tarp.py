@@ -15,8 +15,15 @@ from calib_lightning._checks import (
     check_positive,
     check_probability,
 )
-from calib_lightning.functional.tarp import DISTANCES, tarp_counts, tarp_ranks, tarp_test
-from calib_lightning.posteriors import Posterior, as_posterior, checked_samples
+from calib_lightning.functional.tarp import (
+    DISTANCES,
+    _check_scale,
+    _sample_chunks,
+    tarp_counts,
+    tarp_ranks,
+    tarp_test,
+)
+from calib_lightning.posteriors import Posterior
 
 __all__ = ["TARP"]
 
@@ -103,17 +110,16 @@ class TARP(Metric):
         self.seed, self.chunk_size = seed, chunk_size
 
         empty = torch.empty(0)
-        if scale is not None and (
-            not isinstance(scale, Tensor) or scale.ndim != 1 or not bool((scale > 0).all())
-        ):
-            raise ValueError(f"scale must be a positive tensor of shape (D,), got {scale!r}")
+        if scale is not None:
+            _check_scale(scale)
         low = high = empty
         if reference_bounds is not None:
             low, high = (torch.as_tensor(b).detach().clone() for b in reference_bounds)
-            if low.ndim != 1 or low.shape != high.shape or not bool((high >= low).all()):
+            if (low.ndim != 1 or low.shape != high.shape or not bool((high >= low).all())
+                    or not bool(torch.isfinite(high - low).all())):  # fmt: skip
                 raise ValueError(
-                    "reference_bounds must be (low, high), two tensors of shape (D,) with "
-                    f"low <= high, got shapes {tuple(low.shape)} and {tuple(high.shape)}"
+                    "reference_bounds must be (low, high), two finite tensors of shape (D,) "
+                    f"with low <= high, got {low.tolist()} and {high.tolist()}"
                 )
         self.register_buffer("scale", empty if scale is None else scale.detach().clone())
         self.register_buffer("low", low)
@@ -179,22 +185,12 @@ class TARP(Metric):
         references = self._references(n, theta)
         scale = self.scale.to(dtype=theta.dtype, device=theta.device)
         size = self.num_posterior_samples
-        if isinstance(posterior, Tensor):
-            if posterior.shape != (size, n, d):
-                raise ValueError(
-                    f"posterior samples must have shape ({size}, {n}, {d}) "
-                    f"(num_posterior_samples, N, D), got {tuple(posterior.shape)}"
-                )
-            chunks = [(slice(0, n), posterior)]
-        else:
-            post = as_posterior(posterior)
-            chunks = (
-                (rows, post.sample(x[rows], size))
-                for rows in (slice(s, min(s + self.chunk_size, n))
-                             for s in range(0, n, self.chunk_size))
+        if isinstance(posterior, Tensor) and posterior.shape != (size, n, d):
+            raise ValueError(
+                f"posterior samples must have shape ({size}, {n}, {d}) "
+                f"(num_posterior_samples, N, D), got {tuple(posterior.shape)}"
             )
-        for rows, samples in chunks:
-            checked_samples(samples)
+        for rows, samples in _sample_chunks(posterior, x, size, self.chunk_size):
             ranks = tarp_ranks(samples.to(theta.dtype), theta[rows], references[rows],
                                scale=scale, distance=self.distance)
             self.counts += tarp_counts(ranks, size).to(self.counts.device)

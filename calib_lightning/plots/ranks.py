@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import torch
 from matplotlib.figure import Figure
 from scipy import stats
 from torch import Tensor
+
+from calib_lightning.functional.sbc import _binned_counts
 
 __all__ = ["plot_expected_coverage", "plot_rank_ecdf", "plot_rank_histograms"]
 
@@ -74,6 +75,7 @@ def plot_rank_histograms(
         The figure.
 
     Example:
+        >>> import torch
         >>> from calib_lightning.functional import summarize_ranks
         >>> fig = plot_rank_histograms(summarize_ranks(torch.full((3, 10), 30)))
         >>> [ax.get_title().split(" ")[0] for ax in fig.axes]
@@ -87,9 +89,7 @@ def plot_rank_histograms(
     d, m1, b = hist.shape[0] - 1, hist.shape[1], int(num_bins)
     names = [*_labels(labels, d), _JOINT]
     p_values = [*marginal_p.tolist(), float(p)]
-    edges = torch.arange(b + 1) * m1 // b
-    cumulative = torch.nn.functional.pad(hist.double().cumsum(-1), (1, 0))
-    counts = cumulative[:, edges[1:]] - cumulative[:, edges[:-1]]
+    counts, edges = _binned_counts(hist, b)
     n = int(hist[0].sum())
     prob = ((edges[1:] - edges[:-1]) / m1).numpy()
     level = float(alpha) / b
