@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from calib_lightning._checks import check_positive
+
 __all__ = ["run_distributed"]
 
 
@@ -67,6 +69,8 @@ def run_distributed(
     Raises:
         RuntimeError: with the rank's traceback if any rank failed or timed out.
     """
+    check_positive("world_size", world_size, integer=True)
+    check_positive("timeout", timeout)
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:

@@ -94,6 +94,10 @@ class CalibrationCallback(Callback):
     name: ClassVar[str] = "calibration"
     #: history keys drawn in the ``history`` figure; subclasses choose.
     history_keys: ClassVar[tuple[str, ...]] = ("p_value",)
+    #: the metric class a subclass requires (``None``: any metric with update/compute).
+    metric_type: ClassVar[type | None] = None
+    #: result keys logged by :meth:`scalars`, in this order (``None``: every scalar entry).
+    scalar_keys: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(
         self,
@@ -111,6 +115,11 @@ class CalibrationCallback(Callback):
         level: float = 0.05,
     ) -> None:
         super().__init__()
+        if self.metric_type is not None and not isinstance(metric, self.metric_type):
+            raise ValueError(
+                f"metric must be a calib_lightning.{self.metric_type.__name__}, "
+                f"got {type(metric).__name__}"
+            )
         if not (callable(getattr(metric, "update", None)) and callable(
             getattr(metric, "compute", None))):
             raise ValueError(
@@ -157,11 +166,14 @@ class CalibrationCallback(Callback):
     def scalars(self, result: dict[str, Tensor]) -> dict[str, Tensor]:
         """The scalars to log, keyed without prefix.
 
-        Default: every 0-d entry of ``result``, and each entry ``i`` of a 1-d one as
-        ``key/i`` (e.g. one p-value per dimension or per reference observation).
+        Default: every 0-d entry of ``result`` (of the keys in ``scalar_keys`` when
+        set), and each entry ``i`` of a 1-d one as ``key/i`` (e.g. one p-value per
+        dimension or per reference observation).
         """
+        keys = result if self.scalar_keys is None else self.scalar_keys
         out: dict[str, Tensor] = {}
-        for key, value in result.items():
+        for key in keys:
+            value = result.get(key)
             if not isinstance(value, Tensor) or value.is_complex():
                 continue
             if value.ndim == 0:

@@ -47,6 +47,7 @@ class KCCSDCallback(CalibrationCallback):
 
     name: ClassVar[str] = "kccsd"
     history_keys: ClassVar[tuple[str, ...]] = ("p_value", "statistic")
+    metric_type: ClassVar[type] = KCCSD
 
     def __init__(
         self,
@@ -56,6 +57,4 @@ class KCCSDCallback(CalibrationCallback):
         metric: KCCSD | None = None,
         **kwargs: Any,
     ) -> None:
-        if metric is not None and not isinstance(metric, KCCSD):
-            raise ValueError(f"metric must be a calib_lightning.KCCSD, got {type(metric).__name__}")
         super().__init__(metric if metric is not None else KCCSD(), theta, x, **kwargs)

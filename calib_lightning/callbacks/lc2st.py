@@ -9,7 +9,8 @@ from lightning.pytorch import Trainer
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from calib_lightning.callbacks.base import CalibrationCallback
+from calib_lightning._checks import check_positive
+from calib_lightning.callbacks.base import CalibrationCallback, _describe
 from calib_lightning.functional.c2st import oracle_c2st
 from calib_lightning.functional.reference import compare_to_reference
 from calib_lightning.metrics.lc2st import LC2STNF
@@ -64,6 +65,10 @@ class LC2STNFCallback(CalibrationCallback):
 
     name: ClassVar[str] = "lc2st_nf"
     history_keys: ClassVar[tuple[str, ...]] = ("p_value", "oracle_c2st")
+    metric_type: ClassVar[type] = LC2STNF
+    scalar_keys: ClassVar[tuple[str, ...]] = (
+        "statistic", "p_value", *_REFERENCE_KEYS, "oracle_c2st"
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -79,41 +84,34 @@ class LC2STNFCallback(CalibrationCallback):
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
-        if metric is not None and not isinstance(metric, LC2STNF):
-            raise ValueError(
-                f"metric must be a calib_lightning.LC2STNF, got {type(metric).__name__}"
-            )
         if metric is None:
             if observations is None:
                 raise ValueError("observations must be given (O, X) when no metric is, got None")
             metric = LC2STNF(observations=observations)
-        elif observations is not None and not torch.equal(
+        super().__init__(metric, theta, x, **kwargs)
+        if observations is not None and not torch.equal(
             observations.to(metric.observations), metric.observations
         ):
-            raise ValueError("observations must equal metric.observations (or be omitted)")
+            raise ValueError(
+                f"observations must equal metric.observations of shape "
+                f"{tuple(metric.observations.shape)} (or be omitted), got a different "
+                f"{_describe(observations)}"
+            )
         num_obs = metric.observations.shape[0]
-        for name, value, axis in (
-            ("truths", truths, 0),
-            ("reference_samples", reference_samples, 1),
+        for name, value, ndim, expected in (
+            ("truths", truths, 2, "(O, D)"),
+            ("reference_samples", reference_samples, 3, "(S_ref, O, D)"),
         ):
-            if value is not None and (value.ndim < 2 or value.shape[axis] != num_obs):
-                expected = "(O, D)" if axis == 0 else "(S_ref, O, D)"
+            if value is not None and (
+                not isinstance(value, Tensor) or value.ndim != ndim or value.shape[-2] != num_obs
+            ):
                 raise ValueError(
                     f"{name} must have shape {expected} with O = {num_obs} observations, "
-                    f"got {tuple(value.shape)}"
+                    f"got {_describe(value)}"
                 )
-        super().__init__(metric, theta, x, **kwargs)
+        check_positive("num_map_samples", num_map_samples, integer=True)
         self.truths, self.reference_samples, self.labels = truths, reference_samples, labels
         self.num_map_samples, self.seed = num_map_samples, seed
-
-    def scalars(self, result: dict[str, Tensor]) -> dict[str, Tensor]:
-        keys = ("statistic", "p_value", *_REFERENCE_KEYS, "oracle_c2st")
-        return {
-            f"{key}/{o}": value
-            for key in keys
-            if key in result
-            for o, value in enumerate(result[key])
-        }
 
     def extra_results(self, trainer: Trainer, posterior: Posterior) -> dict[str, Tensor]:
         draw_maps = self.log_figures and trainer.is_global_zero

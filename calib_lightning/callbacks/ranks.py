@@ -18,8 +18,6 @@ from calib_lightning.plots.ranks import (
 
 __all__ = ["RankCalibrationCallback"]
 
-_VECTORS = ("marginal_p_values", "ecdf_p_values", "contraction", "mean_squared_error")
-
 
 class RankCalibrationCallback(CalibrationCallback):
     r"""Streaming SBC every ``every_n_epochs`` epochs: marginal and energy ranks, coverage.
@@ -56,6 +54,11 @@ class RankCalibrationCallback(CalibrationCallback):
 
     name: ClassVar[str] = "ranks"
     history_keys: ClassVar[tuple[str, ...]] = ("p_value", "coverage_error")
+    metric_type: ClassVar[type] = RankCalibration
+    scalar_keys: ClassVar[tuple[str, ...]] = (
+        "p_value", "coverage_error", "num_pairs",
+        "marginal_p_values", "ecdf_p_values", "contraction", "mean_squared_error",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -66,21 +69,11 @@ class RankCalibrationCallback(CalibrationCallback):
         labels: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
-        if metric is not None and not isinstance(metric, RankCalibration):
-            raise ValueError(
-                f"metric must be a calib_lightning.RankCalibration, got {type(metric).__name__}"
-            )
         if metric is None:
             num_dims = theta.shape[-1] if isinstance(theta, Tensor) and theta.ndim == 2 else None
             metric = RankCalibration(num_posterior_samples=100, num_dims=num_dims)
         super().__init__(metric, theta, x, **kwargs)
         self.labels = labels
-
-    def scalars(self, result: dict[str, Tensor]) -> dict[str, Tensor]:
-        out = {key: result[key] for key in ("p_value", "coverage_error", "num_pairs")}
-        for key in _VECTORS:
-            out.update({f"{key}/{i}": v for i, v in enumerate(result[key])})
-        return out
 
     def figures(self, result: dict[str, Tensor]) -> dict[str, Figure]:
         figures = super().figures(result)

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
+from calib_lightning._checks import check_finite
+
 __all__ = [
     "Features",
     "as_blocks",
@@ -63,8 +65,7 @@ def as_blocks(features: Features, num_members: int) -> list[Tensor]:
                 f"block {i} has shape {tuple(block.shape)}"
             )
         rows = block.shape[-2]
-        if not bool(torch.isfinite(block).all()):
-            raise ValueError(f"features block {i} must be finite, got NaN/inf entries")
+        check_finite(f"features block {i}", block.reshape(-1, block.shape[-1]))
     return blocks
 
 

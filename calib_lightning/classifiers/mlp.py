@@ -223,7 +223,9 @@ class MLPEnsemble(nn.Module):
                 f"{self.validation_fraction} and still train, got M = {rows}"
             )
         in_features = loc.shape[-1]
-        hidden = self.hidden_features or (10 * in_features, 10 * in_features)
+        hidden = self.hidden_features
+        if hidden is None:  # () is a valid choice: logistic regression
+            hidden = (10 * in_features, 10 * in_features)
         layout = self._layout([in_features, *hidden, 1])
 
         gens = [torch.Generator().manual_seed(self.seed + k) for k in range(k_all)]

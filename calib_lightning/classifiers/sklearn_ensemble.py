@@ -43,6 +43,11 @@ def sbibm_mlp(in_features: int, seed: int = 0) -> Any:
     )
 
 
+def _member_features(blocks: list[Tensor], k: int) -> Tensor:
+    """Member ``k``'s rows ``(M, F)``: shared blocks as they are, per-member blocks at ``k``."""
+    return torch.cat([b if b.ndim == 2 else b[k] for b in blocks], -1)
+
+
 class SklearnEnsemble:
     """``K`` scikit-learn classifiers behind the :class:`MLPEnsemble` interface.
 
@@ -91,7 +96,7 @@ class SklearnEnsemble:
         blocks, self.loc, self.scale = standardize(blocks, self.num_members)
         self.members = []
         for k in range(self.num_members):
-            x = torch.cat([b if b.ndim == 2 else b[k] for b in blocks], -1)
+            x = _member_features(blocks, k)
             y = labels if labels.ndim == 1 else labels[k]
             model = self._member(k, x.shape[-1])
             model.fit(x.detach().cpu().double().numpy(), y.detach().cpu().numpy().astype(int))
@@ -106,7 +111,7 @@ class SklearnEnsemble:
         dtype, device = blocks[0].dtype, blocks[0].device
         out = []
         for k, model in enumerate(self.members):
-            x = torch.cat([b if b.ndim == 2 else b[k] for b in blocks], -1)
+            x = _member_features(blocks, k)
             x = ((x - self.loc[k].to(x)) / self.scale[k].to(x)).detach().cpu().double().numpy()
             column = list(model.classes_).index(1)
             out.append(torch.from_numpy(model.predict_proba(x)[:, column]))

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_positive
+from calib_lightning._checks import check_points, check_positive
 from calib_lightning.classifiers import make_ensemble
 from calib_lightning.functional.lc2st import lc2st_statistic
 
@@ -56,22 +56,18 @@ def oracle_c2st(
         ``"statistic"`` (held-out :math:`\mathrm{mean}\,(d - \frac12)^2` of both classes),
         each of shape ``(*)``.
     """
-    if estimator_samples.ndim < 2 or reference_samples.shape[:-2] != estimator_samples.shape[:-2]:
+    check_points("estimator_samples", estimator_samples)
+    check_points("reference_samples", reference_samples, columns=estimator_samples.shape[-1])
+    if reference_samples.shape[:-2] != estimator_samples.shape[:-2]:
         raise ValueError(
             "estimator_samples and reference_samples must have shapes (*, M, D) and (*, M', D) "
             f"with equal batch shapes, got {tuple(estimator_samples.shape)} and "
             f"{tuple(reference_samples.shape)}"
         )
-    if reference_samples.shape[-1] != estimator_samples.shape[-1]:
-        raise ValueError(
-            f"reference_samples must have D = {estimator_samples.shape[-1]} columns, "
-            f"got {tuple(reference_samples.shape)}"
-        )
     check_positive("num_folds", num_folds, integer=True)
     if num_folds < 2:
         raise ValueError(f"num_folds must be >= 2, got {num_folds}")
     batch = estimator_samples.shape[:-2]
-    estimator_samples.shape[-1]
     data = torch.cat(
         [
             estimator_samples.reshape(-1, *estimator_samples.shape[-2:]),
@@ -85,7 +81,10 @@ def oracle_c2st(
     )
     fold = rows // num_folds
     if fold < 2:
-        raise ValueError(f"oracle_c2st needs at least 2 rows per fold, got {rows} rows in all")
+        raise ValueError(
+            f"estimator_samples and reference_samples must have at least 2 * num_folds = "
+            f"{2 * num_folds} rows together (M + M'), got {rows}"
+        )
     generator = torch.Generator().manual_seed(seed)
     order = torch.stack([torch.randperm(rows, generator=generator) for _ in range(num_batch)])
     order = order[:, : fold * num_folds].reshape(num_batch, num_folds, fold).to(data.device)

@@ -283,6 +283,12 @@ def lc2st_probabilities(
         ``(K / E, O, N_v)``.
     """
     observations = check_matrix("observations", observations)
+    check_positive("num_ensemble", num_ensemble, integer=True)
+    if classifier.num_members % num_ensemble:
+        raise ValueError(
+            f"num_ensemble must divide classifier.num_members = {classifier.num_members}, "
+            f"got {num_ensemble}"
+        )
     num_obs = observations.shape[0]
     if points.ndim == 2:
         points = points.expand(num_obs, *points.shape)

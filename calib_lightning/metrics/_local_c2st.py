@@ -15,7 +15,7 @@ from calib_lightning._checks import check_matrix, check_positive, check_probabil
 from calib_lightning.classifiers import make_ensemble
 from calib_lightning.functional.lc2st import lc2st_p_value, lc2st_statistic, pp_band, pp_ecdf
 
-__all__ = ["LocalC2ST", "canonical_order", "fingerprint"]
+__all__ = ["LocalC2ST", "canonical_order", "check_observations", "fingerprint"]
 
 
 def _stream_seed(seed: int, stream: int) -> int:
@@ -42,6 +42,16 @@ def fingerprint(x: Tensor) -> Tensor:
     return _digest(str(tuple(rows.shape)).encode() + rows.numpy().tobytes())
 
 
+def check_observations(observations: Tensor, features: int | None = None) -> Tensor:
+    """Reference observations ``(O, *X)`` (with ``X`` = ``features`` when given), as ``(O, X)``."""
+    width = observations.shape[1:].numel() if isinstance(observations, Tensor) else None
+    if width is None or observations.ndim < 2 or features not in (None, width):
+        got = tuple(observations.shape) if isinstance(observations, Tensor) else observations
+        expected = "(O, X) or (O, *X)" if features is None else f"(O, *X) with {features} features"
+        raise ValueError(f"observations must have shape {expected}, got {got}")
+    return check_matrix("observations", observations.reshape(observations.shape[0], width))
+
+
 class LocalC2ST(Metric):
     """Shared machinery: reference observations, classifier settings, PP-plot output."""
 
@@ -63,10 +73,7 @@ class LocalC2ST(Metric):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if not isinstance(observations, Tensor) or observations.ndim < 2:
-            got = tuple(observations.shape) if isinstance(observations, Tensor) else observations
-            raise ValueError(f"observations must have shape (O, X) or (O, *X), got {got}")
-        check_matrix("observations", observations.reshape(observations.shape[0], -1))
+        check_observations(observations)
         for name, value in (
             ("num_null", num_null),
             ("num_eval", num_eval),

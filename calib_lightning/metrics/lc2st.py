@@ -36,7 +36,12 @@ from calib_lightning.functional.lc2st import (
     lc2st_train,
     pp_ecdf,
 )
-from calib_lightning.metrics._local_c2st import LocalC2ST, canonical_order, fingerprint
+from calib_lightning.metrics._local_c2st import (
+    LocalC2ST,
+    canonical_order,
+    check_observations,
+    fingerprint,
+)
 from calib_lightning.posteriors import Posterior, as_posterior, checked_samples
 
 __all__ = ["LC2ST", "LC2STNF"]
@@ -173,12 +178,7 @@ class LC2STNF(LocalC2ST):
 
     def set_observations(self, observations: Tensor) -> None:
         """Test at new reference observations ``(O, *X)``, reusing the trained null classifiers."""
-        if observations.ndim < 2 or observations[0].numel() != self.flat_observations.shape[1]:
-            raise ValueError(
-                f"observations must have shape (O, *X) with {self.flat_observations.shape[1]} "
-                f"features, got {tuple(observations.shape)}"
-            )
-        check_matrix("observations", observations.reshape(observations.shape[0], -1))
+        check_observations(observations, self.flat_observations.shape[1])
         if self.null_fitted and not getattr(self.null_classifier, "fitted", False):
             raise ValueError(
                 "set_observations needs the null classifiers themselves, but only their cached "

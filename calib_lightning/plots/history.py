@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from calib_lightning._checks import check_probability
+
 __all__ = ["plot_history"]
 
 
@@ -55,6 +57,8 @@ def plot_history(
         Calibration Tests." UAI 2023 (the KCCSD statistic and p-value tracked here).
     """
     epochs = list(epochs)
+    if level is not None:
+        check_probability("level", level)
     if not history:
         raise ValueError("history must hold at least one scalar, got an empty mapping")
     for name, values in history.items():

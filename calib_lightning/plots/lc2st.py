@@ -32,6 +32,9 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from calib_lightning._checks import check_positive
+from calib_lightning.plots.ranks import _labels
+
 __all__ = ["plot_pp", "plot_probability_map"]
 
 _CMAP = "RdBu"  # low d (estimator has too much mass) red, high d (too little) blue
@@ -90,7 +93,13 @@ def plot_pp(
     grid, ecdf, band, stat, p = _get(
         result, "pp_grid", "pp_ecdf", "pp_band", "statistic", "p_value"
     )
-    picks = list(range(ecdf.shape[0])) if observations is None else list(observations)
+    num_obs = ecdf.shape[0]
+    picks = list(range(num_obs)) if observations is None else list(observations)
+    if not picks or any(not -num_obs <= i < num_obs for i in picks):
+        raise ValueError(
+            f"observations must be a non-empty list of indices into the {num_obs} observations, "
+            f"got {picks}"
+        )
     if names is not None and len(names) != len(picks):
         raise ValueError(
             f"names must have one entry per observation ({len(picks)}), got {len(names)}"
@@ -168,9 +177,10 @@ def plot_probability_map(
             f"and {tuple(probabilities.shape)}"
         )
     dim = theta.shape[1]
-    labels = list(labels) if labels is not None else [f"θ{i + 1}" for i in range(dim)]
-    if len(labels) != dim:
-        raise ValueError(f"labels must name the D = {dim} parameters, got {len(labels)}")
+    labels = _labels(labels, dim)
+    check_positive("bins", bins, integer=True)
+    if truth is not None and tuple(np.shape(truth)) != (dim,):
+        raise ValueError(f"truth must have shape ({dim},), got {tuple(np.shape(truth))}")
     if not 0 <= range_quantile < 0.5:
         raise ValueError(f"range_quantile must lie in [0, 0.5), got {range_quantile!r}")
     low, high = np.quantile(theta, [range_quantile, 1 - range_quantile], axis=0)
