@@ -51,8 +51,9 @@ def _normal(loc: Tensor, scale: Tensor | float) -> Distribution:
 class SyntheticModel:
     r"""A joint :math:`P(X)\,P(Y \mid X)` with a Gaussian predictive model :math:`P_{|x}`.
 
-    Subclasses define :meth:`sample_x`, :meth:`true_mean_scale` and
-    :meth:`model_mean_scale` (diagonal Gaussians). ``model(x)`` is the predictive
+    Subclasses define :meth:`true_mean_scale` and
+    :meth:`model_mean_scale` (diagonal Gaussians), and :meth:`sample_x` when the
+    covariates are not standard normal. ``model(x)`` is the predictive
     distribution :math:`P_{|x}` to be tested.
 
     Arguments:
@@ -71,7 +72,8 @@ class SyntheticModel:
         return f"{type(self).__name__}(delta={self.delta})"
 
     def sample_x(self, n: int, generator: torch.Generator | None) -> Tensor:
-        raise NotImplementedError
+        """``n`` covariates ``(n, X)``; standard normal unless a model says otherwise."""
+        return torch.randn(n, self.x_dim, generator=generator, dtype=self.dtype)
 
     def true_mean_scale(self, x: Tensor) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
@@ -115,9 +117,6 @@ class MGM(SyntheticModel):
             raise ValueError(f"shift must be 'all' or 'first', got {shift!r}")
         self.shift, self.x_dim, self.theta_dim = shift, dim, dim
 
-    def sample_x(self, n: int, generator: torch.Generator | None) -> Tensor:
-        return torch.randn(n, self.x_dim, generator=generator, dtype=self.dtype)
-
     def true_mean_scale(self, x: Tensor) -> tuple[Tensor, Tensor]:
         return x, torch.ones_like(x)
 
@@ -134,9 +133,6 @@ class LGM(SyntheticModel):
     """
 
     x_dim, theta_dim = 5, 1
-
-    def sample_x(self, n: int, generator: torch.Generator | None) -> Tensor:
-        return torch.randn(n, self.x_dim, generator=generator, dtype=self.dtype)
 
     def _mean(self, x: Tensor) -> Tensor:
         weights = torch.arange(1, self.x_dim + 1, dtype=x.dtype, device=x.device)
@@ -159,9 +155,6 @@ class HGM(SyntheticModel):
     """
 
     x_dim, theta_dim = 3, 1
-
-    def sample_x(self, n: int, generator: torch.Generator | None) -> Tensor:
-        return torch.randn(n, self.x_dim, generator=generator, dtype=self.dtype)
 
     def true_mean_scale(self, x: Tensor) -> tuple[Tensor, Tensor]:
         mean = x.sum(-1, keepdim=True)
