@@ -34,6 +34,7 @@ from calib_lightning._checks import (
     check_positive,
     check_same_device_dtype,
 )
+from calib_lightning._chunks import row_blocks
 from calib_lightning.kernels import (
     DISTRIBUTION_KERNELS,
     KERNELS,
@@ -248,10 +249,6 @@ class _Setup:
         return h
 
 
-def _blocks(n: int, block_size: int) -> list[slice]:
-    return [slice(s, min(s + block_size, n)) for s in range(0, n, block_size)]
-
-
 def kccsd_matrix(
     theta: Tensor,
     score: Tensor,
@@ -379,7 +376,7 @@ def kccsd_test(
     # off-diagonal block counts twice in the sum and feeds both H_IJ W_J and H_JI W_I
     total = 0.0
     product = None if weights is None else torch.zeros_like(weights)
-    blocks = _blocks(n, block_size)
+    blocks = row_blocks(n, block_size)
     for i, rows in enumerate(blocks):
         for cols in blocks[i:]:
             h = setup.block(rows, cols)

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from calib_lightning._checks import check_points, check_positive, check_same_device_dtype
+from calib_lightning._chunks import row_blocks
 from calib_lightning.kernels import exponentiated, median_bandwidth, sq_distances
 
 __all__ = [
@@ -243,10 +244,6 @@ def frechet_distance(samples: Tensor, reference: Tensor) -> Tensor:
 
 
 # -- density and coverage -------------------------------------------------------------
-def _blocks(n: int, block_size: int) -> list[slice]:
-    return [slice(s, min(s + block_size, n)) for s in range(0, n, block_size)]
-
-
 def knn_sq_radii(reference: Tensor, k: int = 5, block_size: int = 1024) -> Tensor:
     r"""Squared distance from each reference point to its ``k``-th nearest other reference point.
 
@@ -264,7 +261,7 @@ def knn_sq_radii(reference: Tensor, k: int = 5, block_size: int = 1024) -> Tenso
     reference = reference - reference.mean(-2, keepdim=True)
     m = reference.shape[-2]
     radii = []
-    for rows in _blocks(m, block_size):
+    for rows in row_blocks(m, block_size):
         sq = sq_distances(reference[..., rows, :], reference)
         index = torch.arange(rows.stop - rows.start, device=sq.device)
         sq[..., index, index + rows.start] = float("inf")  # a point is not its own neighbour
@@ -295,7 +292,7 @@ def ball_counts(
     center = reference.mean(-2, keepdim=True)
     samples, reference = samples - center, reference - center
     counts = torch.zeros(sq_radii.shape, dtype=torch.long, device=sq_radii.device)
-    for rows in _blocks(samples.shape[-2], block_size):
+    for rows in row_blocks(samples.shape[-2], block_size):
         sq = sq_distances(samples[..., rows, :], reference)
         counts += (sq < sq_radii.unsqueeze(-2)).sum(-2)
     return counts

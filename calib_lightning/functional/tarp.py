@@ -70,6 +70,7 @@ from calib_lightning._checks import (
     check_positive,
     check_probability,
 )
+from calib_lightning._chunks import row_blocks
 from calib_lightning.functional.ranks import _check_counts, rank_histogram
 from calib_lightning.posteriors import Posterior, as_posterior, checked_samples
 
@@ -400,8 +401,7 @@ def _sample_chunks(
         chunks: Iterable[tuple[slice, Tensor]] = [(slice(0, x.shape[0]), posterior)]
     else:
         post = as_posterior(posterior)
-        starts = range(0, x.shape[0], chunk_size)
-        rows = (slice(s, min(s + chunk_size, x.shape[0])) for s in starts)
+        rows = row_blocks(x.shape[0], chunk_size)
         chunks = ((r, post.sample(x[r], num_samples)) for r in rows)
     for rows, samples in chunks:
         checked_samples(samples)
