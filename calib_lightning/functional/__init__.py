@@ -9,6 +9,7 @@ from calib_lightning.functional.bands import (
     simultaneous_band,
 )
 from calib_lightning.functional.c2st import oracle_c2st
+from calib_lightning.functional.combine import combine_p_values
 from calib_lightning.functional.kccsd import (
     bootstrap_p_value,
     gaussian_base_points,
@@ -81,6 +82,7 @@ __all__ = [
     "ball_counts",
     "band_coverage",
     "bootstrap_p_value",
+    "combine_p_values",
     "compare_to_reference",
     "coverage_error",
     "default_num_bins",
