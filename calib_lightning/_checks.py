@@ -7,12 +7,15 @@ what was received, instead of producing a silently wrong number.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
 
 __all__ = [
+    "as_float",
     "check_choice",
     "check_finite",
     "check_matrix",
@@ -21,6 +24,8 @@ __all__ = [
     "check_positive",
     "check_probability",
     "check_same_device_dtype",
+    "model_dtype",
+    "model_errors",
 ]
 
 
@@ -116,7 +121,12 @@ def check_pairs(theta: Tensor, x: Tensor, *, min_rows: int = 1) -> tuple[Tensor,
     """Check calibration pairs: ``theta`` of shape ``(N, D)`` and ``x`` of shape ``(N, *X)``.
 
     ``x`` may carry any event shape (vectors, images, sequences) as long as its
-    first dimension matches ``theta``'s.
+    first dimension matches ``theta``'s. Integer or boolean ``x`` (counts, labels) is
+    returned cast to ``theta``'s dtype, so every metric sees the same floating ``x``;
+    floating ``x`` must share ``theta``'s dtype. Use the returned pair.
+
+    Returns:
+        ``(theta, x)``, ``x`` floating.
     """
     check_matrix("theta", theta, min_rows=min_rows)
     x = _as_tensor("x", x)
@@ -130,6 +140,8 @@ def check_pairs(theta: Tensor, x: Tensor, *, min_rows: int = 1) -> tuple[Tensor,
             f"x must have the same number of rows as theta ({theta.shape[0]}), "
             f"got shape {tuple(x.shape)}"
         )
+    if not (x.is_floating_point() or x.is_complex()):
+        x = x.to(theta.dtype)
     check_finite("x", x)
     check_same_device_dtype(theta=theta, x=x)
     return theta, x
@@ -156,3 +168,84 @@ def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
     """Raise unless ``value`` is one of ``choices``."""
     if value not in choices:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+def model_dtype(module: object) -> torch.dtype | None:
+    """The floating dtype of a model's first floating parameter (or buffer).
+
+    ``None`` when ``module`` has none (a plain callable, a parameter-free module).
+    """
+    for getter in ("parameters", "buffers"):
+        tensors = getattr(module, getter, None)
+        if not callable(tensors):
+            return None
+        for tensor in tensors():
+            if isinstance(tensor, Tensor) and tensor.is_floating_point():
+                return tensor.dtype
+    return None
+
+
+def as_float(value: Tensor, dtype: torch.dtype | None) -> Tensor:
+    """``value`` in ``dtype``; with ``dtype=None``, integer/bool ``value`` in torch's default
+    floating dtype and floating ``value`` unchanged."""
+    if dtype is None:
+        if value.is_floating_point() or value.is_complex():
+            return value
+        dtype = torch.get_default_dtype()
+    return value.to(dtype)
+
+
+# Messages of the RuntimeErrors torch raises when tensors of the wrong width or dtype
+# meet inside a model ("mat1 and mat2 shapes cannot be multiplied", "The size of tensor
+# a (2) must match ...", "expected scalar type Float but found Double", ...).
+_MISMATCH = re.compile(r"shape|size|must match|dtype|scalar type", re.IGNORECASE)
+_DTYPE = re.compile(r"dtype|scalar type", re.IGNORECASE)
+
+
+def _describe(value: Tensor | None) -> str:
+    return "none" if value is None else f"shape {tuple(value.shape)} and dtype {value.dtype}"
+
+
+@contextmanager
+def model_errors(
+    theta: Tensor | None,
+    x: Tensor,
+    *,
+    dtype: torch.dtype | None = None,
+    context: str | None = None,
+) -> Iterator[None]:
+    """Turn torch's shape and dtype errors from inside a model into a :class:`ValueError`.
+
+    Wrap every call into the wrapped estimator. Only RuntimeErrors whose message is a
+    shape or dtype mismatch are translated (out-of-memory and other errors pass
+    unchanged); the torch error stays attached as ``__cause__``. The caller has
+    already checked what it could know (``theta``'s width against the event size), so
+    a remaining shape mismatch is blamed on ``x``.
+
+    Arguments:
+        theta: the parameters as passed to the model, or ``None`` (sampling).
+        x: the observations as passed to the model.
+        dtype: the model's dtype if known.
+        context: the expected shape of one observation if known, e.g. ``"X = 2"``.
+    """
+    try:
+        yield
+    except RuntimeError as err:
+        message = str(err)
+        if isinstance(err, torch.cuda.OutOfMemoryError) or not _MISMATCH.search(message):
+            raise
+        if _DTYPE.search(message):
+            expected = (
+                f"the model's dtype {dtype}"
+                if dtype is not None
+                else "the dtype of the tensors inside the posterior callable"
+            )
+            raise ValueError(
+                f"x and theta must have {expected}, got x with {_describe(x)} and theta "
+                f"with {_describe(theta)}: the model failed on a dtype mismatch"
+            ) from err
+        expected = context or "the width the model's conditioning network was built for"
+        raise ValueError(
+            f"x must have one observation of {expected} per row, got x with {_describe(x)} "
+            f"(theta: {_describe(theta)}): the model failed on a shape mismatch"
+        ) from err

@@ -12,6 +12,21 @@ Shape convention, identical for every backend:
 * ``to_latent(theta, x)``: the flow's base-space point :math:`z = T^{-1}(\theta; x)`,
   ``(*, N, D)``, standard normal when ``theta ~ q(. | x)``.
 
+Inputs are checked against the model before it runs: ``theta``'s width against the
+event size ``D`` and ``x``'s feature shape against the context the estimator was built
+for, wherever the adapter can read them (zuko MAF/NSF, nflows, sbi; the event shape of
+any returned distribution). A mismatch raises a :class:`ValueError` naming the argument,
+the expected and the received shape; torch's own shape errors from inside the model are
+translated the same way.
+
+Dtypes: the model is evaluated in its own dtype (that of its parameters). ``theta`` and
+``x`` are cast to it, so float64 pairs work with a float32 flow and the reverse; integer
+or boolean ``x`` is cast the same way (to torch's default dtype when the model has no
+parameters). Results come back in the caller's dtype: that of ``theta`` for
+``log_prob``, ``score`` and ``to_latent``, that of ``x`` (floating) for ``sample``, else
+the model's. Metrics thus accumulate in the dtype of the data they are given, with the
+model's precision.
+
 Example:
     >>> import torch
     >>> from torch.distributions import Independent, Normal
@@ -39,7 +54,13 @@ from torch.distributions import (
     TransformedDistribution,
 )
 
-from calib_lightning._checks import check_finite, check_positive
+from calib_lightning._checks import (
+    as_float,
+    check_finite,
+    check_positive,
+    model_dtype,
+    model_errors,
+)
 
 __all__ = [
     "DistributionPosterior",
@@ -47,6 +68,7 @@ __all__ = [
     "Posterior",
     "SbiPosterior",
     "as_posterior",
+    "check_event_size",
 ]
 
 
@@ -76,6 +98,26 @@ def _check_num_samples(num_samples: int) -> int:
     return num_samples
 
 
+def _check_width(theta: Tensor, size: int | None) -> None:
+    if size is not None and theta.shape[-1] != size:
+        raise ValueError(
+            f"theta must have D = {size} columns like the posterior's event shape "
+            f"({size},), got shape {tuple(theta.shape)}"
+        )
+
+
+def _context_fits(x: Tensor, expected: tuple[int, ...]) -> bool:
+    """Whether one observation of ``x (N, *X)`` has the shape ``expected``."""
+    return tuple(x.shape[1:]) == tuple(expected)
+
+
+def _out_dtype(x: Tensor, model: torch.dtype | None) -> torch.dtype:
+    """Dtype of samples: ``x``'s when floating, else the model's (or torch's default)."""
+    if x.is_floating_point():
+        return x.dtype
+    return model or torch.get_default_dtype()
+
+
 class Posterior:
     r"""Base class: a conditional density :math:`q(\theta \mid x)` with a fixed interface.
 
@@ -91,6 +133,44 @@ class Posterior:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({type(self.module).__name__})"
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The model's floating dtype (its parameters'), ``None`` if it has none."""
+        return model_dtype(self.module)
+
+    def event_size(self) -> int | None:
+        """``D``, the width of ``theta``, when known without evaluating the model."""
+        return None
+
+    def context_shape(self) -> tuple[int, ...] | None:
+        """Shape of one observation ``X`` the model was built for, when known."""
+        return None
+
+    def _prepare_x(self, x: Tensor) -> Tensor:
+        """``x`` checked against the context shape and cast to the model's dtype."""
+        x = _check_x(x)
+        expected = self.context_shape()
+        if expected is not None and not _context_fits(x, expected):
+            raise ValueError(
+                f"x must have shape (N, {', '.join(map(str, expected))}) for this "
+                f"posterior's context, got {tuple(x.shape)}"
+            )
+        return as_float(x, self.dtype)
+
+    def _prepare_theta(self, theta: Tensor, x: Tensor, size: int | None = None) -> Tensor:
+        """``theta`` checked against ``N``, the event size (``size`` or :meth:`event_size`)
+        and cast to the model's dtype."""
+        theta = _check_theta(theta, x)
+        if not theta.is_floating_point():
+            raise ValueError(f"theta must have a floating dtype, got {theta.dtype}")
+        _check_width(theta, self.event_size() if size is None else size)
+        return theta.to(self.dtype or theta.dtype)
+
+    def _errors(self, theta: Tensor | None, x: Tensor) -> Any:
+        expected = self.context_shape()
+        context = None if expected is None else f"shape {tuple(expected)}"
+        return model_errors(theta, x, dtype=self.dtype, context=context)
 
     def sample(self, x: Tensor, num_samples: int) -> Tensor:
         """Draw ``num_samples`` parameters per observation: ``(S, N, D)``, no gradient."""
@@ -147,10 +227,19 @@ class DistributionPosterior(Posterior):
             raise ValueError(f"module must be callable x -> Distribution, got {module!r}")
         super().__init__(module)
 
+    def context_shape(self) -> tuple[int, ...] | None:
+        if not hasattr(self, "_context"):
+            self._context = _zuko_context(self.module)
+        return self._context
+
     def distribution(self, x: Tensor) -> Distribution:
-        """The conditional distribution at ``x``, batch shape ``(N,)``, event ``(D,)``."""
-        x = _check_x(x)
-        dist = self.module(x)
+        """The conditional distribution at ``x``, batch shape ``(N,)``, event ``(D,)``.
+
+        ``x`` is checked and cast to the model's dtype first.
+        """
+        x = self._prepare_x(x)
+        with self._errors(None, x):
+            dist = self.module(x)
         if not isinstance(dist, Distribution):
             raise ValueError(
                 "the posterior callable must return a torch.distributions.Distribution, "
@@ -167,32 +256,88 @@ class DistributionPosterior(Posterior):
             )
         return dist
 
-    def sample(self, x: Tensor, num_samples: int) -> Tensor:
+    def _draw(self, x: Tensor, num_samples: int, reparameterized: bool) -> Tensor:
         num_samples = _check_num_samples(num_samples)
+        x = self._prepare_x(x)
+        dist = self.distribution(x)
+        with self._errors(None, x):
+            draw = dist.rsample if reparameterized else dist.sample
+            return draw((num_samples,)).to(_out_dtype(x, self.dtype))
+
+    def sample(self, x: Tensor, num_samples: int) -> Tensor:
         with torch.no_grad():
-            return self.distribution(x).sample((num_samples,))
+            return self._draw(x, num_samples, reparameterized=False)
 
     def rsample(self, x: Tensor, num_samples: int) -> Tensor:
         """Reparameterized samples ``(S, N, D)`` that carry gradients to the parameters."""
-        return self.distribution(x).rsample((_check_num_samples(num_samples),))
+        return self._draw(x, num_samples, reparameterized=True)
 
     def sample_and_log_prob(self, x: Tensor, num_samples: int) -> tuple[Tensor, Tensor]:
         num_samples = _check_num_samples(num_samples)
+        out = _out_dtype(x, self.dtype)
+        x = self._prepare_x(x)
         with torch.no_grad():
             dist = self.distribution(x)
-            joint = getattr(dist, "rsample_and_log_prob", None)
-            if joint is not None:
-                return joint((num_samples,))
-            theta = dist.sample((num_samples,))
-            return theta, dist.log_prob(theta)
+            with self._errors(None, x):
+                joint = getattr(dist, "rsample_and_log_prob", None)
+                if joint is not None:
+                    theta, log_prob = joint((num_samples,))
+                else:
+                    theta = dist.sample((num_samples,))
+                    log_prob = dist.log_prob(theta)
+        return theta.to(out), log_prob.to(out)
+
+    def _evaluate(self, theta: Tensor, x: Tensor, method: Callable[..., Tensor]) -> Tensor:
+        """``method(dist, theta)`` with ``theta`` checked against the event shape and cast
+        to the distribution's dtype; the result in ``theta``'s dtype."""
+        x = self._prepare_x(x)
+        dist = self.distribution(x)
+        inner = self._prepare_theta(theta, x, size=dist.event_shape[-1])
+        inner = inner.to(self.dtype or _distribution_dtype(dist) or inner.dtype)
+        with self._errors(inner, x):
+            return method(dist, inner).to(theta.dtype)
 
     def log_prob(self, theta: Tensor, x: Tensor) -> Tensor:
-        theta = _check_theta(theta, x)
-        return self.distribution(x).log_prob(theta)
+        return self._evaluate(theta, x, lambda dist, value: dist.log_prob(value))
 
     def to_latent(self, theta: Tensor, x: Tensor) -> Tensor:
-        theta = _check_theta(theta, x)
-        return _to_standard_normal(self.distribution(x), theta)
+        return self._evaluate(theta, x, _to_standard_normal)
+
+
+def _distribution_dtype(dist: Distribution) -> torch.dtype | None:
+    """Floating dtype of a distribution's tensors (through wrapped base distributions)."""
+    for attr in ("base_dist", "base"):
+        inner = getattr(dist, attr, None)
+        if isinstance(inner, Distribution):
+            return _distribution_dtype(inner)
+    for value in vars(dist).values():
+        if isinstance(value, Tensor) and value.is_floating_point():
+            return value.dtype
+    return None
+
+
+def _zuko_context(flow: object) -> tuple[int, ...] | None:
+    """Context width of a zuko autoregressive flow (MAF, NSF), read from its hyper-network.
+
+    zuko records no context size, but the first masked layer of each
+    ``MaskedAutoregressiveTransform`` takes ``D + C`` inputs and its last emits
+    ``D * total`` outputs (``total`` parameters per feature). ``None`` for other flows
+    and for unconditional ones.
+    """
+    try:
+        from zuko.flows.autoregressive import MaskedAutoregressiveTransform
+    except ImportError:  # pragma: no cover - zuko is a dependency
+        return None
+    modules = getattr(flow, "modules", None)
+    if not callable(modules):
+        return None
+    for module in modules():
+        if isinstance(module, MaskedAutoregressiveTransform):
+            layers = [m for m in module.hyper.modules() if isinstance(m, torch.nn.Linear)]
+            features = layers[-1].out_features // module.total
+            context = layers[0].in_features - features
+            return (context,) if context > 0 else None
+    return None
 
 
 def _to_standard_normal(dist: Distribution, value: Tensor) -> Tensor:
@@ -241,25 +386,35 @@ class NflowsPosterior(Posterior):
         module: an ``nflows.flows.base.Flow``.
     """
 
-    def _dtype(self, x: Tensor) -> torch.dtype:
-        param = next(iter(self.module.parameters()), None)
-        return param.dtype if param is not None else x.dtype
+    # nflows' Flow exposes its parts only as private attributes (_distribution,
+    # _transform, _embedding_net); they are the only way to read D and the context width.
+    def event_size(self) -> int | None:
+        shape = getattr(getattr(self.module, "_distribution", None), "_shape", None)
+        return int(shape[-1]) if shape is not None and len(shape) == 1 else None
+
+    def context_shape(self) -> tuple[int, ...] | None:
+        if not hasattr(self, "_context"):
+            self._context = _nflows_context(self.module)
+        return self._context
 
     def sample(self, x: Tensor, num_samples: int) -> Tensor:
         num_samples = _check_num_samples(num_samples)
-        x = _check_x(x)
-        with torch.no_grad(), _default_dtype(self._dtype(x)):
-            return self.module.sample(num_samples, context=x).transpose(0, 1)
+        out = _out_dtype(x, self.dtype)
+        x = self._prepare_x(x)
+        with torch.no_grad(), _default_dtype(x.dtype), self._errors(None, x):
+            return self.module.sample(num_samples, context=x).transpose(0, 1).to(out)
 
     def sample_and_log_prob(self, x: Tensor, num_samples: int) -> tuple[Tensor, Tensor]:
         num_samples = _check_num_samples(num_samples)
-        x = _check_x(x)
-        with torch.no_grad(), _default_dtype(self._dtype(x)):
+        out = _out_dtype(x, self.dtype)
+        x = self._prepare_x(x)
+        with torch.no_grad(), _default_dtype(x.dtype), self._errors(None, x):
             theta, log_prob = self.module.sample_and_log_prob(num_samples, context=x)
-        return theta.transpose(0, 1), log_prob.transpose(0, 1)
+        return theta.transpose(0, 1).to(out), log_prob.transpose(0, 1).to(out)
 
     def _flat(self, theta: Tensor, x: Tensor) -> tuple[Tensor, Tensor, torch.Size]:
-        theta = _check_theta(theta, _check_x(x))
+        x = self._prepare_x(x)
+        theta = self._prepare_theta(theta, x)
         lead = theta.shape[:-2]
         reps = lead.numel()
         flat = theta.reshape(-1, theta.shape[-1])
@@ -268,22 +423,48 @@ class NflowsPosterior(Posterior):
 
     def log_prob(self, theta: Tensor, x: Tensor) -> Tensor:
         flat, context, lead = self._flat(theta, x)
-        return self.module.log_prob(flat, context=context).reshape(*lead, x.shape[0])
+        with self._errors(flat, context):
+            log_prob = self.module.log_prob(flat, context=context)
+        return log_prob.reshape(*lead, x.shape[0]).to(theta.dtype)
 
     def to_latent(self, theta: Tensor, x: Tensor) -> Tensor:
         flat, context, lead = self._flat(theta, x)
-        noise = self.module.transform_to_noise(flat, context=context)
         base = self.module._distribution
         name = type(base).__name__
-        if name == "ConditionalDiagonalNormal":
-            mean, log_std = base._compute_params(self.module._embedding_net(context))
-            noise = (noise - mean) * torch.exp(-log_std)
-        elif name != "StandardNormal":
+        if name not in ("StandardNormal", "ConditionalDiagonalNormal"):
             raise ValueError(
                 "to_latent needs an nflows base distribution StandardNormal or "
                 f"ConditionalDiagonalNormal, got {name}"
             )
-        return noise.reshape(*lead, x.shape[0], theta.shape[-1])
+        with self._errors(flat, context):
+            noise = self.module.transform_to_noise(flat, context=context)
+            if name == "ConditionalDiagonalNormal":
+                mean, log_std = base._compute_params(self.module._embedding_net(context))
+                noise = (noise - mean) * torch.exp(-log_std)
+        return noise.reshape(*lead, x.shape[0], theta.shape[-1]).to(theta.dtype)
+
+
+def _nflows_context(flow: object) -> tuple[int, ...] | None:
+    """Context width of an nflows flow without an embedding net, read from its layers.
+
+    nflows' MADE and residual networks take the context through a ``context_layer``
+    (``nn.Linear``) or record ``context_features``. ``None`` when a (non-identity)
+    embedding net sits in front, or when no layer says.
+    """
+    embedding = getattr(flow, "_embedding_net", None)
+    if embedding is not None and not isinstance(embedding, torch.nn.Identity):
+        return None
+    modules = getattr(flow, "modules", None)
+    if not callable(modules):
+        return None
+    for module in modules():
+        features = getattr(module, "context_features", None)
+        if isinstance(features, int) and not isinstance(features, bool):
+            return (features,)
+        layer = getattr(module, "context_layer", None)
+        if isinstance(layer, torch.nn.Linear):
+            return (layer.in_features,)
+    return None
 
 
 class SbiPosterior(Posterior):
@@ -302,24 +483,39 @@ class SbiPosterior(Posterior):
         module: the estimator.
     """
 
+    def event_size(self) -> int | None:
+        shape = getattr(self.module, "input_shape", None)
+        return int(shape[-1]) if shape is not None and len(shape) == 1 else None
+
+    def context_shape(self) -> tuple[int, ...] | None:
+        shape = getattr(self.module, "condition_shape", None)
+        return tuple(int(s) for s in shape) if shape is not None else None
+
     def sample(self, x: Tensor, num_samples: int) -> Tensor:
         num_samples = _check_num_samples(num_samples)
-        with torch.no_grad():
-            return self.module.sample((num_samples,), condition=_check_x(x))
+        out = _out_dtype(x, self.dtype)
+        x = self._prepare_x(x)
+        with torch.no_grad(), self._errors(None, x):
+            return self.module.sample((num_samples,), condition=x).to(out)
 
     # sample_and_log_prob is inherited (sample, then log_prob) on purpose: in sbi 0.27,
     # NFlowsFlow.sample_and_log_prob reshapes nflows' (N, S, D) output to (S, N, D)
     # without transposing, which pairs samples with the wrong conditions.
 
     def log_prob(self, theta: Tensor, x: Tensor) -> Tensor:
-        theta = _check_theta(theta, _check_x(x))
-        lead = theta.shape[:-2]
-        flat = theta.reshape(-1, *theta.shape[-2:])
-        return self.module.log_prob(flat, condition=x).reshape(*lead, x.shape[0])
+        x = self._prepare_x(x)
+        inner = self._prepare_theta(theta, x)
+        lead = inner.shape[:-2]
+        flat = inner.reshape(-1, *inner.shape[-2:])
+        with self._errors(flat, x):
+            log_prob = self.module.log_prob(flat, condition=x)
+        return log_prob.reshape(*lead, x.shape[0]).to(theta.dtype)
 
     def to_latent(self, theta: Tensor, x: Tensor) -> Tensor:
-        theta = _check_theta(theta, _check_x(x))
-        return self.module.inverse_transform(theta, x)
+        x = self._prepare_x(x)
+        inner = self._prepare_theta(theta, x)
+        with self._errors(inner, x):
+            return self.module.inverse_transform(inner, x).to(theta.dtype)
 
 
 def _sbi_estimator(obj: object) -> Any | None:
@@ -367,6 +563,26 @@ def as_posterior(obj: Any) -> Posterior:
         "posterior must be a zuko flow, an nflows Flow, or a callable "
         f"x -> torch.distributions.Distribution, got {type(obj).__name__}"
     )
+
+
+def check_event_size(posterior: Any, theta: Tensor, x: Tensor) -> None:
+    """Raise unless ``theta (N, D)`` has the posterior's event size ``D``.
+
+    For metrics that only sample the posterior (so the adapter never sees ``theta``).
+    ``D`` is read from the model where the adapter knows it, else from the event shape
+    of the distribution at the first observation (zuko flows build it lazily, without a
+    network pass). Tensors of samples and estimators whose ``D`` cannot be read pass.
+    """
+    if isinstance(posterior, Tensor):
+        return
+    post = as_posterior(posterior)
+    size = post.event_size()
+    if size is None and isinstance(post, DistributionPosterior):
+        try:
+            size = post.distribution(x[:1]).event_shape[-1]
+        except (ValueError, RuntimeError):  # the full evaluation reports these
+            size = None
+    _check_width(theta, size)
 
 
 def checked_samples(samples: Tensor, log_prob: Tensor | None = None) -> None:

@@ -72,7 +72,7 @@ from calib_lightning._checks import (
 )
 from calib_lightning._chunks import row_blocks
 from calib_lightning.functional.ranks import _check_counts, rank_histogram
-from calib_lightning.posteriors import Posterior, as_posterior, checked_samples
+from calib_lightning.posteriors import Posterior, as_posterior, check_event_size, checked_samples
 
 __all__ = [
     "DISTANCES",
@@ -366,6 +366,7 @@ def tarp(
         (tensor(0.0010, dtype=torch.float64), tensor(True))
     """
     check_pairs(theta, x, min_rows=2)
+    check_event_size(posterior, theta, x)
     check_choice("distance", distance, DISTANCES)
     check_positive("chunk_size", chunk_size, integer=True)
     n, d = theta.shape

@@ -42,7 +42,12 @@ from calib_lightning.metrics._local_c2st import (
     check_observations,
     fingerprint,
 )
-from calib_lightning.posteriors import Posterior, as_posterior, checked_samples
+from calib_lightning.posteriors import (
+    Posterior,
+    as_posterior,
+    check_event_size,
+    checked_samples,
+)
 
 __all__ = ["LC2ST", "LC2STNF"]
 
@@ -300,6 +305,7 @@ class LC2ST(LocalC2ST):
         theta, x = check_pairs(theta, x)
         flat = self._check_features(x)
         post = as_posterior(posterior)
+        check_event_size(post, theta, x)
         keep = self._room(self.theta, theta.shape[0])
         with torch.no_grad():
             if not self.eval_theta:

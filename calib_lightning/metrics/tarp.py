@@ -23,7 +23,7 @@ from calib_lightning.functional.tarp import (
     tarp_ranks,
     tarp_test,
 )
-from calib_lightning.posteriors import Posterior
+from calib_lightning.posteriors import Posterior, check_event_size
 
 __all__ = ["TARP"]
 
@@ -173,6 +173,7 @@ class TARP(Metric):
     def update(self, posterior: Posterior | object | Tensor, theta: Tensor, x: Tensor) -> None:
         """Add the TARP ranks of the pairs ``theta (N, D)``, ``x (N, *X)``."""
         check_pairs(theta, x)
+        check_event_size(posterior, theta, x)
         n, d = theta.shape
         if self.scale.numel() == 0 or self.low.numel() == 0:
             self._fit(theta)
