@@ -235,6 +235,12 @@ def model_errors(
         if isinstance(err, torch.cuda.OutOfMemoryError) or not _MISMATCH.search(message):
             raise
         if _DTYPE.search(message):
+            if dtype is not None and all(t is None or t.dtype == dtype for t in (theta, x)):
+                raise ValueError(
+                    "the posterior's model must hold its parameters and buffers in one dtype: "
+                    f"x and theta were passed in its parameters' dtype {dtype}, yet it failed "
+                    "on a dtype mismatch"
+                ) from err
             expected = (
                 f"the model's dtype {dtype}"
                 if dtype is not None

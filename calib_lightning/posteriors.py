@@ -258,11 +258,12 @@ class DistributionPosterior(Posterior):
 
     def _draw(self, x: Tensor, num_samples: int, reparameterized: bool) -> Tensor:
         num_samples = _check_num_samples(num_samples)
+        out = _out_dtype(_check_x(x), self.dtype)
         x = self._prepare_x(x)
         dist = self.distribution(x)
         with self._errors(None, x):
             draw = dist.rsample if reparameterized else dist.sample
-            return draw((num_samples,)).to(_out_dtype(x, self.dtype))
+            return draw((num_samples,)).to(out)
 
     def sample(self, x: Tensor, num_samples: int) -> Tensor:
         with torch.no_grad():
@@ -274,7 +275,7 @@ class DistributionPosterior(Posterior):
 
     def sample_and_log_prob(self, x: Tensor, num_samples: int) -> tuple[Tensor, Tensor]:
         num_samples = _check_num_samples(num_samples)
-        out = _out_dtype(x, self.dtype)
+        out = _out_dtype(_check_x(x), self.dtype)
         x = self._prepare_x(x)
         with torch.no_grad():
             dist = self.distribution(x)
@@ -367,6 +368,8 @@ def _to_standard_normal(dist: Distribution, value: Tensor) -> Tensor:
 @contextmanager
 def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
     previous = torch.get_default_dtype()
+    if dtype not in (torch.float32, torch.float64):  # the only defaults torch accepts
+        dtype = previous
     torch.set_default_dtype(dtype)
     try:
         yield
@@ -399,14 +402,14 @@ class NflowsPosterior(Posterior):
 
     def sample(self, x: Tensor, num_samples: int) -> Tensor:
         num_samples = _check_num_samples(num_samples)
-        out = _out_dtype(x, self.dtype)
+        out = _out_dtype(_check_x(x), self.dtype)
         x = self._prepare_x(x)
         with torch.no_grad(), _default_dtype(x.dtype), self._errors(None, x):
             return self.module.sample(num_samples, context=x).transpose(0, 1).to(out)
 
     def sample_and_log_prob(self, x: Tensor, num_samples: int) -> tuple[Tensor, Tensor]:
         num_samples = _check_num_samples(num_samples)
-        out = _out_dtype(x, self.dtype)
+        out = _out_dtype(_check_x(x), self.dtype)
         x = self._prepare_x(x)
         with torch.no_grad(), _default_dtype(x.dtype), self._errors(None, x):
             theta, log_prob = self.module.sample_and_log_prob(num_samples, context=x)
@@ -493,9 +496,10 @@ class SbiPosterior(Posterior):
 
     def sample(self, x: Tensor, num_samples: int) -> Tensor:
         num_samples = _check_num_samples(num_samples)
-        out = _out_dtype(x, self.dtype)
+        out = _out_dtype(_check_x(x), self.dtype)
         x = self._prepare_x(x)
-        with torch.no_grad(), self._errors(None, x):
+        # sbi's nflows estimators draw base noise in torch's default dtype
+        with torch.no_grad(), _default_dtype(x.dtype), self._errors(None, x):
             return self.module.sample((num_samples,), condition=x).to(out)
 
     # sample_and_log_prob is inherited (sample, then log_prob) on purpose: in sbi 0.27,
