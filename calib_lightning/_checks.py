@@ -213,20 +213,22 @@ def model_errors(
     *,
     dtype: torch.dtype | None = None,
     context: str | None = None,
+    event_size: int | None = None,
 ) -> Iterator[None]:
     """Turn torch's shape and dtype errors from inside a model into a :class:`ValueError`.
 
     Wrap every call into the wrapped estimator. Only RuntimeErrors whose message is a
     shape or dtype mismatch are translated (out-of-memory and other errors pass
     unchanged); the torch error stays attached as ``__cause__``. The caller has
-    already checked what it could know (``theta``'s width against the event size), so
-    a remaining shape mismatch is blamed on ``x``.
+    already checked what it could know: with ``theta``'s width checked against
+    ``event_size``, a remaining shape mismatch is blamed on ``x``.
 
     Arguments:
         theta: the parameters as passed to the model, or ``None`` (sampling).
         x: the observations as passed to the model.
         dtype: the model's dtype if known.
-        context: the expected shape of one observation if known, e.g. ``"X = 2"``.
+        context: the expected shape of one observation if known, e.g. ``"shape (2,)"``.
+        event_size: ``D``, which ``theta``'s width was checked against, if known.
     """
     try:
         yield
@@ -249,6 +251,12 @@ def model_errors(
             raise ValueError(
                 f"x and theta must have {expected}, got x with {_describe(x)} and theta "
                 f"with {_describe(theta)}: the model failed on a dtype mismatch"
+            ) from err
+        if theta is not None and event_size is None:
+            raise ValueError(
+                "theta and x must have the widths the model was built for (the adapter "
+                f"cannot read them from it), got theta with {_describe(theta)} and x with "
+                f"{_describe(x)}: the model failed on a shape mismatch"
             ) from err
         expected = context or "the width the model's conditioning network was built for"
         raise ValueError(

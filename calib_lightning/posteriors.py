@@ -167,10 +167,12 @@ class Posterior:
         _check_width(theta, self.event_size() if size is None else size)
         return theta.to(self.dtype or theta.dtype)
 
-    def _errors(self, theta: Tensor | None, x: Tensor) -> Any:
+    def _errors(self, theta: Tensor | None, x: Tensor, size: int | None = None) -> Any:
+        """Translate the model's shape/dtype errors (``size``: the event size checked)."""
         expected = self.context_shape()
         context = None if expected is None else f"shape {tuple(expected)}"
-        return model_errors(theta, x, dtype=self.dtype, context=context)
+        size = self.event_size() if size is None else size
+        return model_errors(theta, x, dtype=self.dtype, context=context, event_size=size)
 
     def sample(self, x: Tensor, num_samples: int) -> Tensor:
         """Draw ``num_samples`` parameters per observation: ``(S, N, D)``, no gradient."""
@@ -202,6 +204,8 @@ class Posterior:
         """
         x = _check_x(x)
         theta = _check_theta(theta, x)
+        if not theta.is_floating_point():
+            raise ValueError(f"theta must have a floating dtype, got {theta.dtype}")
         with torch.enable_grad():
             leaf = theta.detach().requires_grad_(True)
             log_prob = self.log_prob(leaf, x)
@@ -295,7 +299,7 @@ class DistributionPosterior(Posterior):
         dist = self.distribution(x)
         inner = self._prepare_theta(theta, x, size=dist.event_shape[-1])
         inner = inner.to(self.dtype or _distribution_dtype(dist) or inner.dtype)
-        with self._errors(inner, x):
+        with self._errors(inner, x, size=dist.event_shape[-1]):
             return method(dist, inner).to(theta.dtype)
 
     def log_prob(self, theta: Tensor, x: Tensor) -> Tensor:

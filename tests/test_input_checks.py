@@ -16,7 +16,7 @@ from nflows.transforms import MaskedAffineAutoregressiveTransform
 from torch.distributions import Independent, Normal
 
 import calib_lightning as cl
-from calib_lightning._checks import check_pairs
+from calib_lightning._checks import check_pairs, model_errors
 from calib_lightning.posteriors import check_event_size
 
 D, X, N = 3, 2, 24
@@ -200,6 +200,19 @@ def test_a_model_that_mixes_dtypes_is_named():
         cl.as_posterior(model).log_prob(theta, x)
 
 
+def test_shape_errors_blame_theta_and_x_when_the_event_size_is_unknown():
+    theta, x = torch.zeros(4, 2), torch.zeros(4, 3)
+    match = r"theta and x must have the widths .* theta with shape \(4, 2\) and dtype"
+    with pytest.raises(ValueError, match=match), model_errors(theta, x):
+        theta @ torch.zeros(3, 3)
+    match = r"x must have one observation of shape \(5,\) per row, got x with shape \(4, 3\)"
+    with (
+        pytest.raises(ValueError, match=match),
+        model_errors(theta, x, context="shape (5,)", event_size=2),
+    ):
+        theta @ torch.zeros(3, 3)
+
+
 def test_other_runtime_errors_pass_unchanged():
     def broken(x):
         raise RuntimeError("CUDA error: device-side assert triggered")
@@ -210,8 +223,9 @@ def test_other_runtime_errors_pass_unchanged():
 
 def test_integer_theta_is_refused():
     post = cl.as_posterior(zuko_model())
-    with pytest.raises(ValueError, match=r"theta must have a floating dtype, got torch\.int64"):
-        post.log_prob(torch.zeros(N, D, dtype=torch.long), pairs()[1])
+    for method in ("log_prob", "score", "to_latent"):
+        with pytest.raises(ValueError, match=r"theta must have a floating dtype, got torch\.int64"):
+            getattr(post, method)(torch.zeros(N, D, dtype=torch.long), pairs()[1])
 
 
 def test_check_pairs_casts_integer_x_to_theta():
