@@ -40,8 +40,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -60,6 +59,14 @@ from calib_lightning._checks import (
     check_positive,
     model_dtype,
     model_errors,
+)
+from calib_lightning._model_info import (
+    default_dtype,
+    distribution_dtype,
+    is_nflows,
+    nflows_context,
+    sbi_estimator,
+    zuko_context,
 )
 
 __all__ = [
@@ -233,7 +240,7 @@ class DistributionPosterior(Posterior):
 
     def context_shape(self) -> tuple[int, ...] | None:
         if not hasattr(self, "_context"):
-            self._context = _zuko_context(self.module)
+            self._context = zuko_context(self.module)
         return self._context
 
     def distribution(self, x: Tensor) -> Distribution:
@@ -298,7 +305,7 @@ class DistributionPosterior(Posterior):
         x = self._prepare_x(x)
         dist = self.distribution(x)
         inner = self._prepare_theta(theta, x, size=dist.event_shape[-1])
-        inner = inner.to(self.dtype or _distribution_dtype(dist) or inner.dtype)
+        inner = inner.to(self.dtype or distribution_dtype(dist) or inner.dtype)
         with self._errors(inner, x, size=dist.event_shape[-1]):
             return method(dist, inner).to(theta.dtype)
 
@@ -307,42 +314,6 @@ class DistributionPosterior(Posterior):
 
     def to_latent(self, theta: Tensor, x: Tensor) -> Tensor:
         return self._evaluate(theta, x, _to_standard_normal)
-
-
-def _distribution_dtype(dist: Distribution) -> torch.dtype | None:
-    """Floating dtype of a distribution's tensors (through wrapped base distributions)."""
-    for attr in ("base_dist", "base"):
-        inner = getattr(dist, attr, None)
-        if isinstance(inner, Distribution):
-            return _distribution_dtype(inner)
-    for value in vars(dist).values():
-        if isinstance(value, Tensor) and value.is_floating_point():
-            return value.dtype
-    return None
-
-
-def _zuko_context(flow: object) -> tuple[int, ...] | None:
-    """Context width of a zuko autoregressive flow (MAF, NSF), read from its hyper-network.
-
-    zuko records no context size, but the first masked layer of each
-    ``MaskedAutoregressiveTransform`` takes ``D + C`` inputs and its last emits
-    ``D * total`` outputs (``total`` parameters per feature). ``None`` for other flows
-    and for unconditional ones.
-    """
-    try:
-        from zuko.flows.autoregressive import MaskedAutoregressiveTransform
-    except ImportError:  # pragma: no cover - zuko is a dependency
-        return None
-    modules = getattr(flow, "modules", None)
-    if not callable(modules):
-        return None
-    for module in modules():
-        if isinstance(module, MaskedAutoregressiveTransform):
-            layers = [m for m in module.hyper.modules() if isinstance(m, torch.nn.Linear)]
-            features = layers[-1].out_features // module.total
-            context = layers[0].in_features - features
-            return (context,) if context > 0 else None
-    return None
 
 
 def _to_standard_normal(dist: Distribution, value: Tensor) -> Tensor:
@@ -369,18 +340,6 @@ def _to_standard_normal(dist: Distribution, value: Tensor) -> Tensor:
     )
 
 
-@contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    if dtype not in (torch.float32, torch.float64):  # the only defaults torch accepts
-        dtype = previous
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
 class NflowsPosterior(Posterior):
     """Adapter for an ``nflows.flows.Flow`` conditioned on ``x`` through its context.
 
@@ -401,21 +360,21 @@ class NflowsPosterior(Posterior):
 
     def context_shape(self) -> tuple[int, ...] | None:
         if not hasattr(self, "_context"):
-            self._context = _nflows_context(self.module)
+            self._context = nflows_context(self.module)
         return self._context
 
     def sample(self, x: Tensor, num_samples: int) -> Tensor:
         num_samples = _check_num_samples(num_samples)
         out = _out_dtype(_check_x(x), self.dtype)
         x = self._prepare_x(x)
-        with torch.no_grad(), _default_dtype(x.dtype), self._errors(None, x):
+        with torch.no_grad(), default_dtype(x.dtype), self._errors(None, x):
             return self.module.sample(num_samples, context=x).transpose(0, 1).to(out)
 
     def sample_and_log_prob(self, x: Tensor, num_samples: int) -> tuple[Tensor, Tensor]:
         num_samples = _check_num_samples(num_samples)
         out = _out_dtype(_check_x(x), self.dtype)
         x = self._prepare_x(x)
-        with torch.no_grad(), _default_dtype(x.dtype), self._errors(None, x):
+        with torch.no_grad(), default_dtype(x.dtype), self._errors(None, x):
             theta, log_prob = self.module.sample_and_log_prob(num_samples, context=x)
         return theta.transpose(0, 1).to(out), log_prob.transpose(0, 1).to(out)
 
@@ -451,29 +410,6 @@ class NflowsPosterior(Posterior):
         return noise.reshape(*lead, x.shape[0], theta.shape[-1]).to(theta.dtype)
 
 
-def _nflows_context(flow: object) -> tuple[int, ...] | None:
-    """Context width of an nflows flow without an embedding net, read from its layers.
-
-    nflows' MADE and residual networks take the context through a ``context_layer``
-    (``nn.Linear``) or record ``context_features``. ``None`` when a (non-identity)
-    embedding net sits in front, or when no layer says.
-    """
-    embedding = getattr(flow, "_embedding_net", None)
-    if embedding is not None and not isinstance(embedding, torch.nn.Identity):
-        return None
-    modules = getattr(flow, "modules", None)
-    if not callable(modules):
-        return None
-    for module in modules():
-        features = getattr(module, "context_features", None)
-        if isinstance(features, int) and not isinstance(features, bool):
-            return (features,)
-        layer = getattr(module, "context_layer", None)
-        if isinstance(layer, torch.nn.Linear):
-            return (layer.in_features,)
-    return None
-
-
 class SbiPosterior(Posterior):
     """Adapter for an sbi (>= 0.24) ``ConditionalDensityEstimator`` (``ZukoFlow``,
     ``NFlowsFlow``, mixture density networks), or the estimator inside an sbi
@@ -503,7 +439,7 @@ class SbiPosterior(Posterior):
         out = _out_dtype(_check_x(x), self.dtype)
         x = self._prepare_x(x)
         # sbi's nflows estimators draw base noise in torch's default dtype
-        with torch.no_grad(), _default_dtype(x.dtype), self._errors(None, x):
+        with torch.no_grad(), default_dtype(x.dtype), self._errors(None, x):
             return self.module.sample((num_samples,), condition=x).to(out)
 
     # sample_and_log_prob is inherited (sample, then log_prob) on purpose: in sbi 0.27,
@@ -526,26 +462,6 @@ class SbiPosterior(Posterior):
             return self.module.inverse_transform(inner, x).to(theta.dtype)
 
 
-def _sbi_estimator(obj: object) -> Any | None:
-    """The sbi density estimator behind ``obj``, or ``None`` if ``obj`` is not from sbi."""
-    if not type(obj).__module__.startswith("sbi."):
-        return None
-    try:
-        from sbi.neural_nets.estimators.base import ConditionalDensityEstimator
-    except ImportError:  # pragma: no cover - an old sbi
-        return None
-    estimator = getattr(obj, "posterior_estimator", obj)
-    return estimator if isinstance(estimator, ConditionalDensityEstimator) else None
-
-
-def _is_nflows(obj: object) -> bool:
-    try:
-        from nflows.flows.base import Flow
-    except ImportError:  # pragma: no cover - nflows is a dependency
-        return False
-    return isinstance(obj, Flow)
-
-
 def as_posterior(obj: Any) -> Posterior:
     """Wrap a conditional density estimator in the package's :class:`Posterior` interface.
 
@@ -560,10 +476,10 @@ def as_posterior(obj: Any) -> Posterior:
     """
     if isinstance(obj, Posterior):
         return obj
-    estimator = _sbi_estimator(obj)
+    estimator = sbi_estimator(obj)
     if estimator is not None:
         return SbiPosterior(estimator)
-    if _is_nflows(obj):
+    if is_nflows(obj):
         return NflowsPosterior(obj)
     if callable(obj):
         return DistributionPosterior(obj)
