@@ -17,7 +17,12 @@ from calib_lightning._checks import (
     check_pairs,
     check_positive,
 )
-from calib_lightning.functional.kccsd import kccsd_test, posterior_scores
+from calib_lightning._moments import merge_moments, moments
+from calib_lightning.functional.kccsd import (
+    base_points_from_moments,
+    kccsd_test,
+    posterior_scores,
+)
 from calib_lightning.kernels import DISTRIBUTION_KERNELS, KERNELS
 from calib_lightning.posteriors import Posterior
 
@@ -134,21 +139,15 @@ class KCCSD(Metric):
     # -- base measure -------------------------------------------------------------
     def _fit_base_points(self, theta: Tensor) -> None:
         """Draw base points from a Gaussian fitted to ``theta`` (pooled over processes)."""
-        theta = theta.detach()
-        stats = torch.cat(
-            [theta.new_tensor([theta.shape[0]]), theta.sum(0), (theta**2).sum(0)]
-        ).double()
+        state = moments(theta)
         if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(stats, group=self.process_group)
-        d = theta.shape[1]
-        count, total, total_sq = stats[0], stats[1 : 1 + d], stats[1 + d :]
-        mean = total / count
-        var = (total_sq - count * mean**2) / (count - 1).clamp_min(1.0)
-        std = var.clamp_min(0.0).sqrt()
-        std = torch.where(std > 0, std, torch.ones_like(std))
+            states = torch.zeros(dist.get_world_size(self.process_group), *state.shape,
+                                 dtype=state.dtype)
+            dist.all_gather(list(states.unbind(0)), state, group=self.process_group)
+            state = merge_moments(states)
         generator = torch.Generator().manual_seed(self.seed)
-        eps = torch.randn(self.num_base_points, d, generator=generator, dtype=torch.float64)
-        self.base_points = (mean + std * eps).to(theta.dtype)
+        points = base_points_from_moments(state, self.num_base_points, generator)
+        self.base_points = points.to(theta.dtype)
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
         key = prefix + "base_points"

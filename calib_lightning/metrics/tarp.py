@@ -15,10 +15,12 @@ from calib_lightning._checks import (
     check_positive,
     check_probability,
 )
+from calib_lightning._moments import merge_moments, moments
 from calib_lightning.functional.tarp import (
     DISTANCES,
     _check_scale,
     _sample_chunks,
+    _std_from_moments,
     tarp_counts,
     tarp_ranks,
     tarp_test,
@@ -135,23 +137,23 @@ class TARP(Metric):
     def _fit(self, theta: Tensor) -> None:
         """Fit the scale and the reference box on ``theta``, pooled over processes."""
         theta = theta.detach().double()
-        d = theta.shape[1]
-        sums = torch.cat([theta.new_tensor([theta.shape[0]]), theta.sum(0), (theta**2).sum(0)])
+        state = moments(theta)
         low, high = theta.amin(0), theta.amax(0)
         if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(sums, group=self.process_group)
+            states = torch.zeros(dist.get_world_size(self.process_group), *state.shape,
+                                 dtype=state.dtype)
+            dist.all_gather(list(states.unbind(0)), state, group=self.process_group)
+            state = merge_moments(states)
             dist.all_reduce(low, op=dist.ReduceOp.MIN, group=self.process_group)
             dist.all_reduce(high, op=dist.ReduceOp.MAX, group=self.process_group)
-        count, total, total_sq = sums[0], sums[1 : 1 + d], sums[1 + d :]
+        count = state[0]
         if self.scale.numel() == 0:
             if count < 2:
                 raise ValueError(
                     "TARP fits its scale on the first update and needs N >= 2 pairs there, "
                     f"got N = {int(count)}; pass scale= to fit nothing"
                 )
-            var = ((total_sq - total**2 / count) / (count - 1)).clamp_min(0.0)
-            std = var.sqrt()
-            self.scale = torch.where(std > 0, std, torch.ones_like(std)).to(self.counts.device)
+            self.scale = _std_from_moments(state).to(self.counts.device)
         if self.low.numel() == 0:
             self.low, self.high = low.to(self.counts.device), high.to(self.counts.device)
 
