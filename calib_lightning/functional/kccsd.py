@@ -35,7 +35,7 @@ from calib_lightning._checks import (
     check_same_device_dtype,
 )
 from calib_lightning._chunks import row_blocks
-from calib_lightning._moments import moments, variance_from_moments
+from calib_lightning._moments import moments, split_moments
 from calib_lightning.kernels import (
     DISTRIBUTION_KERNELS,
     KERNELS,
@@ -95,7 +95,8 @@ def base_points_from_moments(
 ) -> Tensor:
     r"""Base points :math:`z_k = \bar\theta + s_\theta \varepsilon_k`,
     :math:`\varepsilon_k \sim N(0, I)`, from a diagonal moment state ``(1 + 2 D,)`` of the
-    calibration parameters (:mod:`calib_lightning._moments`); zero deviations become 1.
+    calibration parameters (:mod:`calib_lightning._moments`); zero deviations (also of
+    a single point) become 1.
 
     The normal draws are made in ``dtype`` (on the CPU, with ``generator``).
 
@@ -103,8 +104,8 @@ def base_points_from_moments(
         ``(m, D)`` in float64 on the state's device.
     """
     check_positive("num_points", num_points, integer=True)
-    mean, var = variance_from_moments(state)
-    std = var.clamp_min(0.0).sqrt()
+    count, mean, m2 = split_moments(state)
+    std = (m2 / (count - 1.0).clamp_min(1.0).unsqueeze(-1)).clamp_min(0.0).sqrt()
     std = torch.where(std > 0, std, torch.ones_like(std))
     eps = torch.randn(num_points, mean.shape[-1], generator=generator, dtype=dtype)
     return mean + std * eps.to(mean)
