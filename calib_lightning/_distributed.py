@@ -1,4 +1,5 @@
-"""Gathering ``cat`` list states when some processes have no data.
+"""Gathering ``cat`` list states when some processes have no data, in an order that
+does not depend on how the rows were split.
 
 torchmetrics replaces an empty list state by a 1-D empty tensor of the metric's dtype
 before gathering; when the other processes hold ``(n, D)`` float64 tensors the shapes
@@ -16,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torchmetrics import Metric
 
-__all__ = ["gather_rows", "shape_empty_list_states"]
+__all__ = ["canonical_order", "gather_rows", "shape_empty_list_states"]
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
            torch.int32, torch.bool)
@@ -70,3 +71,12 @@ def _collective_device(group: Any) -> torch.device:
     if backend == "nccl" and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def canonical_order(theta: torch.Tensor) -> torch.Tensor:
+    """Row order sorting ``theta`` lexicographically (stable), independent of arrival order."""
+    order = torch.arange(theta.shape[0], device=theta.device)
+    for column in reversed(range(theta.shape[1])):
+        key = theta[order, column]
+        order = order[torch.sort(key, stable=True).indices]
+    return order

@@ -17,7 +17,11 @@ from calib_lightning._checks import (
     check_pairs,
     check_positive,
 )
-from calib_lightning._distributed import gather_rows, shape_empty_list_states
+from calib_lightning._distributed import (
+    canonical_order,
+    gather_rows,
+    shape_empty_list_states,
+)
 from calib_lightning._moments import moments
 from calib_lightning.functional.kccsd import (
     _base_scores,
@@ -158,7 +162,7 @@ class KCCSD(Metric):
         """Base points ``(m, D)`` drawn from a Gaussian fitted to ``theta`` (centred
         moments, rows in canonical order so that the result does not depend on how the
         rows arrived); no communication."""
-        state = moments(theta[_canonical_order(theta)])
+        state = moments(theta[canonical_order(theta)])
         generator = torch.Generator().manual_seed(self.seed)
         points = base_points_from_moments(state, self.num_base_points, generator)
         return points.to(device=theta.device, dtype=theta.dtype)
@@ -286,7 +290,7 @@ class KCCSD(Metric):
         base_scores = None
         if self.distribution_kernel is not None:
             base_scores = torch.cat([p[2] for p in parts])
-        order = _canonical_order(theta)
+        order = canonical_order(theta)
         theta, score = theta[order], score[order]
         if base_scores is not None:
             base_scores = base_scores[order]
@@ -323,12 +327,3 @@ def _rows(state: list[Tensor] | Tensor) -> Tensor | None:
     if isinstance(state, list):
         return dim_zero_cat(state) if state else None
     return state if state.numel() else None
-
-
-def _canonical_order(theta: Tensor) -> Tensor:
-    """Row order sorting ``theta`` lexicographically (stable), independent of arrival order."""
-    order = torch.arange(theta.shape[0], device=theta.device)
-    for column in reversed(range(theta.shape[1])):
-        key = theta[order, column]
-        order = order[torch.sort(key, stable=True).indices]
-    return order
