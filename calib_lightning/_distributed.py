@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torchmetrics import Metric
 
-__all__ = ["canonical_order", "gather_rows", "shape_empty_list_states"]
+__all__ = ["canonical_order", "gather_rows", "max_over_processes", "shape_empty_list_states"]
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
            torch.int32, torch.bool)
@@ -56,6 +56,14 @@ def shape_empty_list_states(metric: Metric, names: tuple[str, ...], group: Any =
         ndim, dtype = int(present[0][1]), _DTYPES[int(present[0][2])]
         trailing = [int(s) for s in present[0][3 : 3 + ndim - 1]]
         setattr(metric, name, [torch.zeros(0, *trailing, dtype=dtype, device=metric.device)])
+
+
+def max_over_processes(value: int, group: Any = None) -> int:
+    """The largest ``value`` over all processes (every process calls it)."""
+    device = _collective_device(group)
+    values = torch.tensor([value], dtype=torch.long, device=device)
+    dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group)
+    return int(values.item())
 
 
 def gather_rows(local: torch.Tensor, group: Any = None) -> torch.Tensor:

@@ -7,8 +7,10 @@ from typing import Any
 import torch
 from torch import Tensor
 from torchmetrics import Metric
+from torchmetrics.utilities.distributed import gather_all_tensors
 
 from calib_lightning._checks import check_pairs, check_positive, check_probability
+from calib_lightning._distributed import max_over_processes
 from calib_lightning._moments import (
     merge_moments,
     moment_state_size,
@@ -62,8 +64,9 @@ class RankCalibration(Metric):
 
     Arguments:
         num_posterior_samples: ``M >= 2`` draws per pair.
-        num_dims: ``D``; if given, states are allocated at construction (needed under
-            DDP when a process may see no data); otherwise at the first update.
+        num_dims: ``D``; if given, states are allocated at construction; otherwise at
+            the first update (under DDP a process that saw no data takes the others'
+            ``D`` when the states are synced).
         alpha: level of the bands and of ``outside_band``.
         num_bins: chi-square bins; default ``min(M + 1, 20, max(2, N // 5))``.
         num_ecdf_points: levels ``K`` of the ECDF curves (at most ``M``).
@@ -168,6 +171,15 @@ class RankCalibration(Metric):
             elif local_empty:
                 setattr(self, attr, torch.zeros_like(other))
         super()._reduce_states(incoming)
+
+    def _sync_dist(self, dist_sync_fn: Any = gather_all_tensors, process_group: Any = None) -> None:
+        # a process that saw no data (and got no num_dims) allocates zero states of the
+        # others' D first, so that every process gathers tensors of one shape
+        group = process_group or self.process_group
+        d = max_over_processes(self.theta_moments.shape[0] // 3, group)  # L = 1 + 3 D
+        if d and self.histogram.numel() == 0:
+            self._allocate(d)
+        super()._sync_dist(dist_sync_fn, process_group)
 
     def update(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> None:
         """Rank the true parameters ``theta (N, D)`` among posterior draws at ``x (N, *X)``."""
