@@ -48,7 +48,19 @@ _IMQ_BETA = -0.5  # IMQ kernel (1 + q / l^2)^beta (Gorham and Mackey, 2017)
 
 def sq_distances(a: Tensor, b: Tensor) -> Tensor:
     r"""Squared Euclidean distances :math:`\|a_i - b_j\|^2`: ``(*, N, F)``, ``(*, M, F)`` ->
-    ``(*, N, M)``, as :math:`|a|^2 + |b|^2 - 2 a b^\top`, clamped at zero."""
+    ``(*, N, M)``.
+
+    Computed with one matmul as :math:`|a|^2 + |b|^2 - 2 a b^\top` after subtracting
+    the (detached) mean :math:`c` of all ``N + M`` points from both sets. The distances
+    are translation invariant, and centring keeps the three terms of the size of the
+    spread of the points instead of their offset: without it, float32 points at
+    offset 100 and spread 1 lose about 4 of their 7 digits to cancellation. The result
+    is clamped at zero. This is the one place in the package where pairwise squared
+    distances are formed this way.
+    """
+    count = a.shape[-2] + b.shape[-2]
+    center = (a.detach().sum(-2, keepdim=True) + b.detach().sum(-2, keepdim=True)) / max(count, 1)
+    a, b = a - center, b - center
     a_sq = (a * a).sum(-1)
     b_sq = (b * b).sum(-1)
     d2 = a_sq.unsqueeze(-1) + b_sq.unsqueeze(-2) - 2.0 * (a @ b.transpose(-1, -2))

@@ -240,7 +240,12 @@ def test_metric_many_small_updates_equal_one_big_update():
     many = cl.KCCSD()
     for start in range(0, 120, 25):
         many.update(model, theta[start : start + 25], x[start : start + 25])
-    # the base measure is fitted on the first batch, so fix it to compare exactly
+    # the base measure is fitted in compute on all the pairs (in a canonical order), so
+    # the split into updates does not change it nor the result
+    first, second = one.compute(), many.compute()
+    assert torch.equal(one.base_points, many.base_points)
+    for key in ("statistic", "p_value", "bandwidth", "distribution_bandwidth"):
+        torch.testing.assert_close(first[key], second[key])
     many_fixed, one_fixed = (
         cl.KCCSD(base_points=one.base_points),
         cl.KCCSD(base_points=one.base_points),
@@ -278,21 +283,14 @@ def test_metric_two_process_ddp_equals_one_process():
         return metric.compute()
 
     results = run_distributed(rank_fn, world_size=2)
-    # under DDP the base measure is fitted on the pooled first batches of both ranks;
-    # the one-process reference is given the same base points
-    reference = cl.KCCSD(distribution_kernel="kgfd", base_points=_pooled_base(theta))
+    # the base measure is fitted in compute on the pairs of all ranks, in a canonical
+    # order: the one-process reference fits the same base points
+    reference = cl.KCCSD(distribution_kernel="kgfd")
     reference.update(model, theta, x)
     expected = reference.compute()
     for result in results:
         for key in ("statistic", "p_value", "num_samples"):
             torch.testing.assert_close(result[key], expected[key])
-
-
-def _pooled_base(theta):
-    """The base points a KCCSD fits from the union of both ranks' first batches."""
-    metric = cl.KCCSD(distribution_kernel="kgfd")
-    metric._fit_base_points(torch.cat([theta[0::2][:50], theta[1::2][:50]]))
-    return metric.base_points
 
 
 def test_forward_returns_a_differentiable_batch_statistic_and_accumulates():
@@ -309,7 +307,10 @@ def test_forward_returns_a_differentiable_batch_statistic_and_accumulates():
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in module.parameters())
     metric(module, theta[20:], x[20:])
     assert int(metric.compute()["num_samples"]) == 40
-    assert not metric.theta[0].requires_grad  # stored states hold no graph
+    # stored states hold no graph (the pairs wait for the base points fitted in compute)
+    stored = [*metric.theta, *metric.score, *metric.pending_theta, *metric.pending_score]
+    assert len(stored) == 4
+    assert not any(t.requires_grad for t in stored)
     with torch.no_grad():
         assert not metric(module, theta[:5], x[:5])["statistic"].requires_grad
 

@@ -35,6 +35,7 @@ from calib_lightning._checks import (
     check_same_device_dtype,
 )
 from calib_lightning._chunks import row_blocks
+from calib_lightning._moments import moments, split_moments
 from calib_lightning.kernels import (
     DISTRIBUTION_KERNELS,
     KERNELS,
@@ -49,6 +50,7 @@ from calib_lightning.kernels import (
 from calib_lightning.posteriors import Posterior, as_posterior
 
 __all__ = [
+    "base_points_from_moments",
     "bootstrap_p_value",
     "gaussian_base_points",
     "kccsd",
@@ -81,11 +83,32 @@ def gaussian_base_points(
     """
     check_matrix("theta", theta, min_rows=2)
     check_positive("num_points", num_points, integer=True)
-    theta = theta.detach()
-    mean, std = theta.mean(0), theta.std(0)
+    points = base_points_from_moments(moments(theta), num_points, generator, theta.dtype)
+    return points.to(theta)
+
+
+def base_points_from_moments(
+    state: Tensor,
+    num_points: int,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> Tensor:
+    r"""Base points :math:`z_k = \bar\theta + s_\theta \varepsilon_k`,
+    :math:`\varepsilon_k \sim N(0, I)`, from a diagonal moment state ``(1 + 2 D,)`` of the
+    calibration parameters (:mod:`calib_lightning._moments`); zero deviations (also of
+    a single point) become 1.
+
+    The normal draws are made in ``dtype`` (on the CPU, with ``generator``).
+
+    Returns:
+        ``(m, D)`` in float64 on the state's device.
+    """
+    check_positive("num_points", num_points, integer=True)
+    count, mean, m2 = split_moments(state)
+    std = (m2 / (count - 1.0).clamp_min(1.0).unsqueeze(-1)).clamp_min(0.0).sqrt()
     std = torch.where(std > 0, std, torch.ones_like(std))
-    eps = torch.randn(num_points, theta.shape[1], generator=generator, dtype=theta.dtype)
-    return mean + std * eps.to(theta.device)
+    eps = torch.randn(num_points, mean.shape[-1], generator=generator, dtype=dtype)
+    return mean + std * eps.to(mean)
 
 
 def posterior_scores(

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from calib_lightning._checks import check_points, check_positive, check_same_device_dtype
 from calib_lightning._chunks import row_blocks
+from calib_lightning._moments import moments, variance_from_moments
 from calib_lightning.kernels import exponentiated, median_bandwidth, sq_distances
 
 __all__ = [
@@ -164,13 +165,9 @@ def mmd(
 # -- Frechet distance -----------------------------------------------------------------
 def gaussian_moments(points: Tensor) -> tuple[Tensor, Tensor]:
     """Mean ``(*, D)`` and unbiased covariance ``(*, D, D)`` of ``points`` ``(*, n, D)``,
-    in float64."""
+    in float64, from centred moments (:mod:`calib_lightning._moments`)."""
     check_points("points", points, min_rows=2)
-    points = points.double()
-    mean = points.mean(-2)
-    centered = points - mean.unsqueeze(-2)
-    cov = centered.transpose(-1, -2) @ centered / (points.shape[-2] - 1)
-    return mean, cov
+    return variance_from_moments(moments(points, covariance=True), covariance=True)
 
 
 def _sqrt_psd(matrix: Tensor) -> Tensor:
@@ -258,7 +255,6 @@ def knn_sq_radii(reference: Tensor, k: int = 5, block_size: int = 1024) -> Tenso
     check_positive("k", k, integer=True)
     check_points("reference", reference, min_rows=k + 1)
     check_positive("block_size", block_size, integer=True)
-    reference = reference - reference.mean(-2, keepdim=True)
     m = reference.shape[-2]
     radii = []
     for rows in row_blocks(m, block_size):
@@ -289,8 +285,6 @@ def ball_counts(
             f"samples (*, n, D), reference (*, m, D) and sq_radii (*, m) must match, got "
             f"{tuple(samples.shape)}, {tuple(reference.shape)} and {tuple(sq_radii.shape)}"
         )
-    center = reference.mean(-2, keepdim=True)
-    samples, reference = samples - center, reference - center
     counts = torch.zeros(sq_radii.shape, dtype=torch.long, device=sq_radii.device)
     for rows in row_blocks(samples.shape[-2], block_size):
         sq = sq_distances(samples[..., rows, :], reference)
@@ -388,7 +382,6 @@ def vendi_score(samples: Tensor, bandwidth: float | Tensor, *, q: float = 1.0) -
         raise ValueError(f"q must be a number in [0, inf], got {q!r}")
     n = samples.shape[-2]
     points = samples.detach().double()
-    points = points - points.mean(-2, keepdim=True)
     bandwidth = torch.as_tensor(bandwidth, dtype=torch.float64, device=points.device)
     gram = exponentiated(sq_distances(points, points), bandwidth)
     values = torch.linalg.eigvalsh(gram / n)

@@ -6,10 +6,10 @@ import warnings
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
+from torchmetrics.utilities.distributed import gather_all_tensors
 
 from calib_lightning._checks import (
     check_choice,
@@ -17,9 +17,20 @@ from calib_lightning._checks import (
     check_pairs,
     check_positive,
 )
-from calib_lightning.functional.kccsd import kccsd_test, posterior_scores
+from calib_lightning._distributed import (
+    canonical_order,
+    gather_rows,
+    shape_empty_list_states,
+)
+from calib_lightning._moments import moments
+from calib_lightning.functional.kccsd import (
+    _base_scores,
+    base_points_from_moments,
+    kccsd_test,
+    posterior_scores,
+)
 from calib_lightning.kernels import DISTRIBUTION_KERNELS, KERNELS
-from calib_lightning.posteriors import Posterior
+from calib_lightning.posteriors import Posterior, as_posterior
 
 __all__ = ["KCCSD"]
 
@@ -37,9 +48,16 @@ class KCCSD(Metric):
 
     Memory: each process keeps at most ``max_samples`` pairs, i.e.
     ``max_samples * (m + 2) * D`` numbers; further pairs are ignored with a warning.
-    ``compute`` needs ``O(block_size^2 + n * num_bootstrap)`` memory, not
-    ``O(n^2)``. Under DDP the pairs of all processes are gathered and put in a
+    Until the base points are fitted (see ``base_points``), a pair's scores at them
+    cannot be evaluated, so ``update`` also keeps a reference to the pair's ``x`` and
+    to the posterior (``max_samples * X`` more numbers at most) and ``compute``
+    evaluates them. ``compute`` needs ``O(block_size^2 + n * num_bootstrap)`` memory,
+    not ``O(n^2)``. Under DDP the pairs of all processes are gathered and put in a
     canonical order, so the result does not depend on how the data was split.
+
+    DDP: ``update`` makes no collective call, so a process that receives no batch
+    cannot stall the others; all communication happens in ``compute``, which every
+    process calls.
 
     Arguments:
         kernel: ``"rbf"`` or ``"imq"`` kernel on parameters.
@@ -49,9 +67,12 @@ class KCCSD(Metric):
         distribution_bandwidth: bandwidth of the kernel between models; ``None``: median
             heuristic.
         base_points: ``(m, D)`` tensor fixed by the user, an int ``m``, or ``None``
-            (32). Drawn points come from a Gaussian fitted to the thetas of the first
-            ``update`` (pooled over processes), so the base measure covers the data
-            in its own units.
+            (32). Drawn points come from a Gaussian fitted, in the first ``compute``,
+            to all the thetas of the updates before it (pooled over processes, in a
+            canonical order), so the base measure covers the data in its own units;
+            they are then kept (also across ``reset`` and in the ``state_dict``). The
+            scores of the pairs of those first updates at the base points are
+            evaluated in that ``compute``, with the posterior each was given.
         num_bootstrap: wild-bootstrap draws ``B``.
         max_samples: the per-process bound on stored pairs.
         seed: seeds the base points and the bootstrap multipliers.
@@ -127,28 +148,24 @@ class KCCSD(Metric):
         self.add_state("theta", default=[], dist_reduce_fx="cat")
         self.add_state("score", default=[], dist_reduce_fx="cat")
         self.add_state("base_scores", default=[], dist_reduce_fx="cat")
+        # pairs updated before the base points were fitted: scores at the base points
+        # pending, evaluated in compute from (posterior, x) kept on this process
+        self.add_state("pending_theta", default=[], dist_reduce_fx="cat")
+        self.add_state("pending_score", default=[], dist_reduce_fx="cat")
+        self._pending: list[tuple[Posterior | object, Tensor]] = []
         self._warned = False
         self._forward_grad: bool | None = None  # set while forward() runs update()
-        self._last_batch: tuple[Tensor, Tensor, Tensor | None] | None = None
+        self._last_batch: tuple[Tensor, Tensor, Tensor | None, Tensor | None] | None = None
 
     # -- base measure -------------------------------------------------------------
-    def _fit_base_points(self, theta: Tensor) -> None:
-        """Draw base points from a Gaussian fitted to ``theta`` (pooled over processes)."""
-        theta = theta.detach()
-        stats = torch.cat(
-            [theta.new_tensor([theta.shape[0]]), theta.sum(0), (theta**2).sum(0)]
-        ).double()
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(stats, group=self.process_group)
-        d = theta.shape[1]
-        count, total, total_sq = stats[0], stats[1 : 1 + d], stats[1 + d :]
-        mean = total / count
-        var = (total_sq - count * mean**2) / (count - 1).clamp_min(1.0)
-        std = var.clamp_min(0.0).sqrt()
-        std = torch.where(std > 0, std, torch.ones_like(std))
+    def _base_points_for(self, theta: Tensor) -> Tensor:
+        """Base points ``(m, D)`` drawn from a Gaussian fitted to ``theta`` (centred
+        moments, rows in canonical order so that the result does not depend on how the
+        rows arrived); no communication."""
+        state = moments(theta[canonical_order(theta)])
         generator = torch.Generator().manual_seed(self.seed)
-        eps = torch.randn(self.num_base_points, d, generator=generator, dtype=torch.float64)
-        self.base_points = (mean + std * eps).to(theta.dtype)
+        points = base_points_from_moments(state, self.num_base_points, generator)
+        return points.to(device=theta.device, dtype=theta.dtype)
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
         key = prefix + "base_points"
@@ -161,9 +178,8 @@ class KCCSD(Metric):
         """Score the posterior at the calibration pairs ``theta (N, D)``, ``x (N, *X)``."""
         check_pairs(theta, x)
         base = None
-        if self.distribution_kernel is not None:
-            if self.base_points.numel() == 0:
-                self._fit_base_points(theta)
+        fitted = self.base_points.numel() > 0
+        if self.distribution_kernel is not None and fitted:
             if self.base_points.shape[1] != theta.shape[1]:
                 raise ValueError(
                     f"theta must have D = {self.base_points.shape[1]} columns like base_points, "
@@ -176,8 +192,16 @@ class KCCSD(Metric):
             chunk_size=self.score_chunk_size,
         )  # fmt: skip
         if self._forward_grad is not None:
-            self._last_batch = (theta, score, base_scores)
-        room = self.max_samples - sum(t.shape[0] for t in self.theta)
+            if self.distribution_kernel is not None and not fitted:
+                # the batch's own test: base points fitted to the batch, not stored
+                batch_base = self._base_points_for(theta.detach())
+                base_scores = _base_scores(as_posterior(posterior), x, batch_base,
+                                           bool(self._forward_grad), self.score_chunk_size)
+                self._last_batch = (theta, score, base_scores, batch_base)
+            else:
+                self._last_batch = (theta, score, base_scores, None)
+        stored = sum(t.shape[0] for t in (*self.theta, *self.pending_theta))
+        room = self.max_samples - stored
         if room < theta.shape[0] and not self._warned:
             warnings.warn(
                 f"KCCSD keeps at most max_samples={self.max_samples} pairs per process; "
@@ -188,6 +212,11 @@ class KCCSD(Metric):
         if room <= 0:
             return
         keep = slice(0, room)
+        if self.distribution_kernel is not None and not fitted:
+            self.pending_theta.append(theta[keep].detach())
+            self.pending_score.append(score[keep].detach())
+            self._pending.append((posterior, x[keep].detach()))
+            return
         self.theta.append(theta[keep].detach())
         self.score.append(score[keep].detach())
         if base_scores is not None:
@@ -195,15 +224,28 @@ class KCCSD(Metric):
 
     def reset(self) -> None:
         super().reset()
+        self._pending = []
         self._warned = False
 
+    def _sync_dist(self, dist_sync_fn: Any = gather_all_tensors, process_group: Any = None) -> None:
+        # a process without data must gather (0, *trailing) tensors of the right dtype
+        shape_empty_list_states(self, _LIST_STATES, process_group or self.process_group)
+        super()._sync_dist(dist_sync_fn, process_group)
+
     def _test(
-        self, theta: Tensor, score: Tensor, base_scores: Tensor | None
+        self,
+        theta: Tensor,
+        score: Tensor,
+        base_scores: Tensor | None,
+        base: Tensor | None = None,
     ) -> dict[str, Tensor]:
         n = theta.shape[0]
         if n < 2:
             raise ValueError(f"KCCSD needs at least N >= 2 calibration pairs, got N = {n}")
-        base = self.base_points if base_scores is not None else None
+        if base_scores is None:
+            base = None
+        elif base is None:
+            base = self.base_points
         if base is not None:
             base = base.to(device=theta.device, dtype=theta.dtype)
         out = kccsd_test(
@@ -218,17 +260,48 @@ class KCCSD(Metric):
         out["num_samples"] = torch.tensor(n, device=theta.device)
         return out
 
+    def _pending_pairs(self) -> tuple[Tensor, Tensor, Tensor] | None:
+        """``(theta, score, base_scores)`` of the pairs updated before the base points were
+        fitted (all processes' when synced); fits the base points on their ``theta`` if
+        needed. Every process runs the same collectives here."""
+        theta = _rows(self.pending_theta)
+        if theta is None:
+            return None
+        if self.base_points.numel() == 0:
+            self.base_points = self._base_points_for(theta)
+        base = self.base_points.to(device=theta.device, dtype=theta.dtype)
+        local = [
+            _base_scores(as_posterior(posterior), x, base, False, self.score_chunk_size)
+            for posterior, x in self._pending
+        ]
+        base_scores = (torch.cat(local) if local
+                       else theta.new_zeros(0, *base.shape))  # fmt: skip
+        if self._is_synced:  # the states were gathered: gather these in the same rank order
+            base_scores = gather_rows(base_scores.to(theta), self.process_group)
+        return theta, _rows(self.pending_score), base_scores.to(theta)
+
     def compute(self) -> dict[str, Tensor]:
         """Statistic, p-value, bandwidths and the number of pairs used."""
-        if isinstance(self.theta, list) and not self.theta:
+        parts = [p for p in (self._pending_pairs(), self._scored_pairs()) if p is not None]
+        if not parts:
             raise ValueError("KCCSD.compute() needs at least one update, got none")
-        theta, score = dim_zero_cat(self.theta), dim_zero_cat(self.score)
-        base_scores = dim_zero_cat(self.base_scores) if self.distribution_kernel else None
-        order = _canonical_order(theta)
+        theta = torch.cat([p[0] for p in parts])
+        score = torch.cat([p[1] for p in parts])
+        base_scores = None
+        if self.distribution_kernel is not None:
+            base_scores = torch.cat([p[2] for p in parts])
+        order = canonical_order(theta)
         theta, score = theta[order], score[order]
         if base_scores is not None:
             base_scores = base_scores[order]
         return self._test(theta, score, base_scores)
+
+    def _scored_pairs(self) -> tuple[Tensor, Tensor, Tensor | None] | None:
+        theta = _rows(self.theta)
+        if theta is None:
+            return None
+        base_scores = _rows(self.base_scores) if self.distribution_kernel else None
+        return theta, _rows(self.score), base_scores
 
     def forward(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> dict[str, Tensor]:
         """Accumulate the batch and return its own test, with the statistic's graph kept."""
@@ -246,10 +319,11 @@ class KCCSD(Metric):
         return self._forward_cache
 
 
-def _canonical_order(theta: Tensor) -> Tensor:
-    """Row order sorting ``theta`` lexicographically (stable), independent of arrival order."""
-    order = torch.arange(theta.shape[0], device=theta.device)
-    for column in reversed(range(theta.shape[1])):
-        key = theta[order, column]
-        order = order[torch.sort(key, stable=True).indices]
-    return order
+_LIST_STATES = ("theta", "score", "base_scores", "pending_theta", "pending_score")
+
+
+def _rows(state: list[Tensor] | Tensor) -> Tensor | None:
+    """A ``cat`` state (a list, or a tensor once synced) as one tensor; ``None`` if empty."""
+    if isinstance(state, list):
+        return dim_zero_cat(state) if state else None
+    return state if state.numel() else None

@@ -7,8 +7,16 @@ from typing import Any
 import torch
 from torch import Tensor
 from torchmetrics import Metric
+from torchmetrics.utilities.distributed import gather_all_tensors
 
 from calib_lightning._checks import check_pairs, check_positive, check_probability
+from calib_lightning._distributed import max_over_processes
+from calib_lightning._moments import (
+    merge_moments,
+    moment_state_size,
+    moments,
+    variance_from_moments,
+)
 from calib_lightning.functional.ranks import MOMENT_DRAWS, posterior_ranks, rank_histogram
 from calib_lightning.functional.sbc import sharpness, summarize_ranks
 from calib_lightning.posteriors import Posterior
@@ -44,17 +52,21 @@ class RankCalibration(Metric):
     mean (corrected for its Monte Carlo error), both from the first
     ``min(M, 256)`` draws of each pair.
 
-    States (all sum-reduced, so many small updates equal one big update and DDP equals
-    one process): ``histogram`` ``(D + 1, M + 1)`` int64 rank counts and ``moments``
-    ``(4, D)`` float64 sums of :math:`\theta`, :math:`\theta^2`, the per-pair posterior
-    variance and squared mean error. Memory is constant in the number of updates;
+    States (many small updates equal one big update, and DDP equals one process):
+    ``histogram`` ``(D + 1, M + 1)`` int64 rank counts and ``posterior_sums`` ``(2, D)``
+    float64 sums of the per-pair posterior variance and squared mean error, both
+    sum-reduced; ``theta_moments`` ``(1 + 2 D,)``, the count, mean and centred sum of
+    squares of :math:`\theta` (:mod:`calib_lightning._moments`), merged with Chan et
+    al.'s formula so the prior variance stays exact far from the origin (e.g.
+    :math:`\theta = 10^9 + 0.01 z`). Memory is constant in the number of updates;
     ``update`` needs ``O(max_chunk_elements)`` (one chunk of draws and two scratch
     buffers of its size: about 16 MB at the default, float32 and D = 2).
 
     Arguments:
         num_posterior_samples: ``M >= 2`` draws per pair.
-        num_dims: ``D``; if given, states are allocated at construction (needed under
-            DDP when a process may see no data); otherwise at the first update.
+        num_dims: ``D``; if given, states are allocated at construction; otherwise at
+            the first update (under DDP a process that saw no data takes the others'
+            ``D`` when the states are synced).
         alpha: level of the bands and of ``outside_band``.
         num_bins: chi-square bins; default ``min(M + 1, 20, max(2, N // 5))``.
         num_ecdf_points: levels ``K`` of the ECDF curves (at most ``M``).
@@ -89,7 +101,8 @@ class RankCalibration(Metric):
     full_state_update = False
 
     histogram: Tensor
-    moments: Tensor
+    theta_moments: Tensor
+    posterior_sums: Tensor
 
     def __init__(
         self,
@@ -118,21 +131,28 @@ class RankCalibration(Metric):
         self.num_posterior_samples, self.num_dims = num_posterior_samples, num_dims
         self.alpha, self.num_bins, self.num_ecdf_points = alpha, num_bins, num_ecdf_points
         self.max_chunk_elements = max_chunk_elements
-        histogram, moments = self._zero_states(num_dims or 0)
+        histogram, theta_moments, posterior_sums = self._zero_states(num_dims or 0)
         self.add_state("histogram", histogram, dist_reduce_fx="sum")
-        self.add_state("moments", moments, dist_reduce_fx="sum")
+        self.add_state("theta_moments", theta_moments, dist_reduce_fx=merge_moments)
+        self.add_state("posterior_sums", posterior_sums, dist_reduce_fx="sum")
 
-    def _zero_states(self, d: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
-        """Zero ``histogram`` ``(D + 1, M + 1)`` and ``moments`` ``(4, D)``; empty if ``D = 0``."""
+    def _zero_states(
+        self, d: int, device: torch.device | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Zero ``histogram`` ``(D + 1, M + 1)``, ``theta_moments`` ``(1 + 2 D,)`` and
+        ``posterior_sums`` ``(2, D)``; empty (count 0 only) if ``D = 0``."""
         rows = d + 1 if d else 0
         histogram = torch.zeros(
             rows, self.num_posterior_samples + 1, dtype=torch.long, device=device
         )
-        return histogram, torch.zeros(4, d, dtype=torch.float64, device=device)
+        theta_moments = torch.zeros(moment_state_size(d), dtype=torch.float64, device=device)
+        return histogram, theta_moments, torch.zeros(2, d, dtype=torch.float64, device=device)
 
     def _allocate(self, d: int) -> None:
         if self.histogram.shape[0] == 0:
-            self.histogram, self.moments = self._zero_states(d, self.histogram.device)
+            self.histogram, self.theta_moments, self.posterior_sums = self._zero_states(
+                d, self.histogram.device
+            )
         elif self.histogram.shape[0] != d + 1:
             raise ValueError(
                 f"theta must have D = {self.histogram.shape[0] - 1} columns as in earlier "
@@ -140,15 +160,26 @@ class RankCalibration(Metric):
             )
 
     def _reduce_states(self, incoming_state: dict[str, Any]) -> None:
-        """Sum states like torchmetrics, where one side may be not yet allocated (empty)."""
+        """Merge states like torchmetrics, where one side may be not yet allocated (empty)."""
         incoming = dict(incoming_state)
-        for attr in ("histogram", "moments"):
+        incoming_empty = incoming["histogram"].numel() == 0
+        local_empty = self.histogram.numel() == 0
+        for attr in ("histogram", "theta_moments", "posterior_sums"):
             local, other = getattr(self, attr), incoming[attr]
-            if other.numel() == 0:
+            if incoming_empty:
                 incoming[attr] = torch.zeros_like(local)
-            elif local.numel() == 0:
+            elif local_empty:
                 setattr(self, attr, torch.zeros_like(other))
         super()._reduce_states(incoming)
+
+    def _sync_dist(self, dist_sync_fn: Any = gather_all_tensors, process_group: Any = None) -> None:
+        # a process that saw no data (and got no num_dims) allocates zero states of the
+        # others' D first, so that every process gathers tensors of one shape
+        group = process_group or self.process_group
+        d = max_over_processes(self.theta_moments.shape[0] // 3, group)  # L = 1 + 3 D
+        if d and self.histogram.numel() == 0:
+            self._allocate(d)
+        super()._sync_dist(dist_sync_fn, process_group)
 
     def update(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> None:
         """Rank the true parameters ``theta (N, D)`` among posterior draws at ``x (N, *X)``."""
@@ -160,11 +191,10 @@ class RankCalibration(Metric):
         )  # fmt: skip
         hist = rank_histogram(draws.ranks, self.num_posterior_samples)
         self.histogram += hist.to(self.histogram.device)
-        t = theta.detach().double()
-        sums = torch.stack([
-            t.sum(0), (t * t).sum(0), draws.variance.sum(0), (draws.mean_error**2).sum(0)
-        ])  # fmt: skip
-        self.moments += sums.to(self.moments.device)
+        batch = moments(theta).to(self.theta_moments.device)
+        self.theta_moments = merge_moments(torch.stack([self.theta_moments, batch]))
+        sums = torch.stack([draws.variance.sum(0), (draws.mean_error**2).sum(0)])
+        self.posterior_sums += sums.to(self.posterior_sums.device)
 
     def compute(self) -> dict[str, Tensor]:
         """p-values, coverage error, sharpness and the curves (see the class docstring).
@@ -187,8 +217,8 @@ class RankCalibration(Metric):
         deviation = out["ecdf"] - out["levels"]
         out["outside_band"] = ((deviation < simultaneous[0] - 1e-12)
                                | (deviation > simultaneous[1] + 1e-12)).any(-1)  # fmt: skip
-        total, total_sq, variance, error_sq = self.moments
-        prior_variance = (total_sq - total**2 / n) / (n - 1)
+        variance, error_sq = self.posterior_sums
+        prior_variance = variance_from_moments(self.theta_moments)[1]
         draws = min(self.num_posterior_samples, MOMENT_DRAWS)
         out.update(sharpness(error_sq / n, variance / n, prior_variance, draws))
         return out

@@ -11,6 +11,7 @@ need all points at once: call :func:`calib_lightning.functional.mmd` and
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -18,6 +19,12 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from calib_lightning._checks import check_points, check_positive
+from calib_lightning._moments import (
+    merge_moments,
+    moment_state_size,
+    moments,
+    variance_from_moments,
+)
 from calib_lightning.functional.samples import (
     ball_counts,
     frechet_distance_from_moments,
@@ -33,8 +40,11 @@ class FrechetDistance(Metric):
     ``update(samples=..., reference=...)`` adds points ``(*, n, D)`` to either set
     (either may be omitted); ``compute()`` fits a Gaussian to each set and returns
     :func:`~calib_lightning.functional.frechet_distance_from_moments`. States are
-    float64 sums of the points and of their outer products, ``O(D^2)`` per comparison
-    whatever the number of points, summed across processes (exact under DDP).
+    float64, ``O(D^2)`` per comparison whatever the number of points: the centred
+    moments of each set (count, mean and
+    :math:`\sum (x - \bar x)(x - \bar x)^\top`, see :mod:`calib_lightning._moments`),
+    merged across batches and processes with Chan et al.'s formula: exact for points
+    far from the origin, and DDP equals one process up to float rounding.
 
     Arguments:
         dim: ``D``.
@@ -74,13 +84,11 @@ class FrechetDistance(Metric):
         check_positive("dim", dim, integer=True)
         self.dim, self.batch_shape = dim, tuple(batch_shape)
         self.reset_reference = reset_reference
+        size = moment_state_size(dim, covariance=True)
+        merge = functools.partial(merge_moments, covariance=True)
         for name in self._SETS:
-            shape = self.batch_shape
-            self.add_state(f"{name}_count", torch.zeros(shape, dtype=torch.float64), "sum")
-            self.add_state(f"{name}_sum", torch.zeros(*shape, dim, dtype=torch.float64), "sum")
-            self.add_state(
-                f"{name}_outer", torch.zeros(*shape, dim, dim, dtype=torch.float64), "sum"
-            )
+            default = torch.zeros(*self.batch_shape, size, dtype=torch.float64)
+            self.add_state(f"{name}_moments", default, dist_reduce_fx=merge)
 
     def update(self, samples: Tensor | None = None, reference: Tensor | None = None) -> None:
         """Add points ``(*, n, D)`` to the samples and/or to the reference set."""
@@ -95,23 +103,18 @@ class FrechetDistance(Metric):
                     f"{name} must have shape (*batch_shape, n, {self.dim}) with batch_shape "
                     f"{self.batch_shape}, got {tuple(points.shape)}"
                 )
-            points = points.detach().double()
-            outer = points.transpose(-1, -2) @ points
-            setattr(self, f"{name}_count", getattr(self, f"{name}_count") + points.shape[-2])
-            setattr(self, f"{name}_sum", getattr(self, f"{name}_sum") + points.sum(-2))
-            setattr(self, f"{name}_outer", getattr(self, f"{name}_outer") + outer)
+            state = getattr(self, f"{name}_moments")
+            batch = moments(points, covariance=True).to(state.device)
+            setattr(self, f"{name}_moments", merge_moments(torch.stack([state, batch]), True))
 
     def _moments(self, name: str) -> tuple[Tensor, Tensor]:
-        count = getattr(self, f"{name}_count")
+        state = getattr(self, f"{name}_moments")
+        count = state[..., 0]
         if bool((count < 2).any()):
             raise ValueError(
                 f"FrechetDistance.compute() needs at least 2 {name} points, got {int(count.min())}"
             )
-        mean = getattr(self, f"{name}_sum") / count.unsqueeze(-1)
-        centered = getattr(self, f"{name}_outer") - count[..., None, None] * (
-            mean.unsqueeze(-1) * mean.unsqueeze(-2)
-        )
-        return mean, centered / (count[..., None, None] - 1.0)
+        return variance_from_moments(state, covariance=True)
 
     def compute(self) -> dict[str, Tensor]:
         """``frechet_distance`` of shape ``batch_shape``."""

@@ -8,6 +8,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 from torchmetrics import Metric
+from torchmetrics.utilities.data import dim_zero_cat
+from torchmetrics.utilities.distributed import gather_all_tensors
 
 from calib_lightning._checks import (
     check_choice,
@@ -15,10 +17,13 @@ from calib_lightning._checks import (
     check_positive,
     check_probability,
 )
+from calib_lightning._distributed import canonical_order, shape_empty_list_states
+from calib_lightning._moments import moments
 from calib_lightning.functional.tarp import (
     DISTANCES,
     _check_scale,
     _sample_chunks,
+    _std_from_moments,
     tarp_counts,
     tarp_ranks,
     tarp_test,
@@ -43,9 +48,17 @@ class TARP(Metric):
 
     Coordinates: distances are measured on ``theta / scale`` and references are drawn
     uniformly on the box ``[low, high]`` of the standardized parameters. Unless given,
-    ``scale`` (standard deviation) and the box (min and max) are fitted on the
-    parameters of the first ``update``, pooled over processes, and then kept (also
-    across ``reset``) so that every batch and epoch is measured in the same units.
+    ``scale`` (standard deviation, from centred moments) and the box (min and max) are
+    fitted in the first ``compute`` on the parameters of all the pairs updated before
+    it (pooled over processes), and then kept (also across ``reset``) so that every
+    batch and epoch is measured in the same units. Until then the ranks cannot be
+    computed: ``update`` keeps the pairs' ``theta`` and samples (``S * N * D``
+    numbers per process for ``N`` pairs; pass ``scale`` and ``reference_bounds`` to
+    stream in constant memory from the start), and ``compute`` ranks them against
+    references drawn from one stream seeded by ``seed + 2``, in a canonical order of
+    the pairs, so that the result does not depend on how the pairs were split into
+    batches or processes: DDP equals one process. ``update`` makes no collective call,
+    so a process that receives no batch cannot stall the others.
 
     Arguments:
         num_posterior_samples: ``S`` samples per pair.
@@ -56,7 +69,8 @@ class TARP(Metric):
         num_null: null histograms drawn by ``compute``.
         level: the band in ``compute``'s output is the ``1 - level`` null quantile.
         num_bins: the curve is returned on ``num_bins + 1`` levels in ``[0, 1]``.
-        seed: seeds the references (per process) and the null draws.
+        seed: seeds the references (per process once the coordinates are fitted) and
+            the null draws.
         chunk_size: pairs sampled at once.
 
     ``update`` also accepts, in place of a posterior, a tensor of samples ``(S, N, D)``
@@ -129,30 +143,28 @@ class TARP(Metric):
             default=torch.zeros(num_posterior_samples + 1, dtype=torch.long),
             dist_reduce_fx="sum",
         )
+        # pairs updated before the coordinates were fitted, ranked in compute
+        self.add_state("pending_theta", default=[], dist_reduce_fx="cat")
+        self.add_state("pending_samples", default=[], dist_reduce_fx="cat")  # (N, S, D)
         self._generator: torch.Generator | None = None
 
     # -- coordinates ----------------------------------------------------------------
+    def _fitted(self) -> bool:
+        return self.scale.numel() > 0 and self.low.numel() > 0
+
     def _fit(self, theta: Tensor) -> None:
-        """Fit the scale and the reference box on ``theta``, pooled over processes."""
+        """Fit the missing scale and reference box on ``theta`` (all pending pairs); no
+        communication."""
+        if theta.shape[0] < 2 and self.scale.numel() == 0:
+            raise ValueError(
+                "TARP fits its scale in compute on the pairs updated before it and needs "
+                f"N >= 2 pairs there, got N = {theta.shape[0]}; pass scale= to fit nothing"
+            )
         theta = theta.detach().double()
-        d = theta.shape[1]
-        sums = torch.cat([theta.new_tensor([theta.shape[0]]), theta.sum(0), (theta**2).sum(0)])
-        low, high = theta.amin(0), theta.amax(0)
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(sums, group=self.process_group)
-            dist.all_reduce(low, op=dist.ReduceOp.MIN, group=self.process_group)
-            dist.all_reduce(high, op=dist.ReduceOp.MAX, group=self.process_group)
-        count, total, total_sq = sums[0], sums[1 : 1 + d], sums[1 + d :]
         if self.scale.numel() == 0:
-            if count < 2:
-                raise ValueError(
-                    "TARP fits its scale on the first update and needs N >= 2 pairs there, "
-                    f"got N = {int(count)}; pass scale= to fit nothing"
-                )
-            var = ((total_sq - total**2 / count) / (count - 1)).clamp_min(0.0)
-            std = var.sqrt()
-            self.scale = torch.where(std > 0, std, torch.ones_like(std)).to(self.counts.device)
+            self.scale = _std_from_moments(moments(theta)).to(self.counts.device)
         if self.low.numel() == 0:
+            low, high = theta.amin(0), theta.amax(0)
             self.low, self.high = low.to(self.counts.device), high.to(self.counts.device)
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
@@ -171,26 +183,33 @@ class TARP(Metric):
 
     # -- accumulation -----------------------------------------------------------------
     def update(self, posterior: Posterior | object | Tensor, theta: Tensor, x: Tensor) -> None:
-        """Add the TARP ranks of the pairs ``theta (N, D)``, ``x (N, *X)``."""
+        """Add the TARP ranks of the pairs ``theta (N, D)``, ``x (N, *X)`` (or keep the
+        pairs until ``compute`` while the coordinates are not fitted)."""
         check_pairs(theta, x)
         check_event_size(posterior, theta, x)
         n, d = theta.shape
-        if self.scale.numel() == 0 or self.low.numel() == 0:
-            self._fit(theta)
-        for name in ("scale", "low"):
-            if getattr(self, name).shape != (d,):
+        known = [(name, getattr(self, name).shape[0]) for name in ("scale", "low")
+                 if getattr(self, name).numel()]  # fmt: skip
+        if self.pending_theta:
+            known.append(("earlier updates", self.pending_theta[0].shape[1]))
+        for name, dim in known:
+            if dim != d:
                 raise ValueError(
-                    f"theta must have D = {getattr(self, name).shape[0]} columns like {name}, "
-                    f"got shape {tuple(theta.shape)}"
+                    f"theta must have D = {dim} columns like {name}, got shape {tuple(theta.shape)}"
                 )
-        references = self._references(n, theta)
-        scale = self.scale.to(dtype=theta.dtype, device=theta.device)
         size = self.num_posterior_samples
         if isinstance(posterior, Tensor) and posterior.shape != (size, n, d):
             raise ValueError(
                 f"posterior samples must have shape ({size}, {n}, {d}) "
                 f"(num_posterior_samples, N, D), got {tuple(posterior.shape)}"
             )
+        if not self._fitted():
+            for rows, samples in _sample_chunks(posterior, x, size, self.chunk_size):
+                self.pending_theta.append(theta[rows].detach())
+                self.pending_samples.append(samples.detach().to(theta.dtype).transpose(0, 1))
+            return
+        references = self._references(n, theta)
+        scale = self.scale.to(dtype=theta.dtype, device=theta.device)
         for rows, samples in _sample_chunks(posterior, x, size, self.chunk_size):
             ranks = tarp_ranks(samples.to(theta.dtype), theta[rows], references[rows],
                                scale=scale, distance=self.distance)
@@ -200,11 +219,41 @@ class TARP(Metric):
         super().reset()
         self._generator = None
 
+    def _sync_dist(self, dist_sync_fn: Any = gather_all_tensors, process_group: Any = None) -> None:
+        # a process without pending pairs must gather (0, ...) tensors of the right dtype
+        shape_empty_list_states(self, ("pending_theta", "pending_samples"),
+                                process_group or self.process_group)
+        super()._sync_dist(dist_sync_fn, process_group)
+
+    def _pending_counts(self) -> Tensor | None:
+        """Rank histogram of the pending pairs (all processes' when synced), after fitting
+        the coordinates on them if needed; ``None`` if there are none."""
+        theta = self.pending_theta
+        theta = (dim_zero_cat(theta) if theta else None) if isinstance(theta, list) else theta
+        if theta is None or theta.numel() == 0:
+            return None
+        samples = dim_zero_cat(self.pending_samples)
+        order = canonical_order(theta)
+        theta, samples = theta[order], samples[order].transpose(0, 1)
+        if not self._fitted():
+            self._fit(theta)
+        generator = torch.Generator().manual_seed(self.seed + 2)
+        u = torch.rand(theta.shape, generator=generator, dtype=torch.float64)
+        low, high = self.low.double().cpu(), self.high.double().cpu()
+        references = (low + (high - low) * u).to(dtype=theta.dtype, device=theta.device)
+        scale = self.scale.to(dtype=theta.dtype, device=theta.device)
+        ranks = tarp_ranks(samples, theta, references, scale=scale, distance=self.distance)
+        return tarp_counts(ranks, self.num_posterior_samples).to(self.counts.device)
+
     def compute(self) -> dict[str, Tensor]:
         """Statistic, p-value, ATC, band, the curve (``alpha``, ``ecp``) and ``num_samples``."""
-        if int(self.counts.sum()) == 0:
+        counts = self.counts
+        pending = self._pending_counts()
+        if pending is not None:
+            counts = counts + pending
+        if int(counts.sum()) == 0:
             raise ValueError("TARP.compute() needs at least one update with N >= 1 pairs, got none")
         return tarp_test(
-            self.counts, num_null=self.num_null, level=self.level, num_bins=self.num_bins,
+            counts, num_null=self.num_null, level=self.level, num_bins=self.num_bins,
             generator=torch.Generator().manual_seed(self.seed + 1),
         )  # fmt: skip

@@ -1,0 +1,90 @@
+"""DDP where one process receives no batch (the callback's sharding allows it).
+
+``update`` makes no collective call in any metric, so the process without data reaches
+``compute`` (where all communication happens) and the run neither hangs nor fails;
+its result equals one process fed all the batches.
+"""
+
+import torch
+
+import calib_lightning as cl
+from calib_lightning.metrics import FrechetDistance
+from calib_lightning.tasks import MGM, GaussianToy
+from calib_lightning.testing import run_distributed
+
+F64 = torch.float64
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_a_process_without_batches_neither_hangs_nor_changes_the_result():
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(300, gen(0))
+    theta, x = theta.double() + 1e6, x.double()  # far from the origin, in float64
+    # (the toy's posterior mean is x / 2 in the toy's units; _shifted moves it by 1e6)
+    torch.manual_seed(4)
+    tarp_samples = toy.posterior(variance_scale=2.0)(x.float()).sample((40,)).double() + 1e6
+    mgm = MGM(delta=0.0)
+    k_theta, k_x = mgm.sample(120, gen(1))
+    points = 1e6 + 0.01 * torch.randn(2, 400, 2, generator=gen(2), dtype=F64)
+
+    def feed(metrics, rank_with_data, rank):
+        """Every metric gets all batches on ``rank_with_data`` and none elsewhere."""
+        ranks, frechet, tarp, kccsd = metrics
+        if rank == rank_with_data:
+            torch.manual_seed(3)  # posterior sampling in RankCalibration
+            for rows in (slice(0, 120), slice(120, 300)):
+                ranks.update(_shifted(toy), theta[rows], x[rows])
+                tarp.update(tarp_samples[:, rows], theta[rows], x[rows])
+            for rows in (slice(0, 150), slice(150, 400)):
+                frechet.update(samples=points[0, rows], reference=points[1, rows])
+            for rows in (slice(0, 50), slice(50, 120)):
+                kccsd.update(mgm, k_theta[rows], k_x[rows])
+        return {
+            "ranks": ranks.compute(),
+            "frechet": frechet.compute(),
+            "tarp": tarp.compute(),
+            "kccsd": kccsd.compute(),
+        }
+
+    def make():
+        return (cl.RankCalibration(30), FrechetDistance(dim=2),
+                cl.TARP(num_posterior_samples=40, num_null=200),
+                cl.KCCSD(distribution_kernel="kgfd", num_bootstrap=100))
+
+    expected = feed(make(), 0, 0)
+    for rank_with_data in (0, 1):
+        def fn(rank, _world_size, rank_with_data=rank_with_data):
+            return feed(make(), rank_with_data, rank)
+
+        results = run_distributed(fn, world_size=2, timeout=90.0)
+        for result in results:
+            ranks, want = result["ranks"], expected["ranks"]
+            assert torch.equal(ranks["histogram"], want["histogram"])
+            assert torch.equal(ranks["p_value"], want["p_value"])
+            torch.testing.assert_close(ranks["contraction"], want["contraction"],
+                                       rtol=1e-12, atol=0)
+            torch.testing.assert_close(result["frechet"]["frechet_distance"],
+                                       expected["frechet"]["frechet_distance"],
+                                       rtol=1e-12, atol=0)
+            for key in ("statistic", "p_value", "ecp", "num_samples"):
+                assert torch.equal(result["tarp"][key], expected["tarp"][key]), key
+            for key in ("statistic", "p_value", "num_samples"):
+                torch.testing.assert_close(result["kccsd"][key], expected["kccsd"][key])
+    # the data were not degenerate: the metrics see what they should
+    assert int(expected["ranks"]["num_pairs"]) == 300
+    assert float(expected["tarp"]["p_value"]) <= 0.05  # doubled variance detected
+    assert int(expected["kccsd"]["num_samples"]) == 120
+
+
+def _shifted(toy):
+    """The toy's exact posterior moved by the 1e6 offset of the parameters."""
+    def posterior(obs):
+        inner = toy.posterior()(obs.float())
+        return torch.distributions.Independent(
+            torch.distributions.Normal(inner.mean.double() + 1e6, inner.stddev.double()), 1
+        )
+
+    return posterior
