@@ -29,6 +29,9 @@ from calib_lightning.callbacks import (
 from examples._smoke import add_smoke_argument, output_folder
 
 __all__ = [
+    "CHECKS",
+    "SMOKE",
+    "SMOKE_CHECKS",
     "EpochTimer",
     "calibration_callbacks",
     "fit_and_report",
@@ -38,9 +41,13 @@ __all__ = [
     "simulate",
 ]
 
+# sizes of the checks (KCCSD bootstrap draws, L-C2ST-NF null classifiers and evaluation
+# points, exact posterior samples at x_o) and of a --smoke run
 CHECKS = {"num_bootstrap": 500, "num_null": 100, "num_eval": 10_000, "num_reference": 1_000}
 SMOKE_CHECKS = {"num_bootstrap": 50, "num_null": 4, "num_eval": 200, "num_reference": 100}
-SMOKE = {  # one epoch and one check (with its TensorBoard figures), as in a full run
+# --smoke: one epoch, one check with its TensorBoard figures; 2 reference observations
+# (with 1, LC2STNFCallback's PP-plot fails indexing a 0-d p-value)
+SMOKE = {
     "epochs": 1, "num_simulations": 256, "num_validation": 128, "num_calibration": 64,
     "num_observations": 2, "every_n_epochs": 1, "batch_size": 128,
 }  # fmt: skip
