@@ -1,7 +1,5 @@
-"""Pieces the NPE examples share: arguments, data, the training run and its report.
-
-Imported by the example scripts (``python examples/npe_*.py`` puts this folder on the
-path); uses only the public API of calib_lightning.
+"""Pieces the NPE examples share: arguments, data, the checks, the training run and its
+report. Uses only the public API of calib_lightning.
 """
 
 from __future__ import annotations
@@ -17,10 +15,42 @@ from types import SimpleNamespace
 import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
+from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from calib_lightning.callbacks import CalibrationCallback, summary_table
+import calib_lightning as cl
+from calib_lightning.callbacks import (
+    CalibrationCallback,
+    KCCSDCallback,
+    LC2STNFCallback,
+    RankCalibrationCallback,
+    summary_table,
+)
+from examples._smoke import add_smoke_argument, output_folder
 
+__all__ = [
+    "CHECKS",
+    "SMOKE",
+    "SMOKE_CHECKS",
+    "EpochTimer",
+    "calibration_callbacks",
+    "fit_and_report",
+    "overhead_table",
+    "parse_arguments",
+    "save_figures",
+    "simulate",
+]
+
+# sizes of the checks (KCCSD bootstrap draws, L-C2ST-NF null classifiers and evaluation
+# points, exact posterior samples at x_o) and of a --smoke run
+CHECKS = {"num_bootstrap": 500, "num_null": 100, "num_eval": 10_000, "num_reference": 1_000}
+SMOKE_CHECKS = {"num_bootstrap": 50, "num_null": 4, "num_eval": 200, "num_reference": 100}
+# --smoke: one epoch, one check with its TensorBoard figures; 2 reference observations
+# (with 1, LC2STNFCallback's PP-plot fails indexing a 0-d p-value)
+SMOKE = {
+    "epochs": 1, "num_simulations": 256, "num_validation": 128, "num_calibration": 64,
+    "num_observations": 2, "every_n_epochs": 1, "batch_size": 128,
+}  # fmt: skip
 PRINTED = (
     "train/nll", "val/nll", "calibration/kccsd/p_value", "calibration/ranks/p_value",
     "calibration/lc2st_nf/p_value/0",
@@ -73,8 +103,11 @@ def save_figures(checks: Sequence[CalibrationCallback], folder: Path, prefix: st
             print("wrote", path)
 
 
-def parse_arguments(description: str, num_observations: int) -> argparse.Namespace:
-    """The examples' command line; sets the torch threads and the seeds."""
+def parse_arguments(
+    description: str, num_observations: int, argv: Sequence[str] | None = None
+) -> argparse.Namespace:
+    """The examples' command line; sets the torch threads and the seeds. ``--smoke``
+    shrinks every size (:data:`SMOKE`) and writes logs and figures to a temporary folder."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--num-simulations", type=int, default=30_000)
@@ -96,10 +129,66 @@ def parse_arguments(description: str, num_observations: int) -> argparse.Namespa
         help="torch threads; small flows gain nothing from more, and on a "
         "shared machine extra threads mostly wait for each other",
     )
-    args = parser.parse_args()
+    parser.add_argument("--log-dir", type=Path, default=Path("lightning_logs"))
+    add_smoke_argument(parser)
+    parser.set_defaults(num_validation=2_000, checks=CHECKS)
+    args = parser.parse_args(argv)
+    if args.smoke:  # the same run at tiny sizes, every output in a temporary folder
+        vars(args).update(SMOKE, checks=SMOKE_CHECKS)
+        args.log_dir = output_folder(args.log_dir, smoke=True)
+        if args.save_figures is not None:
+            args.save_figures = args.log_dir / "figures"
     torch.set_num_threads(args.threads)
     L.seed_everything(args.seed, verbose=False)
     return args
+
+
+def calibration_callbacks(
+    theta_cal: Tensor,
+    x_cal: Tensor,
+    every_n_epochs: int,
+    theta_o: Tensor,
+    x_o: Tensor,
+    labels: Sequence[str],
+    reference: Tensor | None = None,
+    checks: dict[str, int] = CHECKS,
+    log_figures: bool = True,
+) -> list[CalibrationCallback]:
+    """The calibration checks of the NPE examples; each one logs under calibration/<name>/.
+
+    KCCSD and SBC ranks check calibration on average over x; L-C2ST-NF checks the
+    posterior locally, at the reference observations ``x_o`` (with exact posterior
+    samples ``reference`` there, shape ``(S, O, D)``, it also logs MMD and the oracle
+    C2ST). ``checks`` sets the bootstrap draws, null classifiers and evaluation points;
+    ``log_figures=False`` logs scalars only."""
+    return [
+        KCCSDCallback(
+            theta_cal,
+            x_cal,
+            every_n_epochs=every_n_epochs,
+            metric=cl.KCCSD(num_bootstrap=checks["num_bootstrap"], seed=0),
+            log_figures=log_figures,
+        ),
+        RankCalibrationCallback(
+            theta_cal,
+            x_cal,
+            every_n_epochs=every_n_epochs,
+            labels=labels,
+            log_figures=log_figures,
+        ),
+        LC2STNFCallback(
+            theta_cal,
+            x_cal,
+            every_n_epochs=every_n_epochs,
+            log_figures=log_figures,
+            metric=cl.LC2STNF(
+                observations=x_o, num_null=checks["num_null"], num_eval=checks["num_eval"]
+            ),
+            truths=theta_o,
+            reference_samples=reference,
+            labels=labels,
+        ),
+    ]
 
 
 def simulate(task, args: argparse.Namespace) -> tuple[SimpleNamespace, torch.Generator]:
@@ -107,7 +196,7 @@ def simulate(task, args: argparse.Namespace) -> tuple[SimpleNamespace, torch.Gen
     generator = torch.Generator().manual_seed(args.seed)
     data = SimpleNamespace()
     data.theta, data.x = task.sample(args.num_simulations, generator)
-    data.theta_val, data.x_val = task.sample(2_000, generator)
+    data.theta_val, data.x_val = task.sample(args.num_validation, generator)
     data.theta_cal, data.x_cal = task.sample(args.num_calibration, generator)  # never trained on
     data.theta_o, data.x_o = task.sample(args.num_observations, generator)
     return data, generator
@@ -126,7 +215,7 @@ def fit_and_report(
     trainer = L.Trainer(
         max_epochs=args.epochs,
         accelerator="cpu",
-        logger=TensorBoardLogger("lightning_logs", name=name),
+        logger=TensorBoardLogger(args.log_dir, name=name),
         callbacks=[*checks, timer],
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -145,7 +234,7 @@ def fit_and_report(
     print("\nCost of the checks")
     print(overhead_table(checks, timer))
     print(
-        f"\ntraining took {total:.0f} s; TensorBoard: tensorboard --logdir lightning_logs"
+        f"\ntraining took {total:.0f} s; TensorBoard: tensorboard --logdir {args.log_dir}"
         f"  (run {trainer.logger.log_dir})"
     )
     if args.save_figures is not None:

@@ -6,14 +6,19 @@ alpha = 0.05, B = 500 wild-bootstrap draws, median-heuristic bandwidths, Gaussia
 kernel on parameters. Every (model, n) cell tests all repetitions in one batched call.
 
 Run:  python examples/benchmarks/kccsd_rejection.py [--reps 100] [--sizes 32 64 128 256 512]
-Writes examples/benchmarks/results/kccsd_rejection.{md,png}.
+Writes examples/benchmarks/results/kccsd_rejection.{md,png} (``--smoke``: 2 repetitions
+at n = 32, written to a temporary folder).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
+
+if not __package__:  # run as a file (python examples/x.py): make `examples` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import matplotlib
 
@@ -29,6 +34,7 @@ from calib_lightning.functional import (
     skce_test,
 )
 from calib_lightning.tasks import HGM, LGM, MGM, QGM
+from examples._smoke import add_smoke_argument, output_folder
 
 RESULTS = Path(__file__).parent / "results"
 CASES = {
@@ -64,12 +70,15 @@ def rejection_rates(truth, model, n, reps, seed, num_base_points=32):
     return rates
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=100)
     parser.add_argument("--sizes", type=int, nargs="+", default=[32, 64, 128, 256, 512])
-    args = parser.parse_args()
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    add_smoke_argument(parser)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.reps, args.sizes = 2, [32]
+    results = output_folder(RESULTS, args.smoke)
     start = time.perf_counter()
     table = {}
     for case, (truth, model) in CASES.items():
@@ -92,7 +101,7 @@ def main() -> None:
     ]
     for (case, n), rates in table.items():
         lines.append(f"| {case} | {n} | " + " | ".join(f"{rates[t]:.2f}" for t in TESTS) + " |")
-    (RESULTS / "kccsd_rejection.md").write_text("\n".join(lines) + "\n")
+    (results / "kccsd_rejection.md").write_text("\n".join(lines) + "\n")
 
     fig, axes = plt.subplots(1, len(CASES), figsize=(4 * len(CASES), 3.4), sharey=True)
     for ax, case in zip(axes, CASES, strict=True):
@@ -104,8 +113,9 @@ def main() -> None:
     axes[0].set_ylabel("rejection rate")
     axes[-1].legend(loc="center right")
     fig.tight_layout()
-    fig.savefig(RESULTS / "kccsd_rejection.png", dpi=110)
-    print((RESULTS / "kccsd_rejection.md").read_text())
+    fig.savefig(results / "kccsd_rejection.png", dpi=110)
+    print((results / "kccsd_rejection.md").read_text())
+    print("wrote", results / "kccsd_rejection.md", results / "kccsd_rejection.png")
 
 
 if __name__ == "__main__":

@@ -8,19 +8,25 @@ ratio within 3 at n = 4096. A naive O(n^2) Python double loop is timed at the sm
 n for reference.
 
 Run:  python examples/benchmarks/kccsd_speed.py [--sizes 256 512 1024 2048 4096 8192] [--threads 1]
-Writes examples/benchmarks/results/kccsd_speed.md.
+Writes examples/benchmarks/results/kccsd_speed.md (``--smoke``: n = 64 only, written to
+a temporary folder).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
+
+if not __package__:  # run as a file (python examples/x.py): make `examples` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 
 from calib_lightning.functional import kccsd_test, rademacher
 from calib_lightning.kernels import stein_kernel
+from examples._smoke import add_smoke_argument, output_folder
 
 RESULTS = Path(__file__).parent / "results"
 D, M, B = 5, 64, 500
@@ -48,15 +54,19 @@ def naive_loop(theta, score, features, ell, sigma):
     return total / (n * (n - 1))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
-    args = parser.parse_args()
+    add_smoke_argument(parser)
+    args = parser.parse_args(argv)
+    n0 = 64  # size of the naive-loop comparison
+    if args.smoke:
+        args.sizes, args.repeats, n0 = [64], 1, 8
     if args.threads:
         torch.set_num_threads(args.threads)
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    results = output_folder(RESULTS, args.smoke)
     g = torch.Generator().manual_seed(0)
     rows = []
     for n in args.sizes:
@@ -81,7 +91,6 @@ def main() -> None:
         rows.append((n, t_ours, t_floor, t_ours / t_floor))
         print(f"n={n}: ours {t_ours:.4f} s, floor {t_floor:.4f} s, ratio {t_ours / t_floor:.2f}")
 
-    n0 = 64
     theta, score = torch.randn(n0, D, generator=g), torch.randn(n0, D, generator=g)
     features = torch.randn(n0, M, D, generator=g)
     t_naive = best_of(lambda: naive_loop(theta, score, features, 1.0, 1.0), 1)
@@ -106,8 +115,9 @@ def main() -> None:
         f"Naive Python double loop at n = {n0} (statistic only): {t_naive:.2f} s; "
         f"vectorized: {t_vec:.5f} s ({t_naive / t_vec:.0f}x faster).",
     ]
-    (RESULTS / "kccsd_speed.md").write_text("\n".join(lines) + "\n")
+    (results / "kccsd_speed.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    print("wrote", results / "kccsd_speed.md")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ seeds; p-values of all 5 observations pooled). Ours is run twice: with sbi's pro
 calibration set and null per repetition. sbi's p-value is its own, mean(T_null > T).
 
 Run:  PYTHONPATH=. python examples/benchmarks/lc2st_vs_sbi.py        (about 30 minutes)
-      PYTHONPATH=. python examples/benchmarks/lc2st_vs_sbi.py --quick  (smoke run)
+      PYTHONPATH=. python examples/benchmarks/lc2st_vs_sbi.py --quick  (a few minutes)
+      python examples/benchmarks/lc2st_vs_sbi.py --smoke  (seconds; temporary folder)
 Writes examples/benchmarks/results/lc2st_vs_sbi.md (and two PNGs). Needs sbi.
 """
 
@@ -31,11 +32,15 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+if not __package__:  # run as a file (python examples/x.py): make `examples` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np
 import torch
@@ -50,9 +55,10 @@ from calib_lightning.classifiers import MLPEnsemble
 from calib_lightning.functional import lc2st_nf_null, oracle_c2st
 from calib_lightning.plots import plot_pp, plot_probability_map
 from calib_lightning.tasks import GaussianToy, TwoMoons
+from examples._smoke import add_smoke_argument, output_folder
 
 RESULTS = Path(__file__).parent / "results"
-NUM_NULL, NUM_OBS, NUM_EVAL = 100, 5, 10_000
+NUM_NULL, NUM_OBS, NUM_EVAL, NUM_ORACLE = 100, 5, 10_000, 5000
 BASE = MultivariateNormal(torch.zeros(2), torch.eye(2))
 warnings.filterwarnings("ignore")
 
@@ -247,7 +253,7 @@ def train_two_moons_nsf(num_simulations: int, epochs: int, seed: int = 0) -> tor
     return flow.eval()
 
 
-def two_moons_section(flow, ns, reps: int, sbi_reps: int) -> list[dict]:
+def two_moons_section(flow, ns, reps: int, sbi_reps: int, folder: Path) -> list[dict]:
     """Both libraries with sbi's protocol: one calibration x per N_cal and its null; each
     repetition draws new true parameters from the exact posterior given that x."""
     task = TwoMoons()
@@ -255,8 +261,8 @@ def two_moons_section(flow, ns, reps: int, sbi_reps: int) -> list[dict]:
     _, x_o = task.sample(NUM_OBS, g)
     post = cl.as_posterior(flow)
     with torch.no_grad():
-        estimator = post.sample(x_o, 5000).transpose(0, 1)
-    reference = task.reference_posterior_samples(x_o, 5000, g).transpose(0, 1)
+        estimator = post.sample(x_o, NUM_ORACLE).transpose(0, 1)
+    reference = task.reference_posterior_samples(x_o, NUM_ORACLE, g).transpose(0, 1)
     oracle = oracle_c2st(estimator, reference)
     rows = []
     for n in ns:
@@ -277,7 +283,7 @@ def two_moons_section(flow, ns, reps: int, sbi_reps: int) -> list[dict]:
             check_times.append((wall, cpu))
             ours_p.append(result["p_value"])
             if r == 0 and n == ns[-1]:
-                save_figures(metric, result, flow, x_o)
+                save_figures(metric, result, flow, x_o, folder)
         row["ours_rate"] = torch.stack(ours_p).le(0.05).double().mean(0).tolist()
         row["ours_check_wall"] = statistics.median(t[0] for t in check_times)
         row["ours_check_cpu"] = statistics.median(t[1] for t in check_times)
@@ -295,10 +301,10 @@ def two_moons_section(flow, ns, reps: int, sbi_reps: int) -> list[dict]:
     return rows
 
 
-def save_figures(metric, result, flow, x_o) -> None:
-    plot_pp(result).savefig(RESULTS / "lc2st_two_moons_pp.png", dpi=90)
+def save_figures(metric, result, flow, x_o, folder: Path) -> None:
+    plot_pp(result).savefig(folder / "lc2st_two_moons_pp.png", dpi=90)
     torch.manual_seed(0)
-    drawn = metric.probability_map(flow, 20_000)
+    drawn = metric.probability_map(flow, 2 * NUM_EVAL)  # 20,000 draws in the full run
     where = [round(v, 2) for v in x_o[0].tolist()]
     fig = plot_probability_map(
         drawn["samples"][0],
@@ -308,7 +314,7 @@ def save_figures(metric, result, flow, x_o) -> None:
         title=f"Two Moons NSF at x_o = {where}: p = {float(result['p_value'][0]):.3f}\n"
         "red: the flow puts too much mass there, blue: too little",
     )
-    fig.savefig(RESULTS / "lc2st_two_moons_map.png", dpi=90)
+    fig.savefig(folder / "lc2st_two_moons_map.png", dpi=90)
 
 
 # -- report -----------------------------------------------------------------------------
@@ -428,21 +434,28 @@ def report(toy_rows, moons_rows, args, total) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    global NUM_NULL, NUM_OBS, NUM_EVAL, NUM_ORACLE
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny smoke run")
+    parser.add_argument("--quick", action="store_true", help="a small run (a few minutes)")
+    add_smoke_argument(parser)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--sbi-reps", type=int, default=20)
     parser.add_argument("--sbi-perm-reps", type=int, default=2)
     parser.add_argument("--moons-simulations", type=int, default=10_000)
     parser.add_argument("--moons-epochs", type=int, default=100)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     ns, moons_ns = [1000, 5000], [1000, 5000]
     if args.quick:
         ns, moons_ns = [1000], [1000]
         args.reps, args.sbi_reps, args.sbi_perm_reps = 2, 2, 1
         args.moons_simulations, args.moons_epochs = 2000, 3
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.smoke:
+        ns, moons_ns = [100], [100]
+        args.reps, args.sbi_reps, args.sbi_perm_reps = 1, 1, 1
+        args.moons_simulations, args.moons_epochs = 256, 1
+        NUM_NULL, NUM_OBS, NUM_EVAL, NUM_ORACLE = 4, 2, 200, 200
+    results = output_folder(RESULTS, args.smoke)
     torch.set_num_threads(1)
     start = time.perf_counter()
     with threadpool_limits(1):
@@ -452,11 +465,12 @@ def main() -> None:
             toy_rows.append(toy_section(n, args.reps, args.sbi_reps, args.sbi_perm_reps, []))
             print(toy_rows[-1], flush=True)
         flow = train_two_moons_nsf(args.moons_simulations, args.moons_epochs)
-        moons_rows = two_moons_section(flow, moons_ns, args.reps, args.sbi_reps)
+        moons_rows = two_moons_section(flow, moons_ns, args.reps, args.sbi_reps, results)
         print(moons_rows, flush=True)
     text = report(toy_rows, moons_rows, args, time.perf_counter() - start)
-    (RESULTS / "lc2st_vs_sbi.md").write_text(text)
+    (results / "lc2st_vs_sbi.md").write_text(text)
     print(text)
+    print("wrote", results / "lc2st_vs_sbi.md")
 
 
 if __name__ == "__main__":

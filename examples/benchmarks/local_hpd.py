@@ -34,7 +34,8 @@ L-C2ST-NF (``calib_lightning.LC2STNF``, default batched MLP classifiers) runs be
 through the same three methods, timed in the same run.
 
 Run:  python examples/benchmarks/local_hpd.py [--n 1000] [--runs 20] [--num-null 100]
-Writes examples/benchmarks/results/local_hpd.md.
+Writes examples/benchmarks/results/local_hpd.md (``--smoke``: 100 pairs, 1 run, 2 null
+refits, written to a temporary folder).
 
 References:
     Zhao, Dalmasso, Izbicki, Lee. "Diagnostics for conditional density models and
@@ -46,8 +47,12 @@ References:
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
+
+if not __package__:  # run as a file (python examples/x.py): make `examples` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np
 import torch
@@ -58,6 +63,7 @@ from torch.distributions import Independent, Normal
 import calib_lightning as cl
 from calib_lightning import as_posterior
 from calib_lightning.tasks import GaussianToy
+from examples._smoke import add_smoke_argument, output_folder
 
 RESULTS = Path(__file__).parent / "results"
 OBSERVATIONS = torch.tensor([[1.5, 0.0], [1.0, -1.0], [-1.0, 0.0], [-0.5, 1.5]])
@@ -78,10 +84,10 @@ class LocalHPD:
     name = "local-HPD"
 
     def __init__(self, num_alphas: int = 11, num_samples: int = 1000, num_null: int = 100,
-                 seed: int = 0) -> None:
+                 seed: int = 0, max_iter: int = 25000) -> None:
         self.alphas = np.linspace(0.0, 1.0, num_alphas + 2)[1:-1]
         self.num_samples, self.num_null, self.seed = num_samples, num_null, seed
-        self.classifier = MLPClassifier(alpha=0.0, max_iter=25000)
+        self.classifier = MLPClassifier(alpha=0.0, max_iter=max_iter)
         self.null: np.ndarray | None = None
         self.time_null = 0.0
 
@@ -158,14 +164,19 @@ class LocalDefect:
         return Independent(Normal(self.toy.weight * x, scale.sqrt().expand_as(x)), 1)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=1000, help="calibration pairs")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--num-null", type=int, default=100)
     parser.add_argument("--num-samples", type=int, default=1000, help="samples per HPD value")
-    args = parser.parse_args()
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    add_smoke_argument(parser)
+    args = parser.parse_args(argv)
+    hpd_options = {}  # the full run: 11 levels, classifiers trained to convergence
+    if args.smoke:
+        args.n, args.runs, args.num_null, args.num_samples = 100, 1, 2, 50
+        hpd_options = {"num_alphas": 3, "max_iter": 50}
+    results = output_folder(RESULTS, args.smoke)
     torch.manual_seed(0)
     toy = GaussianToy(dim=2)
     g = torch.Generator().manual_seed(0)
@@ -177,7 +188,7 @@ def main() -> None:
         "variance x4 where x_1 > 0.5": LocalDefect(toy),
     }
     methods = [
-        LocalHPD(num_samples=args.num_samples, num_null=args.num_null),
+        LocalHPD(num_samples=args.num_samples, num_null=args.num_null, **hpd_options),
         LC2STNFMethod(num_null=args.num_null),
     ]
     for method in methods:
@@ -203,8 +214,9 @@ def main() -> None:
         "# Local-HPD baseline (Zhao et al. 2021) vs L-C2ST-NF on the GaussianToy",
         "",
         f"GaussianToy D = 2, N = {args.n} calibration pairs (x's fixed, theta* redrawn per run), "
-        f"M = {args.num_samples} samples per HPD value, 11 levels, B = {args.num_null} null "
-        f"refits, {args.runs} runs, sklearn MLPClassifier(alpha=0, max_iter=25000). "
+        f"M = {args.num_samples} samples per HPD value, {methods[0].alphas.size} levels, "
+        f"B = {args.num_null} null refits, {args.runs} runs, sklearn MLPClassifier(alpha=0, "
+        f"max_iter={methods[0].classifier.max_iter}). "
         "Command: `python examples/benchmarks/local_hpd.py`"
         f" --n {args.n} --runs {args.runs} --num-null {args.num_null}.",
         "",
@@ -230,8 +242,9 @@ def main() -> None:
         one = float(np.mean(times[method.name]))
         lines.append(f"| {method.name} | {one:.2f} | {method.time_null:.1f} "
                      f"| {method.time_null / one:.0f} |")
-    (RESULTS / "local_hpd.md").write_text("\n".join(lines) + "\n")
+    (results / "local_hpd.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    print("wrote", results / "local_hpd.md")
 
 
 if __name__ == "__main__":

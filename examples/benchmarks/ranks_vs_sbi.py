@@ -25,22 +25,28 @@ cached across computes with the same N). A last row times the same check on an
 untrained zuko NSF posterior (N = 250), where drawing a sample costs what it does
 for a real neural posterior (ratio only; calibration there is meaningless).
 
-Run:  PYTHONPATH=. python examples/benchmarks/ranks_vs_sbi.py [--sizes 1000 5000]
-Writes examples/benchmarks/results/ranks_vs_sbi.md.
+Run:  python examples/benchmarks/ranks_vs_sbi.py [--sizes 1000 5000]
+Writes examples/benchmarks/results/ranks_vs_sbi.md (``--smoke``: N = 100, M = 100, one
+repeat, written to a temporary folder).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import warnings
 from pathlib import Path
+
+if not __package__:  # run as a file (python examples/x.py): make `examples` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 
 import calib_lightning as cl
 from calib_lightning.functional import bands
 from calib_lightning.tasks import GaussianToy
+from examples._smoke import add_smoke_argument, output_folder
 
 RESULTS = Path(__file__).parent / "results"
 M = 1000
@@ -125,16 +131,20 @@ def fmt(values):
     return ", ".join(f"{float(v):.2g}" for v in torch.as_tensor(values).flatten())
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    global M, FLOW_PAIRS
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-sbi", action="store_true")
     parser.add_argument("--skip-flow", action="store_true")
-    args = parser.parse_args()
+    add_smoke_argument(parser)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.sizes, args.repeats, M, FLOW_PAIRS = [100], 1, 100, 20
     torch.set_num_threads(args.threads)
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.results = output_folder(RESULTS, args.smoke)
     toy = GaussianToy(dim=2, noise_std=0.5)
     models = {"exact": toy.posterior(), "variance x2": toy.posterior(variance_scale=2.0)}
     speed, detect = [], []
@@ -143,7 +153,8 @@ def main() -> None:
         for name, model in models.items():
             torch.manual_seed(0)
             f, u, c, out = median([ours(model, theta, x) for _ in range(args.repeats)])
-            sbi = None if args.skip_sbi else sbi_check(model, theta, x)
+            skip = args.skip_sbi or (args.smoke and name != "exact")  # smoke: sbi runs once
+            sbi = None if skip else sbi_check(model, theta, x)
             speed.append((n, name, f, u, c, sbi))
             detect.append((n, name, out, sbi))
             print(f"N={n} {name}: floor {f:.3f}s update {u:.3f}s compute {c:.3f}s "
@@ -210,8 +221,9 @@ def write(speed, detect, args, flow_row) -> None:
             f"| {fmt(out['ecdf_p_values'])} | {float(out['coverage_error']):+.3f} "
             f"| {fmt(out['contraction'])} {tail}"
         )
-    (RESULTS / "ranks_vs_sbi.md").write_text("\n".join(lines) + "\n")
+    (args.results / "ranks_vs_sbi.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    print("wrote", args.results / "ranks_vs_sbi.md")
 
 
 if __name__ == "__main__":

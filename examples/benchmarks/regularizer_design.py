@@ -14,11 +14,12 @@ Three measurements, written to ``examples/benchmarks/results/regularizer_design.
    asks for a wider posterior), and the variance scale minimizing the mean loss on a
    grid.
 3. Cost. Seconds per optimizer step of the study's flow on batches of 128, NLL alone
-   and NLL plus each regularizer (``regularized_loss`` of ``examples/npe_regularized.py``),
+   and NLL plus each regularizer (``regularized_loss`` of ``examples/_npe.py``),
    interleaved in one process; ratios to NLL alone.
 
 Run: ``PYTHONPATH=. python examples/benchmarks/regularizer_design.py`` (about 5 min on
-one core; ``--quick`` for a smoke run).
+one core; ``--quick``: fewer repetitions; ``--smoke``: tiny sizes, seconds, written to a
+temporary folder).
 """
 
 from __future__ import annotations
@@ -30,14 +31,16 @@ import sys
 import time
 from pathlib import Path
 
+if not __package__:  # run as a file (python examples/x.py): make `examples` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 import torch
 from torch.distributions import Independent, Normal
 
 from calib_lightning.losses import CoverageLoss, KCCSDLoss
 from calib_lightning.tasks import GaussianLinearUniform, GaussianToy, TwoMoons
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from npe_regularized import build_flow, regularized_loss
+from examples._npe import build_flow, regularized_loss
+from examples._smoke import add_smoke_argument, output_folder
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NOISE = 0.3
@@ -174,24 +177,30 @@ def cost(steps: int, rounds: int) -> list[str]:
     return lines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    global BATCH
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="few repetitions (smoke run)")
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="few repetitions")
+    add_smoke_argument(parser)
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    reps = 20 if args.quick else 200
+    reps, dims, steps, rounds = 200, (2, 10), 10, 5
+    if args.quick:
+        reps, steps, rounds = 20, 5, 2
+    if args.smoke:
+        reps, dims, steps, rounds, BATCH = 2, (2,), 1, 1, 32
     out = ["# KCCSDLoss design measurements", "", "Produced by "
            "`PYTHONPATH=. python examples/benchmarks/regularizer_design.py`.", ""]  # fmt: skip
     out += ["## 1. Signal-to-noise per batch (mean / null sd)", ""]
-    out += [*sensitivity(reps, (2, 10)), ""]
+    out += [*sensitivity(reps, dims), ""]
     out += ["## 2. Gradient at the calibrated model", ""]
     out += [*gradient_bias(reps * 2, 2), ""]
     out += ["## 3. Cost per training step", ""]
-    out += [*cost(steps=5 if args.quick else 10, rounds=2 if args.quick else 5), ""]
-    RESULTS.mkdir(exist_ok=True)
+    out += [*cost(steps=steps, rounds=rounds), ""]
+    results = output_folder(RESULTS, args.smoke)
     name = "regularizer_design_quick.md" if args.quick else "regularizer_design.md"
-    (RESULTS / name).write_text("\n".join(out))
-    print(f"wrote {RESULTS / name}")
+    (results / name).write_text("\n".join(out))
+    print(f"wrote {results / name}")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ coupling layers, 3 transforms, 2 x 64 hidden, on standardized theta and x) from 
 same initialization on the same simulations: Adam (lr 1e-3), batches of 128,
 gradient clipping at 5, early stopping on the NLL of a 10 % validation split
 (patience 20 epochs, at most ``MAX_EPOCHS``), best validation state restored. The
-regularized loss is ``examples/npe_regularized.py``'s ``regularized_loss`` (a manual
-loop here, the Lightning module there: same loss, less overhead on a shared CPU).
+regularized loss is ``examples/_npe.py``'s ``regularized_loss`` (a manual loop here,
+the Lightning module ``NPE`` in ``examples/npe_regularized.py``: same loss, less
+overhead on a shared CPU).
 
 Held-out metrics on 1,000 fresh pairs per (task, seed): expected-coverage error and
 the joint energy-rank p-value of ``cl.RankCalibration`` (``coverage_error`` is the
@@ -27,6 +28,7 @@ them, so the study can be stopped and resumed. Run::
     PYTHONPATH=. python examples/benchmarks/regularizer_study.py --reverse  # 2nd process
     PYTHONPATH=. python examples/benchmarks/regularizer_study.py --timing   # epoch times
     PYTHONPATH=. python examples/benchmarks/regularizer_study.py --report   # table + plot
+    python examples/benchmarks/regularizer_study.py --smoke  # seconds, temporary folder
 
 Per-run epoch times on a shared machine mostly measure the neighbours' load;
 ``--timing`` measures each method's epoch time against plain NPE's with epochs
@@ -48,6 +50,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+if not __package__:  # run as a file (python examples/x.py): make `examples` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 import numpy as np
 import torch
 from torch import nn
@@ -55,9 +60,8 @@ from torch import nn
 import calib_lightning as cl
 from calib_lightning.losses import CoverageLoss, KCCSDLoss
 from calib_lightning.tasks import SLCP, GaussianLinearUniform, TwoMoons
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from npe_regularized import build_flow, regularized_loss
+from examples._npe import build_flow, regularized_loss
+from examples._smoke import add_smoke_argument, output_folder
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CACHE = RESULTS / "regularizer_study_runs.json"
@@ -334,6 +338,7 @@ def report() -> None:
     (RESULTS / "regularizer_study.md").write_text("\n".join(lines) + "\n")
     plot(table).savefig(RESULTS / "regularizer_study.png", dpi=120, bbox_inches="tight")
     print("\n".join(lines))
+    print("wrote", RESULTS / "regularizer_study.md", RESULTS / "regularizer_study.png")
 
 
 def _paired(row: dict, plain: dict, name: str) -> tuple[float, float]:
@@ -416,8 +421,9 @@ def plot(table: dict) -> object:
     return fig
 
 
-def main() -> None:
-    global CACHE
+def main(argv: list[str] | None = None) -> None:
+    global RESULTS, CACHE, TIMING, PATIENCE, NUM_TEST, NUM_RANK_SAMPLES, NUM_C2ST_OBS
+    global NUM_C2ST_SAMPLES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--budgets", nargs="+", type=int, default=list(BUDGETS))
@@ -428,7 +434,13 @@ def main() -> None:
     parser.add_argument("--reverse", action="store_true", help="last run first (for a 2nd process)")
     parser.add_argument("--timing", action="store_true", help="only the interleaved epoch timing")
     parser.add_argument("--report", action="store_true", help="only write the table and plot")
-    args = parser.parse_args()
+    add_smoke_argument(parser)
+    args = parser.parse_args(argv)
+    if args.smoke:  # every method once on a tiny Two Moons run, all files in a temporary folder
+        args.tasks, args.budgets, args.seeds, args.max_epochs = ["two_moons"], [100], 1, 2
+        RESULTS = output_folder(RESULTS, smoke=True)
+        args.cache, TIMING = RESULTS / CACHE.name, RESULTS / TIMING.name
+        PATIENCE, NUM_TEST, NUM_RANK_SAMPLES, NUM_C2ST_OBS, NUM_C2ST_SAMPLES = 1, 100, 20, 1, 50
     CACHE = args.cache
     torch.set_num_threads(1)
     if args.timing:

@@ -11,13 +11,18 @@ each check as a ratio to the time of drawing the samples it needs (same run).
 
 Run:  python examples/benchmarks/tarp_vs_sbi.py [--reps 20] [--n 1000]
 Writes examples/benchmarks/results/tarp_vs_sbi.md. Needs sbi (the benchmark extra).
+``--smoke``: 2 datasets of 100 pairs, 100 samples, written to a temporary folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
+
+if not __package__:  # run as a file (python examples/x.py): make `examples` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 import zuko
@@ -25,6 +30,7 @@ from sbi.diagnostics.tarp import _run_tarp, check_tarp, get_tarp_references
 
 from calib_lightning.functional import tarp
 from calib_lightning.tasks import GaussianToy
+from examples._smoke import add_smoke_argument, output_folder
 
 RESULTS = Path(__file__).parent / "results"
 CASES = {
@@ -35,13 +41,16 @@ CASES = {
 }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--samples", type=int, default=1000)
-    args = parser.parse_args()
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    add_smoke_argument(parser)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.reps, args.n, args.samples = 2, 100, 100
+    results = output_folder(RESULTS, args.smoke)
     toy = GaussianToy(dim=2)
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
@@ -104,8 +113,9 @@ def main() -> None:
         f"our check ({t_check:.3f} s per dataset) is {t_check / t_flow:.3f} x the flow's "
         "sampling time.",
     ]
-    (RESULTS / "tarp_vs_sbi.md").write_text("\n".join(lines) + "\n")
+    (results / "tarp_vs_sbi.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    print("wrote", results / "tarp_vs_sbi.md")
 
 
 if __name__ == "__main__":
