@@ -7,7 +7,7 @@ against a doubled spread (float32, spread 0.01, offset 100; 100 datasets of 100 
 points, 200 permutations) with the median bandwidths of the first three.
 Runs on any checkout (public API only), so before and after can be compared:
 
-    PYTHONPATH=. python examples/benchmarks/offsets.py
+    python examples/benchmarks/offsets.py            # --smoke: fewer pairs and datasets
 
 Measured (2 CPU cores): before (raw moments, uncentred distances) contraction
 [1.398, 0.601] at 1e6 and [-inf, -inf] at 1.1e9 instead of [0.503, 0.490];
@@ -21,12 +21,20 @@ power 1.00 with bandwidths 0.0228, 0.0240, 0.0243 as at offset 0.
 
 from __future__ import annotations
 
+import argparse
+import sys
+from pathlib import Path
+
+if not __package__:  # run as a file (python examples/x.py): make `examples` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 import torch
 from torch.distributions import Independent, Normal
 
 import calib_lightning as cl
 from calib_lightning.functional import frechet_distance, mmd
 from calib_lightning.metrics import FrechetDistance
+from examples._smoke import add_smoke_argument
 
 
 def posterior(offset: float, spread: float):
@@ -57,19 +65,26 @@ def frechet(offset: float) -> tuple[float, float]:
     return float(metric.compute()["frechet_distance"]), float(frechet_distance(a, b))
 
 
-def mmd_power(offset: float, spread: float = 0.01) -> tuple[float, list[float]]:
+def mmd_power(
+    offset: float, spread: float = 0.01, datasets: int = 100
+) -> tuple[float, list[float]]:
     g = torch.Generator().manual_seed(0)
-    y = spread * torch.randn(100, 100, 2, generator=g)
-    x = spread * torch.randn(100, 100, 2, generator=g)
+    y = spread * torch.randn(datasets, 100, 2, generator=g)
+    x = spread * torch.randn(datasets, 100, 2, generator=g)
     out = mmd(offset + 2.0 * y, offset + x, num_permutations=200, generator=g)
     return float((out["p_value"] <= 0.05).float().mean()), out["bandwidth"][:3].tolist()
 
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_smoke_argument(parser)
+    args = parser.parse_args()
     torch.set_num_threads(1)
+    n, datasets = (500, 10) if args.smoke else (2000, 100)
     for offset in (0.0, 1e6, 1.1e9):
-        print(f"contraction, offset {offset:g}: {contraction(offset)}")
+        print(f"contraction, offset {offset:g}: {contraction(offset, n=n)}")
     for offset in (0.0, 1e6):
         print(f"Frechet (stream, functional), offset {offset:g}: {frechet(offset)}")
     for offset in (0.0, 100.0):
-        print(f"MMD power and bandwidths, float32, offset {offset:g}: {mmd_power(offset)}")
+        power = mmd_power(offset, datasets=datasets)
+        print(f"MMD power and bandwidths, float32, offset {offset:g}: {power}")
