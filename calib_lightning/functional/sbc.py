@@ -22,8 +22,8 @@ fractional rank :math:`u = (r + U) / (M + 1)`, :math:`U \sim U(0, 1)`, is
 **Reading the sign** (the one convention of the package; every figure, summary and
 docstring that reads a direction refers here). A *coverage curve* is the fraction of
 truths inside the credible regions of level ``c`` against ``c``: the joint (energy)
-rank ECDF, ``coverage``, and TARP's ``ecp``. Its deviation from the diagonal
-(``ECDF(t) - t`` of the joint rank, ``coverage_error``, TARP's ``atc``) reads
+rank ECDF and ``coverage``. Its deviation from the diagonal (``ECDF(t) - t`` of the
+joint rank, ``coverage_error``) reads
 
 * **below 0 = over-confident**: the regions cover the truth less often than claimed
   (too narrow, or misplaced: a biased posterior also lands here);
@@ -36,7 +36,11 @@ among the draws of one parameter (rank = number of draws below the truth), so it
 read by its shape: above 0 on the left and below on the right (a U-shaped
 histogram) = too narrow, over-confident; the reverse (a hump) = too wide,
 under-confident; above 0 throughout = the posterior sits too high (its draws exceed
-the truth), below throughout = too low.
+the truth), below throughout = too low. TARP's ``ecp`` (random-reference balls,
+:mod:`calib_lightning.functional.tarp`) behaves like a marginal curve along a random
+direction: a dispersion error makes it S-shaped, so it is read on its upper half,
+:math:`c > 1/2`, where it follows the coverage convention (``atc``, its area there:
+negative = over-confident, positive = under-confident); on the lower half it mirrors.
 
 **Global p-value.** ``global_p_value`` tests "calibrated everywhere tested": the
 intersection of the ``D`` marginal and the joint uniformity hypotheses, combining
