@@ -6,18 +6,18 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric
 
 from calib_lightning._checks import check_choice, check_pairs, check_positive, check_probability
 from calib_lightning.functional.combine import COMBINATION_METHODS
 from calib_lightning.functional.ranks import MOMENT_DRAWS, posterior_ranks, rank_histogram
 from calib_lightning.functional.sbc import sharpness, summarize_ranks
+from calib_lightning.metrics._shapes import KeepShapes
 from calib_lightning.posteriors import Posterior
 
 __all__ = ["RankCalibration"]
 
 
-class RankCalibration(Metric):
+class RankCalibration(KeepShapes):
     r"""Simulation-based calibration with marginal and joint (energy) ranks, and sharpness.
 
     ``update(posterior, theta, x)`` draws ``M = num_posterior_samples`` samples per pair
