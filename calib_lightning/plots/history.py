@@ -37,7 +37,9 @@ def plot_history(
     p-values below :math:`10^{-4}` are drawn as downward triangles on the bottom edge
     and the legend says they are clipped.
     Other scalars (statistics, coverage errors) are drawn on a linear axis with a
-    dotted line at zero, their value under perfect calibration. Missing values
+    dotted line at zero, their value under perfect calibration; ``coverage_error`` and
+    ``atc`` panels say which side is over-confident (``Reading the sign`` in
+    :mod:`calib_lightning.functional.sbc`). Missing values
     (``nan``) leave gaps.
 
     Arguments:
@@ -86,6 +88,10 @@ def plot_history(
                 ax.axhline(level, color="tab:red", ls="--", lw=1, label=f"level {level:g}")
         else:
             ax.axhline(0.0, color="0.6", ls=":", lw=1)
+            if name.split("/")[0] in ("coverage_error", "atc"):  # the package's sign convention
+                ax.text(0.98, 0.04, "< 0: over-confident\n> 0: under-confident",
+                        transform=ax.transAxes, ha="right", va="bottom", fontsize="small",
+                        color="0.3")  # fmt: skip
         ax.plot(epochs, values, marker="o", ms=3, color="tab:blue")
         if is_p_value and level is not None:  # checks at which the test rejects
             rejected = [(e, v) for e, v in zip(epochs, values, strict=True) if v < level]
