@@ -651,3 +651,22 @@ def test_summary_gives_one_verdict_per_check_and_never_prints_zero():
     assert row.split()[:2] == ["local", "global_p_value"]
     assert row.endswith(" rejected")
     assert f"{float(combined):.4g}" in row
+
+
+def test_underflowing_p_values_are_logged_and_kept_above_zero(tmp_path):
+    from calib_lightning.callbacks import RankCalibrationCallback
+    from calib_lightning.functional.bands import P_VALUE_FLOOR
+
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(2000, torch.Generator().manual_seed(13))
+    callback = RankCalibrationCallback(theta, x, log_figures=False)
+    logger = CSVLogger(tmp_path, name="csv", version=0)
+    train = loader(*toy.sample(32, torch.Generator().manual_seed(14)))
+    # shifted by 3 posterior widths: every truth below every draw, chi-square tail ~ 1e-8000
+    trainer(max_epochs=1, logger=logger, callbacks=[callback]).fit(FixedPosterior(1.5), train)
+    assert callback.history["p_value"] == [P_VALUE_FLOOR]
+    assert callback.history["global_p_value"][0] > 0
+    with open(f"{logger.log_dir}/metrics.csv") as f:
+        (row,) = [r for r in csv.DictReader(f) if r.get("calibration/ranks/p_value")]
+    assert float(row["calibration/ranks/p_value"]) == pytest.approx(torch.finfo(torch.float32).tiny)
+    assert "< 2.2e-308" in summary_table([callback])

@@ -97,6 +97,8 @@ class CalibrationCallback(Callback):
             reason, logs NaN for the scalars, records NaN in the history and lets
             training go on; ``"raise"`` re-raises, ending ``Trainer.fit``. Under DDP a
             check that fails on one process only cannot be recovered: use ``"raise"``.
+            Errors in the callback's own setup (an ``estimator`` attribute that does
+            not exist, a ``dataloader`` that does not yield pairs) always raise.
 
     Logged p-values are floored at the smallest normal float32 (about ``1.2e-38``),
     since loggers store float32 and would show an underflowed p-value as exactly 0;
@@ -110,7 +112,8 @@ class CalibrationCallback(Callback):
         seconds: wall-clock seconds of each check (metric, logging and figures).
         last_result: the metric's output at the latest check, on the CPU (empty
             after a failed check).
-        errors: ``(epoch, message)`` of each check that failed under ``on_error="warn"``.
+        errors: ``(epoch, message)`` of each check that failed under ``on_error="warn"``
+            (saved with the checkpoint, like ``history``).
     """
 
     name: ClassVar[str] = "calibration"
@@ -276,6 +279,7 @@ class CalibrationCallback(Callback):
             "history": {k: list(v) for k, v in self.history.items()},
             "epochs": list(self.epochs),
             "seconds": list(self.seconds),
+            "errors": [list(error) for error in self.errors],
             "metric": self.metric.state_dict(),
             "extra": self.extra_state(),
         }
@@ -284,6 +288,7 @@ class CalibrationCallback(Callback):
         self.history = {k: list(v) for k, v in state_dict["history"].items()}
         self.epochs = list(state_dict["epochs"])
         self.seconds = list(state_dict.get("seconds", []))
+        self.errors = [(int(e), str(m)) for e, m in state_dict.get("errors", [])]
         self.metric.load_state_dict(state_dict["metric"])
         self.load_extra_state(state_dict.get("extra", {}))
 
@@ -298,7 +303,7 @@ class CalibrationCallback(Callback):
             try:
                 self._check(trainer, pl_module)
             except Exception as error:
-                if self.on_error == "raise":
+                if self.on_error == "raise" or isinstance(error, _SetupError):
                     raise
                 self._fail(trainer, pl_module, error, recorded=len(self.epochs) > checks,
                            seconds=time.perf_counter() - start)  # fmt: skip
@@ -316,9 +321,11 @@ class CalibrationCallback(Callback):
         epoch = trainer.current_epoch
         reason = f"{type(error).__name__}: {error}"
         self.errors.append((epoch, reason))
+        what = ("its figures failed after the scalars were logged" if recorded
+                else "failed and is recorded as NaN")  # fmt: skip
         warnings.warn(
-            f"{type(self).__name__} ({self.tag_name}) check at epoch {epoch} failed and is "
-            f"recorded as NaN; training goes on (on_error='raise' stops it). {reason}",
+            f"{type(self).__name__} ({self.tag_name}) check at epoch {epoch} {what}; "
+            f"training goes on (on_error='raise' stops it). {reason}",
             RuntimeWarning,
             stacklevel=2,
         )
@@ -383,7 +390,7 @@ class CalibrationCallback(Callback):
             return functools.reduce(getattr, self.estimator.split("."), pl_module)
         except AttributeError:
             children = [name for name, _ in pl_module.named_children()]
-            raise ValueError(
+            raise _SetupError(
                 f"estimator must name an attribute of {type(pl_module).__name__}, got "
                 f"{self.estimator!r}; its submodules are {children}. Pass estimator='name' "
                 "or a function pl_module -> estimator"
@@ -401,7 +408,7 @@ class CalibrationCallback(Callback):
         if self.dataloader is None:
             theta, x = self.theta[rank::world], self.x[rank::world]
             if theta.shape[0] == 0:
-                raise ValueError(
+                raise _SetupError(
                     f"theta must have at least world_size = {world} rows to give every "
                     f"process a share, got {self.theta.shape[0]}"
                 )
@@ -413,7 +420,7 @@ class CalibrationCallback(Callback):
         for i, batch in enumerate(self.dataloader):
             if sharded or i % world == rank:
                 if not (isinstance(batch, list | tuple) and len(batch) == 2):
-                    raise ValueError(
+                    raise _SetupError(
                         "dataloader must yield (theta, x) pairs, got a batch of type "
                         f"{type(batch).__name__}" + (f" of length {len(batch)}"
                                                      if isinstance(batch, list | tuple) else "")
@@ -450,6 +457,10 @@ class CalibrationCallback(Callback):
         for key, values in self.histograms(result).items():
             for writer in writers:
                 writer.add_histogram(f"{base}/{key}", values.detach().cpu(), global_step=step)
+
+
+class _SetupError(ValueError):
+    """A mistake in the callback's configuration: raised whatever ``on_error`` says."""
 
 
 def _loggable(key: str, value: Tensor) -> Tensor:
