@@ -441,7 +441,7 @@ def test_rank_callback_logs_scalars_figures_and_rank_histograms(tmp_path, shift)
 
     acc = events(logger.log_dir)
     expected = (
-        {"p_value", "coverage_error", "num_pairs"}
+        {"global_p_value", "p_value", "coverage_error", "num_pairs"}
         | {
             f"{key}/{d}"
             for key in ("marginal_p_values", "contraction", "mean_squared_error")
@@ -494,6 +494,8 @@ def test_lc2st_nf_callback_logs_per_observation_tests_maps_and_reference_scores(
     keys = ("statistic", "p_value", "mmd", "mmd_p_value", "frechet_distance", "density",
             "coverage", "oracle_c2st")  # fmt: skip
     expected = {f"calibration/lc2st_nf/{k}/{o}" for k in keys for o in (0, 1)}
+    if "global_p_value" in callback.last_result:  # the O local tests combined
+        expected.add("calibration/lc2st_nf/global_p_value")
     assert set(acc.Tags()["scalars"]) - {"epoch"} == expected
     figures = {"history", "pp", "probability_map/0", "probability_map/1"}
     assert set(acc.Tags()["images"]) == {f"calibration/lc2st_nf/{f}" for f in figures}
@@ -534,3 +536,138 @@ def test_lc2st_nf_callback_resume_does_not_retrain_the_null(tmp_path, data, monk
     assert resumed.epochs == [0, 1, 2, 3]
     assert resumed.history["p_value/0"][:2] == first.history["p_value/0"]
     torch.testing.assert_close(resumed.metric.null_statistics, first.metric.null_statistics)
+
+
+class DivergingPosterior(L.LightningModule):
+    """The exact Gaussian-toy posterior, except that at ``bad_epoch`` its flow
+    "diverges": NaN location, so NaN draws and log-probabilities."""
+
+    def __init__(self, bad_epoch):
+        super().__init__()
+        self.dummy = torch.nn.Parameter(torch.zeros(()))
+        self.bad_epoch = bad_epoch
+
+    def flow(self, x):
+        toy = GaussianToy(dim=2)
+        loc = toy.weight * x
+        if self.current_epoch == self.bad_epoch:
+            loc = loc * math.nan
+        scale = math.sqrt(toy.weight * toy.noise_std**2)
+        return torch.distributions.Independent(
+            torch.distributions.Normal(loc, scale, validate_args=False), 1
+        )
+
+    def training_step(self, batch, batch_idx):
+        return self.dummy**2
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_failing_check_warns_logs_nan_and_training_goes_on(tmp_path):
+    from calib_lightning.callbacks import RankCalibrationCallback
+
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(200, torch.Generator().manual_seed(11))
+    callback = RankCalibrationCallback(
+        theta, x, metric=cl.RankCalibration(20, num_dims=2), log_figures=False
+    )
+    logger = CSVLogger(tmp_path, name="csv", version=0)
+    train = loader(*toy.sample(32, torch.Generator().manual_seed(12)))
+    fit = trainer(max_epochs=3, logger=logger, callbacks=[callback])
+    with pytest.warns(RuntimeWarning, match=r"epoch 1 failed.*ValueError.*(NaN|nan)"):
+        fit.fit(DivergingPosterior(bad_epoch=1), train)
+
+    assert fit.current_epoch == 3  # all epochs ran
+    assert callback.epochs == [0, 1, 2]
+    assert [epoch for epoch, _ in callback.errors] == [1]
+    verdicts = callback.history["global_p_value"]
+    assert math.isfinite(verdicts[0])
+    assert math.isnan(verdicts[1])
+    assert math.isfinite(verdicts[2])
+    assert all(math.isnan(values[1]) for values in callback.history.values())
+    with open(f"{logger.log_dir}/metrics.csv") as f:  # the logger got NaN at the failed check
+        rows = [r for r in csv.DictReader(f) if r.get("calibration/ranks/global_p_value")]
+    logged = [float(r["calibration/ranks/global_p_value"]) for r in rows]
+    assert len(logged) == 3
+    assert math.isnan(logged[1])
+    assert logged[0] > 0
+    assert logged[2] > 0
+    assert "not rejected" in summary_table([callback])  # verdict of the last check
+
+    callback.history["global_p_value"][-1] = math.nan  # a run whose last check failed
+    assert "check failed" in summary_table([callback])
+
+
+def test_failing_check_raises_with_on_error_raise():
+    from calib_lightning.callbacks import RankCalibrationCallback
+
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(200, torch.Generator().manual_seed(11))
+    callback = RankCalibrationCallback(
+        theta, x, metric=cl.RankCalibration(20, num_dims=2), on_error="raise", log_figures=False
+    )
+    train = loader(*toy.sample(32, torch.Generator().manual_seed(12)))
+    fit = trainer(max_epochs=3, callbacks=[callback])
+    with pytest.raises(ValueError, match=r"(NaN|nan)"):
+        fit.fit(DivergingPosterior(bad_epoch=1), train)
+    assert callback.epochs == [0]  # the failed check left no entry
+    assert fit.current_epoch == 1
+    with pytest.raises(ValueError, match="on_error must be one of"):
+        RankCalibrationCallback(theta, x, on_error="ignore")
+
+
+def test_summary_gives_one_verdict_per_check_and_never_prints_zero():
+    from calib_lightning.callbacks import RankCalibrationCallback
+    from calib_lightning.functional.bands import P_VALUE_FLOOR
+
+    theta, x = torch.zeros(4, 2), torch.zeros(4, 2)
+    ranks = RankCalibrationCallback(theta, x)
+    ranks.epochs = [0, 5]
+    ranks.history = {  # every test of a calibrated check is "significant" at 0.05 alone...
+        "global_p_value": [P_VALUE_FLOOR, 0.2],
+        "p_value": [P_VALUE_FLOOR, 0.03],
+        "coverage_error": [-0.2, 0.01],
+        "marginal_p_values/0": [1e-9, 0.04],
+    }
+    kccsd = KCCSDCallback(theta, x)
+    kccsd.epochs, kccsd.history = [0, 5], {"p_value": [0.001, 0.01], "statistic": [3.0, 1.0]}
+    table = summary_table([ranks, kccsd]).splitlines()
+    verdicts = [line for line in table[1:] if line.endswith("rejected")]
+    assert len(verdicts) == 2  # one per check
+    assert verdicts[0].split()[:2] == ["ranks", "global_p_value"]
+    assert verdicts[0].endswith("not rejected")  # ...but the check's verdict is the global one
+    assert verdicts[1].split()[:2] == ["kccsd", "p_value"]
+    assert verdicts[1].endswith(" rejected")
+    assert "< 2.2e-308" in table[1]
+    assert " 0 " not in " ".join(table)
+
+    class Local(CalibrationCallback):  # a check with several p-values and no global one
+        history_keys = ("p_value",)
+
+    local = Local(cl.KCCSD(), theta, x, name="local")
+    local.epochs, local.history = [0, 5], {"p_value/0": [0.5, 0.004], "p_value/1": [0.5, 0.9]}
+    (row,) = [line for line in summary_table([local]).splitlines() if "rejected" in line]
+    combined = cl.functional.combine_p_values(torch.tensor([0.004, 0.9], dtype=torch.float64))
+    assert row.split()[:2] == ["local", "global_p_value"]
+    assert row.endswith(" rejected")
+    assert f"{float(combined):.4g}" in row
+
+
+def test_underflowing_p_values_are_logged_and_kept_above_zero(tmp_path):
+    from calib_lightning.callbacks import RankCalibrationCallback
+    from calib_lightning.functional.bands import P_VALUE_FLOOR
+
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(2000, torch.Generator().manual_seed(13))
+    callback = RankCalibrationCallback(theta, x, log_figures=False)
+    logger = CSVLogger(tmp_path, name="csv", version=0)
+    train = loader(*toy.sample(32, torch.Generator().manual_seed(14)))
+    # shifted by 3 posterior widths: every truth below every draw, chi-square tail ~ 1e-8000
+    trainer(max_epochs=1, logger=logger, callbacks=[callback]).fit(FixedPosterior(1.5), train)
+    assert callback.history["p_value"] == [P_VALUE_FLOOR]
+    assert callback.history["global_p_value"][0] > 0
+    with open(f"{logger.log_dir}/metrics.csv") as f:
+        (row,) = [r for r in csv.DictReader(f) if r.get("calibration/ranks/p_value")]
+    assert float(row["calibration/ranks/p_value"]) == pytest.approx(torch.finfo(torch.float32).tiny)
+    assert "< 2.2e-308" in summary_table([callback])

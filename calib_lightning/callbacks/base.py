@@ -15,6 +15,15 @@ pairs. After the first epoch and then every ``every_n_epochs`` epochs of ``Train
 4. on rank zero, writes figures (``add_figure``) and histograms (``add_histogram``)
    to every ``TensorBoardLogger``; without one it logs scalars only, warning once.
 
+A check that fails (NaN log-probabilities of a diverging flow, a singular covariance)
+does not end a long run by default (``on_error="warn"``): the callback warns with the
+reason, logs NaN for its scalars, records NaN in the history and training goes on;
+``on_error="raise"`` stops the run instead.
+
+The verdict of a check is one p-value at the callback's ``level``
+(:meth:`CalibrationCallback.verdict_key`): ``global_p_value`` for a metric that runs
+several tests (rank calibration, L-C2ST), else its ``p_value``.
+
 A diagnostic subclass only says which metric to build, which scalars to log and
 which figures to draw (:meth:`~CalibrationCallback.scalars`,
 :meth:`~CalibrationCallback.figures`, :meth:`~CalibrationCallback.histograms`).
@@ -25,6 +34,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
@@ -37,7 +47,7 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 from torch.utils.data import DistributedSampler
 
-from calib_lightning._checks import check_pairs, check_positive, check_probability
+from calib_lightning._checks import check_choice, check_pairs, check_positive, check_probability
 from calib_lightning.plots.history import plot_history
 from calib_lightning.posteriors import Posterior, as_posterior
 
@@ -81,14 +91,29 @@ class CalibrationCallback(Callback):
         batch_size: calibration pairs per ``update`` when ``theta``/``x`` are tensors;
             ``None`` feeds each process's shard in one call.
         log_figures: write figures and histograms to TensorBoard.
-        level: test level drawn on p-value plots and used by summaries.
+        level: test level of the verdict (:meth:`verdict_key`), drawn on p-value plots
+            and used by :func:`~calib_lightning.callbacks.summary_table`.
+        on_error: what a failing check does: ``"warn"`` (default) warns with the
+            reason, logs NaN for the scalars, records NaN in the history and lets
+            training go on; ``"raise"`` re-raises, ending ``Trainer.fit``. Under DDP a
+            check that fails on one process only cannot be recovered: use ``"raise"``.
+            Errors in the callback's own setup (an ``estimator`` attribute that does
+            not exist, a ``dataloader`` that does not yield pairs) always raise.
+
+    Logged p-values are floored at the smallest normal float32 (about ``1.2e-38``),
+    since loggers store float32 and would show an underflowed p-value as exactly 0;
+    ``history`` keeps the float64 values.
 
     Attributes:
-        history: scalar key -> its value at each check (``nan`` where it was missing).
+        history: scalar key -> its value at each check (``nan`` where it was missing
+            or the check failed).
         epochs: the epoch of each check. ``history`` and ``epochs`` are saved with the
             checkpoint and continue after a resume.
         seconds: wall-clock seconds of each check (metric, logging and figures).
-        last_result: the metric's output at the latest check, on the CPU.
+        last_result: the metric's output at the latest check, on the CPU (empty
+            after a failed check).
+        errors: ``(epoch, message)`` of each check that failed under ``on_error="warn"``
+            (saved with the checkpoint, like ``history``).
     """
 
     name: ClassVar[str] = "calibration"
@@ -113,6 +138,7 @@ class CalibrationCallback(Callback):
         batch_size: int | None = None,
         log_figures: bool = True,
         level: float = 0.05,
+        on_error: str = "warn",
     ) -> None:
         super().__init__()
         if self.metric_type is not None and not isinstance(metric, self.metric_type):
@@ -148,16 +174,18 @@ class CalibrationCallback(Callback):
                 f"got {type(estimator).__name__}"
             )
         check_probability("level", level)
+        check_choice("on_error", on_error, ("warn", "raise"))
         self.metric = metric
         self.theta, self.x, self.dataloader = theta, x, dataloader
         self.every_n_epochs, self.estimator, self.batch_size = every_n_epochs, estimator, batch_size
         self.prefix = prefix.rstrip("/")
         self.tag_name = name if name is not None else self.name
-        self.log_figures, self.level = log_figures, level
+        self.log_figures, self.level, self.on_error = log_figures, level, on_error
         self.history: dict[str, list[float]] = {}
         self.epochs: list[int] = []
         self.seconds: list[float] = []
         self.last_result: dict[str, Tensor] = {}
+        self.errors: list[tuple[int, str]] = []
         self._warned_no_tensorboard = False
         self._handled_epoch: int | None = None
         self._first_epoch = 0
@@ -193,6 +221,18 @@ class CalibrationCallback(Callback):
         title = f"{self.tag_name}: calibration over training"
         history = {k: self.history[k] for k in keys}
         return {"history": plot_history(self.epochs, history, level=self.level, title=title)}
+
+    def verdict_key(self) -> str | None:
+        """The history key the verdict of a check is read from, at ``level``.
+
+        ``global_p_value`` when the metric reports one (several tests combined so that
+        the verdict keeps its level), else a single ``p_value``; ``None`` if neither
+        was logged.
+        """
+        for key in ("global_p_value", "p_value"):
+            if key in self.history:
+                return key
+        return None
 
     def headline_keys(self) -> list[str]:
         """History keys whose first part is in ``history_keys``, in that order."""
@@ -239,6 +279,7 @@ class CalibrationCallback(Callback):
             "history": {k: list(v) for k, v in self.history.items()},
             "epochs": list(self.epochs),
             "seconds": list(self.seconds),
+            "errors": [list(error) for error in self.errors],
             "metric": self.metric.state_dict(),
             "extra": self.extra_state(),
         }
@@ -247,6 +288,7 @@ class CalibrationCallback(Callback):
         self.history = {k: list(v) for k, v in state_dict["history"].items()}
         self.epochs = list(state_dict["epochs"])
         self.seconds = list(state_dict.get("seconds", []))
+        self.errors = [(int(e), str(m)) for e, m in state_dict.get("errors", [])]
         self.metric.load_state_dict(state_dict["metric"])
         self.load_extra_state(state_dict.get("extra", {}))
 
@@ -257,16 +299,59 @@ class CalibrationCallback(Callback):
             return
         self._handled_epoch = epoch
         if epoch == self._first_epoch or (epoch + 1) % self.every_n_epochs == 0:
-            self._check(trainer, pl_module)
+            checks, start = len(self.epochs), time.perf_counter()
+            try:
+                self._check(trainer, pl_module)
+            except Exception as error:
+                if self.on_error == "raise" or isinstance(error, _SetupError):
+                    raise
+                self._fail(trainer, pl_module, error, recorded=len(self.epochs) > checks,
+                           seconds=time.perf_counter() - start)  # fmt: skip
+
+    def _fail(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        error: Exception,
+        *,
+        recorded: bool,
+        seconds: float,
+    ) -> None:
+        """``on_error="warn"``: warn, log and record NaN, keep the history, train on."""
+        epoch = trainer.current_epoch
+        reason = f"{type(error).__name__}: {error}"
+        self.errors.append((epoch, reason))
+        what = ("its figures failed after the scalars were logged" if recorded
+                else "failed and is recorded as NaN")  # fmt: skip
+        warnings.warn(
+            f"{type(self).__name__} ({self.tag_name}) check at epoch {epoch} {what}; "
+            f"training goes on (on_error='raise' stops it). {reason}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        self.last_result = {}
+        if recorded:  # the scalars went out; a figure failed afterwards
+            return
+        keys = list(self.history) or list(self.history_keys)
+        nan = torch.tensor(math.nan)
+        pl_module.log_dict(
+            {f"{self.prefix}/{self.tag_name}/{k}": nan for k in keys},
+            on_step=False, on_epoch=True,
+        )  # fmt: skip
+        self._record(epoch, dict.fromkeys(keys, math.nan))
+        self.seconds.append(seconds)
 
     def _check(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Tensor]:
         """Run the metric, log and record the result (all processes call it: the metric syncs)."""
         start = time.perf_counter()
         result = self._compute(trainer, pl_module)
-        scalars = {k: v.detach().float().reshape(()) for k, v in self.scalars(result).items()}
+        scalars = {k: v.detach().reshape(()) for k, v in self.scalars(result).items()}
+        logged = {
+            f"{self.prefix}/{self.tag_name}/{k}": _loggable(k, v) for k, v in scalars.items()
+        }
         pl_module.log_dict(
-            {f"{self.prefix}/{self.tag_name}/{k}": v for k, v in scalars.items()},
-            on_step=False, on_epoch=True, sync_dist=True,  # equal on all ranks: mean is a no-op
+            logged, on_step=False, on_epoch=True,
+            sync_dist=True,  # equal on all ranks: mean is a no-op
         )  # fmt: skip
         self._record(trainer.current_epoch, {k: float(v) for k, v in scalars.items()})
         self.last_result = {k: v.detach().cpu() for k, v in result.items()}
@@ -305,7 +390,7 @@ class CalibrationCallback(Callback):
             return functools.reduce(getattr, self.estimator.split("."), pl_module)
         except AttributeError:
             children = [name for name, _ in pl_module.named_children()]
-            raise ValueError(
+            raise _SetupError(
                 f"estimator must name an attribute of {type(pl_module).__name__}, got "
                 f"{self.estimator!r}; its submodules are {children}. Pass estimator='name' "
                 "or a function pl_module -> estimator"
@@ -323,7 +408,7 @@ class CalibrationCallback(Callback):
         if self.dataloader is None:
             theta, x = self.theta[rank::world], self.x[rank::world]
             if theta.shape[0] == 0:
-                raise ValueError(
+                raise _SetupError(
                     f"theta must have at least world_size = {world} rows to give every "
                     f"process a share, got {self.theta.shape[0]}"
                 )
@@ -335,7 +420,7 @@ class CalibrationCallback(Callback):
         for i, batch in enumerate(self.dataloader):
             if sharded or i % world == rank:
                 if not (isinstance(batch, list | tuple) and len(batch) == 2):
-                    raise ValueError(
+                    raise _SetupError(
                         "dataloader must yield (theta, x) pairs, got a batch of type "
                         f"{type(batch).__name__}" + (f" of length {len(batch)}"
                                                      if isinstance(batch, list | tuple) else "")
@@ -372,6 +457,18 @@ class CalibrationCallback(Callback):
         for key, values in self.histograms(result).items():
             for writer in writers:
                 writer.add_histogram(f"{base}/{key}", values.detach().cpu(), global_step=step)
+
+
+class _SetupError(ValueError):
+    """A mistake in the callback's configuration: raised whatever ``on_error`` says."""
+
+
+def _loggable(key: str, value: Tensor) -> Tensor:
+    """float32 for the loggers; p-values floored at the smallest normal float32."""
+    out = value.float()
+    if key.split("/")[0].endswith("p_value"):
+        out = out.clamp_min(torch.finfo(torch.float32).tiny)
+    return out
 
 
 def _describe(value: object) -> str:

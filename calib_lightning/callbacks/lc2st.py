@@ -29,8 +29,10 @@ class LC2STNFCallback(CalibrationCallback):
     first check, in one batched fit, and kept in the checkpoint, so later checks and a
     resumed run cost one classifier fit and one inverse pass of the flow.
 
-    Logs, under ``{prefix}/lc2st_nf/``, one entry per reference observation ``o``:
-    ``p_value/<o>`` (small = the posterior at :math:`x_o` is wrong) and
+    Logs, under ``{prefix}/lc2st_nf/``, ``global_p_value`` (the verdict: the ``O``
+    local tests combined into one p-value for "correct at every observation" that
+    keeps its level, when the metric reports it), and one entry per reference
+    observation ``o``: ``p_value/<o>`` (small = the posterior at :math:`x_o` is wrong) and
     ``statistic/<o>`` (:math:`T(x_o)`, 0 when the classifier cannot tell the flow's
     latents from normal draws). Figures: ``pp`` (PP-plots with the null band),
     ``probability_map/<o>`` (the classifier's probability over 1-D and 2-D marginals
@@ -64,10 +66,10 @@ class LC2STNFCallback(CalibrationCallback):
     """
 
     name: ClassVar[str] = "lc2st_nf"
-    history_keys: ClassVar[tuple[str, ...]] = ("p_value", "oracle_c2st")
+    history_keys: ClassVar[tuple[str, ...]] = ("global_p_value", "p_value", "oracle_c2st")
     metric_type: ClassVar[type] = LC2STNF
     scalar_keys: ClassVar[tuple[str, ...]] = (
-        "statistic", "p_value", *_REFERENCE_KEYS, "oracle_c2st"
+        "global_p_value", "statistic", "p_value", *_REFERENCE_KEYS, "oracle_c2st"
     )  # fmt: skip
 
     def __init__(

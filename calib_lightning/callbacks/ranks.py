@@ -22,9 +22,12 @@ __all__ = ["RankCalibrationCallback"]
 class RankCalibrationCallback(CalibrationCallback):
     r"""Streaming SBC every ``every_n_epochs`` epochs: marginal and energy ranks, coverage.
 
-    Logs, under ``{prefix}/ranks/``: ``p_value`` (joint energy-rank uniformity; small
-    means miscalibrated), ``coverage_error`` (signed area of the expected-coverage
-    curve: **negative = over-confident**, positive = under-confident),
+    Logs, under ``{prefix}/ranks/``: ``global_p_value`` (the verdict: every marginal
+    and joint test combined into one p-value that keeps its level; small means
+    miscalibrated somewhere), ``p_value`` (joint energy-rank uniformity),
+    ``coverage_error`` (signed area of the expected-coverage curve:
+    **negative = over-confident**, positive = under-confident; the convention of
+    :mod:`calib_lightning.functional.sbc`),
     ``marginal_p_values/<d>`` and ``ecdf_p_values/<d>`` per dimension (the last
     ``ecdf_p_values`` entry is the joint rank), ``contraction/<d>`` (1 - posterior
     variance / prior variance: 0 for a posterior no sharper than the prior) and
@@ -53,10 +56,10 @@ class RankCalibrationCallback(CalibrationCallback):
     """
 
     name: ClassVar[str] = "ranks"
-    history_keys: ClassVar[tuple[str, ...]] = ("p_value", "coverage_error")
+    history_keys: ClassVar[tuple[str, ...]] = ("global_p_value", "p_value", "coverage_error")
     metric_type: ClassVar[type] = RankCalibration
     scalar_keys: ClassVar[tuple[str, ...]] = (
-        "p_value", "coverage_error", "num_pairs",
+        "global_p_value", "p_value", "coverage_error", "num_pairs",
         "marginal_p_values", "ecdf_p_values", "contraction", "mean_squared_error",
     )  # fmt: skip
 

@@ -49,6 +49,7 @@ from calib_lightning._checks import check_finite, check_positive, check_probabil
 from calib_lightning.functional.ranks import _check_counts
 
 __all__ = [
+    "P_VALUE_FLOOR",
     "band_coverage",
     "ecdf_levels",
     "ecdf_test",
@@ -60,6 +61,11 @@ __all__ = [
 _CANDIDATES = 32  # band levels tried per pass of the recursion
 _PRECISION = 1e-3  # relative width of the final bracket on gamma
 _TINY_P_VALUE = 1e-6  # below this, ecdf_test returns the Bonferroni bound (see there)
+
+#: Smallest p-value an analytic test reports: the smallest normal float64, about
+#: ``2.2e-308``. A tail probability that underflows below it is reported as this value,
+#: an upper bound on the exact p-value (so still a valid p-value), never as exactly 0.
+P_VALUE_FLOOR: float = float(torch.finfo(torch.float64).tiny)
 
 
 def ecdf_levels(num_posterior_samples: int, num_points: int | None = 100) -> Tensor:
@@ -298,7 +304,7 @@ def ecdf_test(ecdf: Tensor, levels: Tensor, num_ranks: int) -> tuple[Tensor, Ten
     band at level } t)`, exact by :func:`band_coverage`. When
     :math:`K t < 10^{-6}` the p-value is reported as the Bonferroni bound
     :math:`\min(1, K t)` (an upper bound; the exact recursion would need the full
-    ``N``-wide band).
+    ``N``-wide band), floored at :data:`P_VALUE_FLOOR`.
 
     Arguments:
         ecdf: ``(*, K)`` ECDF values (multiples of ``1 / N``).
@@ -339,4 +345,4 @@ def ecdf_test(ecdf: Tensor, levels: Tensor, num_ranks: int) -> tuple[Tensor, Ten
         inside = band_coverage(z, torch.as_tensor(lower).long(), torch.as_tensor(upper).long(), n)
         p_value[exact] = 1.0 - inside
     p_value = p_value.reshape(statistic.shape)
-    return statistic.to(ecdf.device), p_value.clamp(0.0, 1.0).to(ecdf.device)
+    return statistic.to(ecdf.device), p_value.clamp(P_VALUE_FLOOR, 1.0).to(ecdf.device)

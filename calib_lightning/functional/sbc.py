@@ -3,9 +3,9 @@ r"""Simulation-based calibration from rank histograms: tests, curves, coverage, 
 :func:`summarize_ranks` turns the rank histogram of
 :func:`~calib_lightning.functional.ranks.sbc_ranks` (``D`` marginal rows and the joint
 energy row) into p-values (:func:`uniformity_test`, a chi-square test against the
-*discrete* uniform, and the exact ECDF-band test), ECDF curves with their bands, the
-expected-coverage curve and its signed error; :func:`sharpness` adds contraction and
-the error of the posterior mean. It is what
+*discrete* uniform, and the exact ECDF-band test), one ``global_p_value`` over all of
+them, ECDF curves with their bands, the expected-coverage curve and its signed error;
+:func:`sharpness` adds contraction and the error of the posterior mean. It is what
 :class:`calib_lightning.RankCalibration` computes; :func:`rank_calibration` does the
 same in one call for users who already hold posterior samples and log-densities.
 
@@ -17,17 +17,58 @@ fractional rank :math:`u = (r + U) / (M + 1)`, :math:`U \sim U(0, 1)`, is
 
 .. math::
     \mathrm{coverage\_error} = \int_0^1 (P(u \le c) - c)\, dc
-    = \frac{1}{2} - E[u] = \frac{M / 2 - \bar r}{M + 1},
+    = \frac{1}{2} - E[u] = \frac{M / 2 - \bar r}{M + 1}.
 
-zero in expectation under calibration, **negative when over-confident** (credible
-regions too small or misplaced: the truth is less probable than typical draws) and
-**positive when under-confident** (regions too wide).
+**Reading the sign** (the one convention of the package; every figure, summary and
+docstring that reads a direction refers here). A *coverage curve* is the fraction of
+truths inside the credible regions of level ``c`` against ``c``: the joint (energy)
+rank ECDF and ``coverage``. Its deviation from the diagonal (``ECDF(t) - t`` of the
+joint rank, ``coverage_error``) reads
+
+* **below 0 = over-confident**: the regions cover the truth less often than claimed
+  (too narrow, or misplaced: a biased posterior also lands here);
+* **above 0 = under-confident**: they cover more often than claimed (too wide,
+  conservative);
+* 0 in expectation under calibration.
+
+A *marginal* rank ECDF is not a coverage curve but the CDF of where the truth falls
+among the draws of one parameter (rank = number of draws below the truth), so it is
+read by its shape: above 0 on the left and below on the right (a U-shaped
+histogram) = too narrow, over-confident; the reverse (a hump) = too wide,
+under-confident; above 0 throughout = the posterior sits too high (its draws exceed
+the truth), below throughout = too low. TARP's ``ecp`` (random-reference balls,
+:mod:`calib_lightning.functional.tarp`) behaves like a marginal curve along a random
+direction: a dispersion error makes it S-shaped, so it is read on its upper half,
+:math:`c > 1/2`, where it follows the coverage convention (``atc``, its area there:
+negative = over-confident, positive = under-confident); on the lower half it mirrors.
+
+**Global p-value.** ``global_p_value`` tests "calibrated everywhere tested": the
+intersection of the ``D`` marginal and the joint uniformity hypotheses, combining
+*all* ``2 (D + 1)`` p-values the check reports (chi-square and ECDF-band, marginals
+and joint) with :func:`~calib_lightning.functional.combine.combine_p_values`. The
+ECDF-band tests are included because they are the tests the figures draw (the
+verdict weighs every test a user sees) and because they are the more powerful
+against smooth shifts and dispersion errors, while the chi-square tests see
+non-monotone ones; both test the same hypotheses, so including both adds evidence,
+not hypotheses, and costs at most a factor 2 when a single test carries the signal.
+The tests share data (the same histogram, correlated parameters), so the combination
+must hold its level under dependence: the Cauchy combination (default: valid under
+arbitrary dependence in the tail, and more powerful than Bonferroni when several tests
+are weakly significant together, the typical signature of a global dispersion error)
+or Holm's smallest adjusted p-value (exact under any dependence, conservative: for
+when a guarantee matters more than power).
+
+Analytic p-values are never exactly 0: tail probabilities that underflow are reported
+as :data:`~calib_lightning.functional.bands.P_VALUE_FLOOR` (about ``2.2e-308``), an
+upper bound on the exact p-value.
 
 References:
     Talts et al. "Validating Bayesian inference algorithms with simulation-based
     calibration." arXiv:1804.06788 (2018). Säilynoja, Bürkner, Vehtari. "Graphical
     test for discrete uniformity ..." Statistics and Computing 32, 32 (2022).
     Seed 004 ("validation of SBI"): energy ranks, ECDF - t curves and their bands.
+    Liu, Xie. "Cauchy Combination Test: A Powerful Test With Analytic p-Value
+    Calculation Under Arbitrary Dependency Structures." JASA 115 (2020).
 """
 
 from __future__ import annotations
@@ -37,12 +78,14 @@ from torch import Tensor
 
 from calib_lightning._checks import check_positive, check_probability
 from calib_lightning.functional.bands import (
+    P_VALUE_FLOOR,
     ecdf_levels,
     ecdf_test,
     pointwise_band,
     rank_ecdf,
     simultaneous_band,
 )
+from calib_lightning.functional.combine import COMBINATION_METHODS, combine_p_values
 from calib_lightning.functional.ranks import _check_counts, rank_histogram, sbc_ranks
 
 __all__ = [
@@ -76,7 +119,9 @@ def uniformity_test(histogram: Tensor, num_bins: int | None = None) -> tuple[Ten
     :math:`\lfloor (b+1)(M+1)/B \rfloor - \lfloor b(M+1)/B \rfloor` values each, whose
     probabilities under discrete uniformity are exact, so no integer rank is ever
     compared with a continuous uniform. Statistic
-    :math:`X^2 = \sum_b (O_b - E_b)^2 / E_b`, p-value :math:`P(\chi^2_{B-1} \ge X^2)`.
+    :math:`X^2 = \sum_b (O_b - E_b)^2 / E_b`, p-value :math:`P(\chi^2_{B-1} \ge X^2)`,
+    floored at :data:`~calib_lightning.functional.bands.P_VALUE_FLOOR` where it
+    underflows (an upper bound, never exactly 0).
 
     Arguments:
         histogram: rank counts ``(*, M + 1)``, the same total ``N`` per row.
@@ -102,7 +147,7 @@ def uniformity_test(histogram: Tensor, num_bins: int | None = None) -> tuple[Ten
     expected = n * (edges[1:] - edges[:-1]).double() / m1
     statistic = ((observed - expected) ** 2 / expected).sum(-1)
     p_value = torch.special.gammaincc(torch.tensor((num_bins - 1) / 2.0), statistic / 2)
-    return statistic, p_value
+    return statistic, p_value.clamp_min(P_VALUE_FLOOR)
 
 
 def sharpness(
@@ -141,8 +186,9 @@ def sharpness(
 def coverage_error(histogram: Tensor) -> Tensor:
     r"""Signed area between the expected-coverage curve and the diagonal.
 
-    :math:`(M/2 - \bar r) / (M + 1)` from energy-rank counts; negative means
-    over-confident, positive under-confident (see the module docstring).
+    :math:`(M/2 - \bar r) / (M + 1)` from energy-rank counts; **negative means
+    over-confident, positive under-confident** ("Reading the sign" in the module
+    docstring).
 
     Arguments:
         histogram: energy-rank counts ``(*, M + 1)``.
@@ -168,6 +214,7 @@ def summarize_ranks(
     alpha: float = 0.05,
     num_bins: int | None = None,
     num_ecdf_points: int | None = 100,
+    global_method: str = "cauchy",
 ) -> dict[str, Tensor]:
     r"""Tests, curves and coverage from rank counts ``(*, D + 1, M + 1)`` (joint row last).
 
@@ -177,6 +224,8 @@ def summarize_ranks(
         alpha: level of the bands.
         num_bins: chi-square bins (default ``min(M + 1, 20, max(2, N // 5))``).
         num_ecdf_points: ``K`` levels of the ECDF curves (at most ``M``).
+        global_method: ``"cauchy"`` or ``"holm"``, how ``global_p_value`` combines the
+            ``2 (D + 1)`` tests (see the module docstring).
 
     Returns:
         Dict of tensors (``*`` the leading batch shape):
@@ -186,6 +235,8 @@ def summarize_ranks(
         * ``marginal_p_values``, ``marginal_statistics`` ``(*, D)``: same per dimension;
         * ``ecdf_p_values`` ``(*, D + 1)``: exact p-values of the simultaneous-band test
           (:func:`~calib_lightning.functional.bands.ecdf_test`), dims then joint;
+        * ``global_p_value`` ``(*)``: all ``2 (D + 1)`` p-values above combined by
+          ``global_method`` (H0: every rank is uniform; the check's verdict);
         * ``coverage_error`` ``(*)``: negative = over-confident, positive =
           under-confident (:func:`coverage_error`);
         * ``levels`` ``(K,)``, ``ecdf`` ``(*, D + 1, K)``, ``coverage`` ``(*, K)``
@@ -201,6 +252,10 @@ def summarize_ranks(
         (1.0, 0.0)
     """
     check_probability("alpha", alpha)
+    if global_method not in COMBINATION_METHODS:
+        raise ValueError(
+            f"global_method must be one of {COMBINATION_METHODS}, got {global_method!r}"
+        )
     if histogram.ndim < 2 or histogram.shape[-2] < 2 or histogram.shape[-1] < 2:
         raise ValueError(
             f"histogram must have shape (*, D + 1, M + 1) with D >= 1, M >= 1, "
@@ -229,6 +284,9 @@ def summarize_ranks(
         "marginal_p_values": p_value[..., :-1],
         "marginal_statistics": statistic[..., :-1],
         "ecdf_p_values": ecdf_p,
+        "global_p_value": combine_p_values(
+            torch.cat([p_value, ecdf_p.to(p_value)], -1), method=global_method
+        ).clamp_min(P_VALUE_FLOOR),
         "coverage_error": coverage_error(histogram[..., -1, :]),
         "levels": levels.to(device),
         "ecdf": ecdf,
@@ -252,6 +310,7 @@ def rank_calibration(
     alpha: float = 0.05,
     num_bins: int | None = None,
     num_ecdf_points: int | None = 100,
+    global_method: str = "cauchy",
     generator: torch.Generator | None = None,
 ) -> dict[str, Tensor]:
     r"""Full rank-calibration check from posterior samples the caller already has.
@@ -261,7 +320,7 @@ def rank_calibration(
         log_prob_samples: their log-densities ``(M, *, N)``.
         theta: true parameters ``(*, N, D)``.
         log_prob_theta: their log-densities ``(*, N)`` (``-inf`` allowed).
-        alpha, num_bins, num_ecdf_points: as in :func:`summarize_ranks`.
+        alpha, num_bins, num_ecdf_points, global_method: as in :func:`summarize_ranks`.
         generator: for tie-breaking.
 
     Returns:
@@ -292,8 +351,9 @@ def rank_calibration(
         )
     ranks = sbc_ranks(samples, log_prob_samples, theta, log_prob_theta, generator=generator)
     out = summarize_ranks(
-        rank_histogram(ranks, m), alpha=alpha, num_bins=num_bins, num_ecdf_points=num_ecdf_points
-    )
+        rank_histogram(ranks, m), alpha=alpha, num_bins=num_bins,
+        num_ecdf_points=num_ecdf_points, global_method=global_method,
+    )  # fmt: skip
     diff = (samples - theta).double()
     mean_error = diff.mean(0)
     variance = diff.var(0)  # unbiased, over the M draws

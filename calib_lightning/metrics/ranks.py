@@ -6,10 +6,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric
 from torchmetrics.utilities.distributed import gather_all_tensors
 
-from calib_lightning._checks import check_pairs, check_positive, check_probability
+from calib_lightning._checks import check_choice, check_pairs, check_positive, check_probability
 from calib_lightning._distributed import max_over_processes
 from calib_lightning._moments import (
     merge_moments,
@@ -17,14 +16,16 @@ from calib_lightning._moments import (
     moments,
     variance_from_moments,
 )
+from calib_lightning.functional.combine import COMBINATION_METHODS
 from calib_lightning.functional.ranks import MOMENT_DRAWS, posterior_ranks, rank_histogram
 from calib_lightning.functional.sbc import sharpness, summarize_ranks
+from calib_lightning.metrics._shapes import KeepShapes
 from calib_lightning.posteriors import Posterior
 
 __all__ = ["RankCalibration"]
 
 
-class RankCalibration(Metric):
+class RankCalibration(KeepShapes):
     r"""Simulation-based calibration with marginal and joint (energy) ranks, and sharpness.
 
     ``update(posterior, theta, x)`` draws ``M = num_posterior_samples`` samples per pair
@@ -39,11 +40,18 @@ class RankCalibration(Metric):
     and ``M``, unlike comparing integer ranks with a continuous uniform).
     ``ecdf_p_values`` (dims, then joint) are exact p-values of the simultaneous ECDF
     band test of Säilynoja et al. (2022): a curve leaves the plotted band exactly
-    when its p-value falls below ``alpha``.
+    when its p-value falls below ``alpha``. ``global_p_value`` combines all
+    ``2 (D + 1)`` of them (Cauchy combination by default, ``global_method="holm"``
+    for Holm's bound) into one p-value for "calibrated everywhere tested" that keeps
+    its level although the tests share data: judge the check by it, and read the
+    individual p-values to see *where* it fails (see
+    :mod:`calib_lightning.functional.sbc`, "Global p-value"). p-values are never
+    exactly 0 (floored at about ``2.2e-308``).
 
     Sign of ``coverage_error`` (signed area between the expected-coverage curve and
     the diagonal): **negative = over-confident** (HPD credible regions cover the truth
-    less often than their level), **positive = under-confident**.
+    less often than their level), **positive = under-confident**; the package's one
+    convention, stated in :mod:`calib_lightning.functional.sbc` ("Reading the sign").
 
     Sharpness, so that a calibrated but useless posterior (the prior) shows as such:
     ``contraction`` :math:`= 1 - \overline{\mathrm{Var}_q} / \mathrm{Var}_{\mathrm{prior}}`
@@ -72,6 +80,8 @@ class RankCalibration(Metric):
         num_ecdf_points: levels ``K`` of the ECDF curves (at most ``M``).
         max_chunk_elements: memory bound of ``update`` (see
             :func:`~calib_lightning.functional.ranks.posterior_ranks`).
+        global_method: ``"cauchy"`` (default) or ``"holm"``: how ``global_p_value``
+            combines the tests.
 
     Example:
         >>> from calib_lightning.tasks import GaussianToy
@@ -84,7 +94,7 @@ class RankCalibration(Metric):
         >>> out = metric.compute()
         >>> int(out["num_pairs"]), out["histogram"].shape
         (1000, torch.Size([3, 100]))
-        >>> bool(out["p_value"] > 0.01), round(float(out["contraction"].mean()), 1)
+        >>> bool(out["global_p_value"] > 0.01), round(float(out["contraction"].mean()), 1)
         (True, 0.8)
 
     References:
@@ -112,6 +122,7 @@ class RankCalibration(Metric):
         num_bins: int | None = None,
         num_ecdf_points: int | None = 100,
         max_chunk_elements: int = 2**20,
+        global_method: str = "cauchy",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -128,6 +139,8 @@ class RankCalibration(Metric):
         if num_ecdf_points is not None:
             check_positive("num_ecdf_points", num_ecdf_points, integer=True)
         check_positive("max_chunk_elements", max_chunk_elements, integer=True)
+        check_choice("global_method", global_method, COMBINATION_METHODS)
+        self.global_method = global_method
         self.num_posterior_samples, self.num_dims = num_posterior_samples, num_dims
         self.alpha, self.num_bins, self.num_ecdf_points = alpha, num_bins, num_ecdf_points
         self.max_chunk_elements = max_chunk_elements
@@ -199,7 +212,9 @@ class RankCalibration(Metric):
     def compute(self) -> dict[str, Tensor]:
         """p-values, coverage error, sharpness and the curves (see the class docstring).
 
-        Keys: those of :func:`~calib_lightning.functional.sbc.summarize_ranks`, plus
+        Keys: those of :func:`~calib_lightning.functional.sbc.summarize_ranks` (among
+        them ``global_p_value`` ``()``, the verdict, and ``marginal_p_values`` ``(D,)``,
+        ``ecdf_p_values`` ``(D + 1,)``, also for ``D = 1``), plus
         ``outside_band`` ``(D + 1,)`` (the ECDF leaves the simultaneous band), and
         ``contraction``, ``mean_squared_error``, ``posterior_variance``,
         ``prior_variance`` ``(D,)``.
@@ -211,7 +226,7 @@ class RankCalibration(Metric):
             )
         out = summarize_ranks(
             self.histogram, alpha=self.alpha, num_bins=self.num_bins,
-            num_ecdf_points=self.num_ecdf_points,
+            num_ecdf_points=self.num_ecdf_points, global_method=self.global_method,
         )  # fmt: skip
         simultaneous = out["simultaneous_band"].to(out["ecdf"])
         deviation = out["ecdf"] - out["levels"]

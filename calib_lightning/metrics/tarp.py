@@ -246,7 +246,13 @@ class TARP(Metric):
         return tarp_counts(ranks, self.num_posterior_samples).to(self.counts.device)
 
     def compute(self) -> dict[str, Tensor]:
-        """Statistic, p-value, ATC, band, the curve (``alpha``, ``ecp``) and ``num_samples``."""
+        """Statistic, p-value, ATC, band, the curve (``alpha``, ``ecp``) and ``num_samples``.
+
+        TARP runs one test, so ``p_value`` is its verdict (no ``global_p_value``); it is a
+        Monte Carlo p-value, never below ``1 / (num_null + 1)``. ``atc`` follows the
+        package's sign convention on the upper half of the curve (negative =
+        over-confident; ``Reading the sign`` in :mod:`calib_lightning.functional.sbc`).
+        """
         counts = self.counts
         pending = self._pending_counts()
         if pending is not None:

@@ -18,6 +18,8 @@ from calib_lightning._checks import check_probability
 
 __all__ = ["plot_history"]
 
+_FLOOR = 1e-4  # bottom of the p-value axis; smaller values are drawn clipped to it
+
 
 def plot_history(
     epochs: Sequence[int],
@@ -32,8 +34,12 @@ def plot_history(
     Keys ending in ``p_value`` are drawn on a logarithmic axis clipped to
     :math:`[10^{-4}, 1]` with a dashed line at ``level``: points below the line (red)
     are checks at which the test rejects :math:`H_0` ("the posterior is calibrated").
+    p-values below :math:`10^{-4}` are drawn as downward triangles on the bottom edge
+    and the legend says they are clipped.
     Other scalars (statistics, coverage errors) are drawn on a linear axis with a
-    dotted line at zero, their value under perfect calibration. Missing values
+    dotted line at zero, their value under perfect calibration; ``coverage_error`` and
+    ``atc`` panels say which side is over-confident (``Reading the sign`` in
+    :mod:`calib_lightning.functional.sbc`). Missing values
     (``nan``) leave gaps.
 
     Arguments:
@@ -74,20 +80,30 @@ def plot_history(
         values = [float(v) for v in values]
         is_p_value = name.split("/")[-1].endswith("p_value")
         if is_p_value:
-            values = [v if math.isnan(v) else min(max(v, 1e-4), 1.0) for v in values]
+            clipped = [(e, _FLOOR) for e, v in zip(epochs, values, strict=True) if v < _FLOOR]
+            values = [v if math.isnan(v) else min(max(v, _FLOOR), 1.0) for v in values]
             ax.set_yscale("log")
-            ax.set_ylim(0.8e-4, 1.25)
+            ax.set_ylim(0.6 * _FLOOR, 1.25)
             if level is not None:
                 ax.axhline(level, color="tab:red", ls="--", lw=1, label=f"level {level:g}")
-                ax.legend(loc="lower right", fontsize="small", frameon=False)
         else:
             ax.axhline(0.0, color="0.6", ls=":", lw=1)
+            if name.split("/")[0] in ("coverage_error", "atc"):  # the package's sign convention
+                ax.text(0.98, 0.04, "< 0: over-confident\n> 0: under-confident",
+                        transform=ax.transAxes, ha="right", va="bottom", fontsize="small",
+                        color="0.3")  # fmt: skip
         ax.plot(epochs, values, marker="o", ms=3, color="tab:blue")
         if is_p_value and level is not None:  # checks at which the test rejects
             rejected = [(e, v) for e, v in zip(epochs, values, strict=True) if v < level]
             if rejected:
                 ax.plot(*zip(*rejected, strict=True), ls="none", marker="o", ms=4,
-                        color="tab:red")
+                        color="tab:red")  # fmt: skip
+        if is_p_value:
+            if clipped:
+                ax.plot(*zip(*clipped, strict=True), ls="none", marker="v", ms=6,
+                        color="tab:red", label=f"p < {_FLOOR:g} (clipped)")  # fmt: skip
+            if level is not None or clipped:
+                ax.legend(loc="lower right", fontsize="small", frameon=False)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("epoch")
         ax.set_ylabel(name)

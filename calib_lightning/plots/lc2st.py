@@ -33,6 +33,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from calib_lightning._checks import check_positive
+from calib_lightning.plots._format import format_p_value
 from calib_lightning.plots.ranks import _labels
 
 __all__ = ["plot_pp", "plot_probability_map"]
@@ -87,7 +88,9 @@ def plot_pp(
             ``statistic``, ``p_value``).
         observations: indices of the observations to draw (default: all).
         names: a title per drawn observation.
-        alpha: level at which a panel is marked "rejected".
+        alpha: level at which a panel is marked "rejected" (each observation's test
+            alone) and at which the title judges ``global_p_value``, the verdict over
+            all observations, when ``result`` has it.
         panel_size: inches per panel.
     """
     grid, ecdf, band, stat, p = _get(
@@ -111,12 +114,18 @@ def plot_pp(
     for ax, i, k in zip(axes, picks, range(len(picks)), strict=False):
         verdict = "rejected" if p[i] <= alpha else "not rejected"
         name = names[k] if names is not None else f"observation {i}"
-        title = f"{name}\nT = {stat[i]:.2g}, p = {p[i]:.3f} ({verdict})"
+        title = f"{name}\nT = {stat[i]:.2g}, {format_p_value(p[i], 3)} ({verdict})"
         _pp_axes(ax, grid, ecdf[i], band[:, i], title)
     for ax in axes[len(picks) :]:
         ax.set_visible(False)
     axes[0].legend(loc="best", fontsize=7, framealpha=0.8)
-    fig.suptitle("Local PP-plots: a consistent posterior stays inside the grey band", fontsize=10)
+    title = "Local PP-plots: a consistent posterior stays inside the grey band"
+    if "global_p_value" in result:
+        global_p = float(result["global_p_value"])
+        verdict = "rejected" if global_p <= alpha else "not rejected"
+        title += (f"\nall observations: global {format_p_value(global_p, 3)} ({verdict}; "
+                  "the verdict, panels are judged alone)")  # fmt: skip
+    fig.suptitle(title, fontsize=10)
     return fig
 
 

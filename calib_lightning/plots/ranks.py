@@ -11,6 +11,11 @@ Each function takes the dict of :class:`calib_lightning.RankCalibration` ``.comp
 * :func:`plot_expected_coverage`: coverage of the highest-density credible regions
   against their level, with over- and under-confident regions labelled.
 
+Directions are read by the package's one convention (``Reading the sign`` in
+:mod:`calib_lightning.functional.sbc`): on the joint curve and the coverage curve,
+below 0 / below the diagonal = over-confident, above = under-confident; marginal curves
+by their shape. p-values print as ``p < 2.2e-308`` at the analytic floor, never as 0.
+
 References:
     Talts et al. (2018), "Validating Bayesian inference algorithms with
     simulation-based calibration"; Säilynoja, Bürkner, Vehtari (2022), "Graphical
@@ -26,6 +31,7 @@ from scipy import stats
 from torch import Tensor
 
 from calib_lightning.functional.sbc import _binned_counts
+from calib_lightning.plots._format import format_p_value
 
 __all__ = ["plot_expected_coverage", "plot_rank_ecdf", "plot_rank_histograms"]
 
@@ -106,7 +112,7 @@ def plot_rank_histograms(
         colors = ["tab:red" if o else "tab:blue" for o in outside]
         ax.bar(left, row / expected, width=width, align="edge", color=colors, alpha=0.8, lw=0)
         ax.axhline(1.0, color="0.3", ls="--", lw=1)
-        ax.set_title(f"{name}  (p = {pv:.2g})", fontsize=9)
+        ax.set_title(f"{name}  ({format_p_value(pv)})", fontsize=9)
         ax.set_xlim(0, 1)
         ax.set_ylim(bottom=0)
         ax.set_xlabel("rank of the truth / (M + 1)", fontsize=8)
@@ -178,27 +184,32 @@ def plot_rank_ecdf(
     colors = [f"C{i % 10}" for i in range(d)]
     for i in range(d):
         axes[0].plot(tt, [0, *dev[i], 0], color=colors[i], lw=1.3,
-                     label=f"{names[i]} (p = {float(ecdf_p[i]):.2g})")  # fmt: skip
+                     label=f"{names[i]} ({format_p_value(ecdf_p[i])})")  # fmt: skip
     axes[1].plot(tt, [0, *dev[d], 0], color="k", lw=1.5,
-                 label=f"{_JOINT} (p = {float(ecdf_p[d]):.2g})")  # fmt: skip
+                 label=f"{_JOINT} ({format_p_value(ecdf_p[d])})")  # fmt: skip
     axes[0].set_ylabel("ECDF(t) − t", fontsize=8)
     axes[0].set_title("Marginal ranks, one curve per dimension", fontsize=9)
     axes[1].set_title("Joint energy rank", fontsize=9)
     for ax in axes:
         ax.legend(fontsize=7, loc="lower left", ncol=2 if d > 3 else 1)
     axes[0].text(0.02, 0.98,
-                 "above 0 on the left, below on the right: too narrow (over-confident)\n"
+                 "read by shape: above 0 on the left, below on the right: too narrow\n"
+                 "  (over-confident)\n"
                  "below 0 on the left, above on the right: too wide (under-confident)\n"
                  "above 0 throughout: posterior too high; below throughout: too low",
                  transform=axes[0].transAxes, **_NOTE)  # fmt: skip
     axes[1].text(0.02, 0.98,
-                 "below 0: truth less probable than the posterior's draws\n"
-                 "  (over-confident or biased)\n"
-                 "above 0: truth more probable than its draws (under-confident)",
+                 "this curve is the expected coverage minus its level:\n"
+                 "below 0: over-confident (truth less probable than the draws;\n"
+                 "  regions too narrow or misplaced, cover too rarely)\n"
+                 "above 0: under-confident (regions too wide, cover too often)",
                  transform=axes[1].transAxes, **_NOTE)  # fmt: skip
     top = max(abs(dev).max(), float(simultaneous.abs().max()))
     axes[0].set_ylim(-1.25 * top, 1.9 * top)
-    fig.suptitle("ECDF − t: inside the grey band everywhere = calibrated", fontsize=10)
+    title = "ECDF − t: inside the grey band everywhere = calibrated"
+    if "global_p_value" in result:
+        title += f"   (all tests combined: global {format_p_value(result['global_p_value'])})"
+    fig.suptitle(title, fontsize=10)
     return fig
 
 
@@ -211,7 +222,10 @@ def plot_expected_coverage(
     lowest energy; the curve is the fraction of calibration pairs whose truth lies
     inside (the ECDF of the joint energy rank). Above the diagonal the regions cover
     more often than claimed (under-confident, conservative); below, less often
-    (over-confident). The grey band is the simultaneous :math:`1 - \alpha` band.
+    (over-confident), the convention of :mod:`calib_lightning.functional.sbc`. The grey
+    band is the simultaneous :math:`1 - \alpha` band; the title says on which side the
+    curve leaves it (both sides: the regions are misplaced or misshapen rather than
+    uniformly too narrow or too wide).
 
     Arguments:
         result: ``RankCalibration.compute()``'s dict (``levels``, ``coverage``,
@@ -257,8 +271,14 @@ def plot_expected_coverage(
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=7, loc="center right", bbox_to_anchor=(1.0, 0.3))
     deviation = coverage - t
-    if bool(((deviation < simultaneous[0]) | (deviation > simultaneous[1])).any()):
-        verdict = "leaves the band: " + ("over" if float(error) < 0 else "under") + "-confident"
+    below = bool((deviation < simultaneous[0] - 1e-12).any())
+    above = bool((deviation > simultaneous[1] + 1e-12).any())
+    if below and above:
+        verdict = "leaves the band on both sides: misplaced or misshapen regions"
+    elif below:
+        verdict = "leaves the band below: over-confident"
+    elif above:
+        verdict = "leaves the band above: under-confident"
     else:
         verdict = "inside the band: consistent with calibration"
     ax.set_title(f"Expected coverage (energy rank)\n{verdict}", fontsize=9)

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from calib_lightning.plots._format import format_p_value
+
 __all__ = ["plot_tarp"]
 
 
@@ -20,10 +22,14 @@ def plot_tarp(
 
     The grey band is the simultaneous band of the TARP test: under calibration the
     whole curve stays inside it with probability ``1 - level``, and the test rejects
-    exactly when the curve leaves it (up to the Monte Carlo error of the band). The
-    shaded area between the curve and the diagonal for :math:`\alpha > 1/2` is the ATC:
-    above the diagonal the posterior is conservative (too wide), below it is
-    over-confident (too narrow).
+    exactly when the curve leaves it (up to the Monte Carlo error of the band). Read the
+    curve on its right half, :math:`\alpha > 1/2`, where the shaded area between the
+    curve and the diagonal is the ATC: above the diagonal the posterior is
+    conservative (under-confident, too wide), below it is over-confident (too narrow),
+    as for every coverage curve of the package (``Reading the sign`` in
+    :mod:`calib_lightning.functional.sbc`). The left half mirrors the right one
+    (random references see a dispersion error like a marginal rank does: an S-shaped
+    curve), so it is left unshaded and a note on the figure says so.
 
     Arguments:
         result: the dict returned by :func:`calib_lightning.functional.tarp`,
@@ -61,11 +67,14 @@ def plot_tarp(
     ax.plot(alpha, ecp, color="black", lw=1.6, label="expected coverage")
     summary = []
     if "p_value" in result:
-        summary.append(f"p = {float(result['p_value']):.3g}")
+        summary.append(format_p_value(result["p_value"], digits=3))
     if "atc" in result:
         summary.append(f"ATC = {float(result['atc']):+.3f}")
     if summary:
         ax.text(0.03, 0.97, ", ".join(summary), transform=ax.transAxes, va="top", fontsize=9)
+    ax.text(0.03, 0.89, "read α > 1/2: above = too wide,\nbelow = over-confident;\n"
+            "α < 1/2 mirrors it", transform=ax.transAxes, va="top", fontsize=7,
+            color="0.3")  # fmt: skip
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_aspect("equal")
