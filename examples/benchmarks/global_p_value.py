@@ -9,13 +9,18 @@ Power: 200 datasets per small error of ``GaussianToy(dim=5)``, rejection rates o
 default and of the combinations it was chosen over.
 
 Run:  python examples/benchmarks/global_p_value.py [--level-reps 1000] [--power-reps 200]
-Writes examples/benchmarks/results/global_p_value.md (about 5 minutes on one core).
+Writes examples/benchmarks/results/global_p_value.md (about 5 minutes on one core);
+``--smoke`` runs a few datasets and writes to a temporary folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+
+if not __package__:  # run as a file (python examples/x.py): make `examples` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 from scipy import stats
@@ -24,6 +29,7 @@ from torch.distributions import MultivariateNormal
 import calib_lightning as cl
 from calib_lightning.functional import combine_p_values
 from calib_lightning.tasks import GaussianToy
+from examples._smoke import add_smoke_argument, output_folder
 
 RESULTS = Path(__file__).parent / "results"
 DIM, PAIRS = 5, 200
@@ -73,7 +79,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--level-reps", type=int, default=1000)
     parser.add_argument("--power-reps", type=int, default=200)
+    add_smoke_argument(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.level_reps, args.power_reps = 4, 2
     torch.set_num_threads(1)
     toy = GaussianToy(dim=DIM)
     low, high = stats.binom.ppf([0.005, 0.995], args.level_reps, 0.05) / args.level_reps
@@ -106,8 +115,9 @@ def main() -> None:
             f"| {rate(single[:, 5])} |"
         )
         print(lines[-1], flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "global_p_value.md").write_text("\n".join(lines) + "\n")
+    path = output_folder(RESULTS, args.smoke) / "global_p_value.md"
+    path.write_text("\n".join(lines) + "\n")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
