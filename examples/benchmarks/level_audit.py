@@ -339,9 +339,8 @@ def make_jobs(args: argparse.Namespace) -> list[tuple]:
                 reps = list(range(count))
                 for start in range(0, count, args.chunk):
                     jobs.append((model, test, variant, reps[start : start + args.chunk]))
-    # expensive jobs first, so that the pool ends evenly
-    cost = {"lc2st": 0, "lc2stnf": 1, "ranks": 2, "tarp": 3, "kccsd": 4, "skce": 5}
-    return sorted(jobs, key=lambda j: (cost[j[1]], j[0] != "flow2"))
+    # cheap jobs first, so that a partial report already has the many-dataset rows
+    return sorted(jobs, key=lambda j: (is_heavy(j[0], j[1]), j[1] in LOCAL_TESTS))
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -379,31 +378,49 @@ def main(argv: list[str] | None = None) -> str:
     jobs = make_jobs(args)
     collected: dict = defaultdict(lambda: defaultdict(list))
     seconds: dict = defaultdict(lambda: (0.0, 0.0, 0))
-    if args.workers > 1:
-        ctx = mp.get_context("spawn")
-        with ctx.Pool(args.workers, _init, (flow_state, args.threads, sizes)) as pool:
-            results = list(pool.imap_unordered(run_job, jobs))
-    else:
-        _init(flow_state, args.threads, sizes)
-        results = [run_job(job) for job in jobs]
-    for model, test, variant, out, (wall, cpu), count in results:
+    path = args.output if args.output is not None else (None if args.smoke else RESULTS)
+
+    def add(result: tuple, done: int) -> str:
+        model, test, variant, out, (wall, cpu), count = result
         for key, values in out.items():
             collected[(model, test, variant)][key].extend(values)
         old = seconds[(model, test)]
         seconds[(model, test)] = (old[0] + wall, old[1] + cpu, old[2] + count)
-    wall = time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        text = render(args, argv, collected, seconds, elapsed, train_seconds, done, len(jobs))
+        if path is not None:  # rewritten after every job: a long run shows its progress
+            path.write_text(text)
+        return text
+
+    text = ""
+    if args.workers > 1:
+        ctx = mp.get_context("spawn")
+        with ctx.Pool(args.workers, _init, (flow_state, args.threads, sizes)) as pool:
+            for done, result in enumerate(pool.imap_unordered(run_job, jobs), 1):
+                text = add(result, done)
+    else:
+        _init(flow_state, args.threads, sizes)
+        for done, job in enumerate(jobs, 1):
+            text = add(run_job(job), done)
+    print(text)
+    return text
+
+
+def render(args: argparse.Namespace, argv: list[str] | None, collected: dict, seconds: dict,
+           wall: float, train_seconds: float, done: int, total: int) -> str:
     command = "PYTHONPATH=. python examples/benchmarks/level_audit.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
     report = io.StringIO()
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    progress = "" if done == total else f" **Partial: {done} of {total} jobs done.**"
     report.write(
         "# Level and power audit of the calibration tests\n\n"
         f"Command: `{command.strip()}`, {when}. Machine: {platform.machine()}, "
         f"{os.cpu_count()} cores shared with other jobs (load average "
         f"{os.getloadavg()[0]:.1f} at the end), torch {torch.__version__}, "
         f"{args.workers} worker processes x {args.threads} torch thread(s). Total wall time "
-        f"{wall:.0f} s (flow training {train_seconds:.0f} s).\n\n"
+        f"{wall:.0f} s (flow training {train_seconds:.0f} s).{progress}\n\n"
         f"Each dataset: N = {args.n} fresh calibration pairs from the model's joint and "
         f"O = {args.observations} reference observations x_o from its simulator; one fresh "
         "metric per dataset with default arguments. Rejection at p <= 0.05. H0 rate: the "
@@ -422,13 +439,7 @@ def main(argv: list[str] | None = None) -> str:
     )
     for model in args.models:
         report.write(table(model, collected, seconds) + "\n\n")
-    text = report.getvalue()
-    if args.output is not None:
-        args.output.write_text(text)
-    elif not args.smoke:
-        RESULTS.write_text(text)
-    print(text)
-    return text
+    return report.getvalue()
 
 
 if __name__ == "__main__":
