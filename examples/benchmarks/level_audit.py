@@ -28,7 +28,7 @@ average marginal posterior sd).
 Tests and p-values: KCCSD ``p_value``; SKCE (functional ``skce_test`` on
 ``skce_matrix_gaussian``, defaults; diagonal Gaussian posteriors only); RankCalibration
 ``p_value`` (joint energy rank), ``marginal_p_values``, ``ecdf_p_values`` (marginals,
-then joint), ``global_p_value``; TARP ``p_value`` (and ``global_p_value`` if any);
+then joint), ``global_p_value``; TARP ``p_value`` (one test, so no global p-value);
 LC2ST and LC2STNF ``p_value`` per observation and ``global_p_value``. A key a metric does
 not return is reported as n/a.
 
@@ -234,8 +234,8 @@ def run_test(test: str, model, posterior, theta, x, observations, smoke: bool) -
             for d, p in enumerate(ecdf[:-1]):
                 result[f"ecdf_p_values[{d}]"] = p
             result["ecdf_p_values[joint]"] = ecdf[-1]
-        result["global_p_value"] = _scalar(out, "global_p_value")
-        return result
+            result["global_p_value"] = _scalar(out, "global_p_value")
+        return result  # TARP runs one test: its p_value is the verdict
     metric_cls = cl.LC2ST if test == "lc2st" else cl.LC2STNF
     metric = metric_cls(observations=observations, **local)
     metric.update(posterior, theta, x)
