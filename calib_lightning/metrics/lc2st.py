@@ -119,8 +119,8 @@ class LC2STNF(LocalC2ST):
         >>> metric = LC2STNF(observations=x[:2], num_null=20, num_eval=1000)
         >>> metric.update(toy.posterior(variance_scale=3.0), theta, x)
         >>> out = metric.compute()
-        >>> out["p_value"]
-        tensor([0.0476, 0.0476])
+        >>> out["p_value"], out["global_p_value"]
+        (tensor([0.0476, 0.0476]), tensor(0.0476))
 
     References:
         Linhart, Gramfort, Rodrigues. "L-C2ST: Local Diagnostics for Posterior
