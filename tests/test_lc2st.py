@@ -332,6 +332,56 @@ def test_permutation_metric_ranks_agree_under_ddp():
         assert torch.equal(first[key], second[key]), key
 
 
+def test_one_observation_keeps_its_axis_and_global_p_value_combines_the_observations():
+    theta, x, _, x_o = _data(n=200)
+    for metric_type in (cl.LC2ST, cl.LC2STNF):
+        torch.manual_seed(0)
+        single = metric_type(observations=x_o[:1], num_null=9, num_eval=200)
+        single.update(TOY.posterior(shift=0.3), theta, x)
+        out = single.compute()
+        assert out["statistic"].shape == out["p_value"].shape == (1,)
+        assert out["global_p_value"].shape == ()
+        torch.testing.assert_close(out["global_p_value"], out["p_value"][0])
+    several = cl.LC2STNF(observations=x_o, num_null=9, num_eval=200)
+    several.update(TOY.posterior(shift=0.3), theta, x)
+    out = several.compute()
+    expected = cl.functional.combine_p_values(out["p_value"]).to(out["p_value"].dtype)
+    torch.testing.assert_close(out["global_p_value"], expected)
+
+
+def test_classifier_randomness_is_keyed_by_seed_check_and_data():
+    """Same seed, counter and data: the same result (reproducible). Other data, or the next
+    check of the same metric: other classifier seeds (no randomness frozen across checks)."""
+    theta, x, _, x_o = _data(n=200)
+    torch.manual_seed(3)
+    other_theta = TOY.posterior()(x).sample()  # other parameters, same x (same null)
+    settings = {"num_null": 9, "num_eval": 200}
+
+    def check(metric, theta, x):
+        metric.reset()
+        torch.manual_seed(0)
+        metric.update(TOY.posterior(), theta, x)
+        return metric.compute()["statistic"]
+
+    first, again = cl.LC2ST(observations=x_o, **settings), cl.LC2ST(observations=x_o, **settings)
+    statistic = check(first, theta, x)
+    assert torch.equal(check(again, theta, x), statistic)
+    assert not torch.equal(check(first, theta, x), statistic)  # same data, next check
+    assert int(first.checks) == 2
+    seeds = []
+    for data in ((theta, x), (theta, x), (other_theta, x)):
+        nf = cl.LC2STNF(observations=x_o, **settings)  # fresh metric, default seed
+        check(nf, *data)
+        seeds.append(nf.classifier.seed)
+    assert seeds[0] == seeds[1] != seeds[2]  # other pairs: another observed classifier
+    check(nf, other_theta, x)
+    assert nf.classifier.seed != seeds[2]  # the counter moved on: a fresh one again
+    entropy = cl.LC2STNF(observations=x_o, seed=None, **settings)
+    assert entropy.seed != cl.LC2STNF(observations=x_o, seed=None, **settings).seed
+    with pytest.raises(ValueError, match="seed must be a non-negative integer or None"):
+        cl.LC2ST(observations=x_o, seed=-1)
+
+
 @pytest.mark.filterwarnings("ignore:The ``compute`` method")
 def test_metrics_reject_bad_input():
     theta, x, _, x_o = _data(n=50)
