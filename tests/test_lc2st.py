@@ -167,7 +167,8 @@ def fit_log(monkeypatch):
 def test_nf_metric_outputs_and_the_sign_of_the_probability_map():
     theta, x, _, x_o = _data()
     for scale, centre_sign in ((3.0, 1), (0.3, -1)):
-        metric = cl.LC2STNF(observations=x_o, **FAST)
+        # an ensemble of 5: less classifier noise, every observation rejected
+        metric = cl.LC2STNF(observations=x_o, num_ensemble=5, **FAST)
         posterior = TOY.posterior(variance_scale=scale)
         metric.update(posterior, theta, x)
         out = metric.compute()
@@ -175,6 +176,7 @@ def test_nf_metric_outputs_and_the_sign_of_the_probability_map():
         assert shapes == {
             "statistic": (3,),
             "p_value": (3,),
+            "global_p_value": (),
             "probabilities": (3, 1000),
             "null_statistics": (30, 3),
             "pp_grid": (101,),
@@ -203,6 +205,8 @@ def test_null_is_trained_once_and_reused_for_other_posteriors_and_after_loading(
     metric.update(TOY.posterior(), theta, x)
     exact = metric.compute()
     assert fit_log == [30, 1]  # the null (one batched fit of 30 members), then the check
+    buffer = io.BytesIO()
+    torch.save(metric.state_dict(), buffer)  # after one check: a resumed run goes on from here
     metric.reset()
     for half in (slice(200, None), slice(None, 200)):  # other batches, other order
         metric.update(TOY.posterior(shift=0.5), theta[half], x[half])
@@ -213,8 +217,6 @@ def test_null_is_trained_once_and_reused_for_other_posteriors_and_after_loading(
     assert (shifted["statistic"] > 5 * exact["statistic"]).all()
     torch.testing.assert_close(shifted["p_value"], torch.full((3,), 1 / 31))
 
-    buffer = io.BytesIO()
-    torch.save(metric.state_dict(), buffer)
     buffer.seek(0)
     fresh = cl.LC2STNF(observations=x_o, **FAST)
     fresh.load_state_dict(torch.load(buffer, weights_only=True))
@@ -224,6 +226,11 @@ def test_null_is_trained_once_and_reused_for_other_posteriors_and_after_loading(
     assert fit_log == [30, 1, 1, 1]
     for key in ("statistic", "p_value", "null_statistics", "pp_ecdf"):
         assert torch.equal(reloaded[key], shifted[key]), key
+    # the check counter advanced: the same data at the next check gets a fresh classifier
+    assert int(metric.checks) == int(fresh.checks) == 2
+    fresh.reset()
+    fresh.update(TOY.posterior(shift=0.5), theta, x)
+    assert not torch.equal(fresh.compute()["statistic"], reloaded["statistic"])
 
 
 def test_null_refuses_other_calibration_x_and_can_be_refitted(fit_log):
@@ -325,6 +332,56 @@ def test_permutation_metric_ranks_agree_under_ddp():
         assert torch.equal(first[key], second[key]), key
 
 
+def test_one_observation_keeps_its_axis_and_global_p_value_combines_the_observations():
+    theta, x, _, x_o = _data(n=200)
+    for metric_type in (cl.LC2ST, cl.LC2STNF):
+        torch.manual_seed(0)
+        single = metric_type(observations=x_o[:1], num_null=9, num_eval=200)
+        single.update(TOY.posterior(shift=0.3), theta, x)
+        out = single.compute()
+        assert out["statistic"].shape == out["p_value"].shape == (1,)
+        assert out["global_p_value"].shape == ()
+        torch.testing.assert_close(out["global_p_value"], out["p_value"][0])
+    several = cl.LC2STNF(observations=x_o, num_null=9, num_eval=200)
+    several.update(TOY.posterior(shift=0.3), theta, x)
+    out = several.compute()
+    expected = cl.functional.combine_p_values(out["p_value"]).to(out["p_value"].dtype)
+    torch.testing.assert_close(out["global_p_value"], expected)
+
+
+def test_classifier_randomness_is_keyed_by_seed_check_and_data():
+    """Same seed, counter and data: the same result (reproducible). Other data, or the next
+    check of the same metric: other classifier seeds (no randomness frozen across checks)."""
+    theta, x, _, x_o = _data(n=200)
+    torch.manual_seed(3)
+    other_theta = TOY.posterior()(x).sample()  # other parameters, same x (same null)
+    settings = {"num_null": 9, "num_eval": 200}
+
+    def check(metric, theta, x):
+        metric.reset()
+        torch.manual_seed(0)
+        metric.update(TOY.posterior(), theta, x)
+        return metric.compute()["statistic"]
+
+    first, again = cl.LC2ST(observations=x_o, **settings), cl.LC2ST(observations=x_o, **settings)
+    statistic = check(first, theta, x)
+    assert torch.equal(check(again, theta, x), statistic)
+    assert not torch.equal(check(first, theta, x), statistic)  # same data, next check
+    assert int(first.checks) == 2
+    seeds = []
+    for data in ((theta, x), (theta, x), (other_theta, x)):
+        nf = cl.LC2STNF(observations=x_o, **settings)  # fresh metric, default seed
+        check(nf, *data)
+        seeds.append(nf.classifier.seed)
+    assert seeds[0] == seeds[1] != seeds[2]  # other pairs: another observed classifier
+    check(nf, other_theta, x)
+    assert nf.classifier.seed != seeds[2]  # the counter moved on: a fresh one again
+    entropy = cl.LC2STNF(observations=x_o, seed=None, **settings)
+    assert entropy.seed != cl.LC2STNF(observations=x_o, seed=None, **settings).seed
+    with pytest.raises(ValueError, match="seed must be a non-negative integer or None"):
+        cl.LC2ST(observations=x_o, seed=-1)
+
+
 @pytest.mark.filterwarnings("ignore:The ``compute`` method")
 def test_metrics_reject_bad_input():
     theta, x, _, x_o = _data(n=50)
@@ -360,6 +417,21 @@ def test_oracle_c2st_chance_for_equal_samples_and_high_for_shifted():
     assert (shifted["statistic"] > 0.03).all()
     sbibm = oracle_c2st(moved[:1, :300], reference[:1, :300], classifier="sbibm")
     assert abs(float(sbibm["accuracy"][0]) - 0.77) < 0.07
+
+
+def test_oracle_c2st_is_balanced_for_samples_of_different_sizes():
+    """M = 4 M': plain accuracy would be 0.8 for equal laws (always say "estimator");
+    balanced accuracy stays at 1/2, and at Phi(0.75) for a 1.5 shift."""
+    g = torch.Generator().manual_seed(5)
+    reference = torch.randn(4, 200, 2, generator=g)
+    same = oracle_c2st(torch.randn(4, 800, 2, generator=g), reference)
+    assert ((same["accuracy"] - 0.5).abs() < 0.06).all(), same["accuracy"]
+    assert (same["statistic"] < 0.01).all()
+    moved = torch.randn(4, 800, 2, generator=g) + torch.tensor([1.5, 0.0])
+    shifted = oracle_c2st(moved, reference)
+    assert ((shifted["accuracy"] - 0.77).abs() < 0.06).all(), shifted["accuracy"]
+    with pytest.raises(ValueError, match="at least num_folds = 5 rows"):
+        oracle_c2st(moved, reference[:, :4])
 
 
 # -- plots ------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 r"""Oracle C2ST: classifier two-sample test between estimator and true posterior samples.
 
 Needs samples of the true posterior at :math:`x_o`, so it serves benchmarks only (the
-reference L-C2ST is compared with). Reports the held-out accuracy of a classifier
-separating the two samples (0.5 when they are indistinguishable) and the regression
-statistic :math:`\mathrm{mean}\,(d - \frac12)^2` of Kim et al.
+reference L-C2ST is compared with). Reports the held-out (balanced) accuracy of a
+classifier separating the two samples (0.5 when they are indistinguishable) and the
+regression statistic :math:`\mathrm{mean}\,(d - \frac12)^2` of Kim et al.
 
 References:
     Lopez-Paz, Oquab. "Revisiting Classifier Two-Sample Tests." ICLR 2017.
@@ -24,7 +24,6 @@ from torch import Tensor
 
 from calib_lightning._checks import check_points, check_positive
 from calib_lightning.classifiers import make_ensemble
-from calib_lightning.functional.lc2st import lc2st_statistic
 
 __all__ = ["oracle_c2st"]
 
@@ -42,19 +41,35 @@ def oracle_c2st(
 
     ``num_folds``-fold cross-validated classifiers (all folds of all batches in one
     ensemble fit) separate estimator samples (class 0) from reference samples (class 1).
+    Folds are stratified: each holds out :math:`\lfloor M / F \rfloor` rows of class 0 and
+    :math:`\lfloor M' / F \rfloor` of class 1 (leftover rows are not used). With
+    :math:`\pi = M' / (M + M')` the class-1 share, the held-out scores are class-balanced,
+
+    .. math::
+        \mathrm{acc} = \tfrac12 \big(P_0(d \le \pi) + P_1(d > \pi)\big), \qquad
+        T = \tfrac12 \big(E_0 (d - \pi)^2 + E_1 (d - \pi)^2\big),
+
+    so that both are 0.5 and 0 in expectation when the samples are indistinguishable,
+    whatever their sizes (plain accuracy would reward predicting the larger class).
+    :math:`d > \pi` is the Bayes rule for the balanced accuracy; for ``M = M'`` these are
+    the usual accuracy at threshold 1/2 and :math:`\mathrm{mean}\,(d - \frac12)^2`.
 
     Arguments:
         estimator_samples: :math:`\theta \sim q(\cdot \mid x_o)`, shape ``(*, M, D)``.
         reference_samples: :math:`\theta \sim p(\cdot \mid x_o)`, shape ``(*, M', D)``.
-        num_folds: cross-validation folds.
+        num_folds: cross-validation folds ``F``; ``M`` and ``M'`` must be at least ``F``.
         classifier: as in :func:`calib_lightning.classifiers.make_ensemble`.
         seed: seeds the folds and the classifiers.
         classifier_kwargs: :class:`~calib_lightning.classifiers.MLPEnsemble` settings.
 
     Returns:
-        ``"accuracy"`` (held-out accuracy, 0.5 when the samples are indistinguishable) and
-        ``"statistic"`` (held-out :math:`\mathrm{mean}\,(d - \frac12)^2` of both classes),
-        each of shape ``(*)``.
+        ``"accuracy"`` (held-out balanced accuracy, 0.5 when the samples are
+        indistinguishable) and ``"statistic"`` (held-out balanced
+        :math:`(d - \pi)^2`), each of shape ``(*)``.
+
+    References:
+        Brodersen, Ong, Stephan, Buhmann. "The balanced accuracy and its posterior
+        distribution." ICPR 2010.
     """
     check_points("estimator_samples", estimator_samples)
     check_points("reference_samples", reference_samples, columns=estimator_samples.shape[-1])
@@ -67,6 +82,12 @@ def oracle_c2st(
     check_positive("num_folds", num_folds, integer=True)
     if num_folds < 2:
         raise ValueError(f"num_folds must be >= 2, got {num_folds}")
+    sizes = (estimator_samples.shape[-2], reference_samples.shape[-2])
+    if min(sizes) < num_folds:
+        raise ValueError(
+            f"estimator_samples and reference_samples must each have at least num_folds = "
+            f"{num_folds} rows (M, M'), got M = {sizes[0]} and M' = {sizes[1]}"
+        )
     batch = estimator_samples.shape[:-2]
     data = torch.cat(
         [
@@ -75,20 +96,16 @@ def oracle_c2st(
         ],
         1,
     )
-    num_batch, rows = data.shape[0], data.shape[1]
-    labels = torch.cat(
-        [data.new_zeros(estimator_samples.shape[-2]), data.new_ones(reference_samples.shape[-2])]
-    )
-    fold = rows // num_folds
-    if fold < 2:
-        raise ValueError(
-            f"estimator_samples and reference_samples must have at least 2 * num_folds = "
-            f"{2 * num_folds} rows together (M + M'), got {rows}"
-        )
+    num_batch, device = data.shape[0], data.device
+    labels = torch.cat([data.new_zeros(sizes[0]), data.new_ones(sizes[1])])
     generator = torch.Generator().manual_seed(seed)
-    order = torch.stack([torch.randperm(rows, generator=generator) for _ in range(num_batch)])
-    order = order[:, : fold * num_folds].reshape(num_batch, num_folds, fold).to(data.device)
-    held = order.reshape(-1, fold)  # member (b, f) holds out fold f of batch b
+    folds = []  # per class: (num_batch, num_folds, rows per fold) indices into the rows
+    for offset, size in ((0, sizes[0]), (sizes[0], sizes[1])):
+        fold = size // num_folds
+        order = torch.stack([torch.randperm(size, generator=generator) for _ in range(num_batch)])
+        folds.append(offset + order[:, : fold * num_folds].reshape(num_batch, num_folds, fold))
+    order = torch.cat(folds, -1).to(device)  # (num_batch, num_folds, held-out rows)
+    held = order.reshape(-1, order.shape[-1])  # member (b, f) holds out fold f of batch b
     train = torch.stack(
         [
             torch.cat([order[b, g] for g in range(num_folds) if g != f])
@@ -96,15 +113,22 @@ def oracle_c2st(
             for f in range(num_folds)
         ]
     )
-    source = torch.arange(num_batch, device=data.device).repeat_interleave(num_folds)
+    source = torch.arange(num_batch, device=device).repeat_interleave(num_folds)
     ensemble = make_ensemble(classifier, num_batch * num_folds, seed, **classifier_kwargs)
     ensemble.fit(data[source[:, None], train], labels[train])
     proba = ensemble.predict_proba(data[source[:, None], held])
     truth = labels[held]
-    accuracy = ((proba > 0.5).to(truth) == truth).to(data.dtype).mean(-1)
-    statistic = lc2st_statistic(proba)
+    share = labels[train[0]].mean()  # pi: the class-1 share of every member's training rows
+    correct = ((proba > share).to(truth) == truth).to(data.dtype)
+    squares = (proba - share).square()
+
+    def balanced(values: Tensor) -> Tensor:
+        ones = truth.to(values.dtype)
+        return 0.5 * ((values * (1 - ones)).sum(-1) / (1 - ones).sum(-1)
+                      + (values * ones).sum(-1) / ones.sum(-1))  # fmt: skip
+
     shape = (*batch, num_folds)
     return {
-        "accuracy": accuracy.reshape(shape).mean(-1),
-        "statistic": statistic.reshape(shape).mean(-1),
+        "accuracy": balanced(correct).reshape(shape).mean(-1),
+        "statistic": balanced(squares).reshape(shape).mean(-1),
     }

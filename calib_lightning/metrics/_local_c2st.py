@@ -1,9 +1,30 @@
-"""Machinery shared by the L-C2ST metrics: settings, seeds, canonical order, PP-plot output."""
+r"""Machinery shared by the L-C2ST metrics: settings, per-check seeds, canonical order, output.
+
+**Randomness.** A local C2ST p-value is valid when the observed statistic and the null
+statistics are exchangeable under :math:`H_0`. Each statistic depends on the data *and*
+on the classifier's own randomness :math:`\xi` (initialisation, validation split, batch
+order, class-0 normal draws). If the observed classifier's :math:`\xi` is the same at
+every check while the null classifiers' vary, the p-value is conditional on that one
+:math:`\xi` and not uniform over datasets: a classifier that happens to stop late
+overfits at every check and rejects too often, one that stops early never rejects. So
+every random stream of a check is seeded by
+
+.. math::
+    \mathrm{SeedSequence}(\text{seed}, \text{stream}, \text{check}, \mathrm{SHA256}(\text{data})),
+
+with ``check`` a counter in the ``state_dict`` advanced by every ``compute()`` (a
+resumed run continues the stream) and the digest of the data the classifiers are
+trained on. Two datasets never share classifier randomness, even through fresh
+metrics built with the same seed (one check per model, the common case), and the same
+data, seed and counter reproduce the same result.
+"""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -13,14 +34,23 @@ from torchmetrics import Metric
 
 from calib_lightning._checks import check_matrix, check_positive, check_probability
 from calib_lightning.classifiers import make_ensemble
+from calib_lightning.functional.combine import combine_p_values
 from calib_lightning.functional.lc2st import lc2st_p_value, lc2st_statistic, pp_band, pp_ecdf
 
-__all__ = ["LocalC2ST", "canonical_order", "check_observations", "fingerprint"]
+__all__ = [
+    "LocalC2ST",
+    "canonical_order",
+    "check_observations",
+    "digest_words",
+    "fingerprint",
+]
 
 
-def _stream_seed(seed: int, stream: int) -> int:
-    """Independent seeds for the metric's random streams (data draws, classifiers)."""
-    return int(np.random.SeedSequence([seed, stream]).generate_state(1)[0]) >> 1
+def _stream_seed(seed: int, stream: int, *words: int) -> int:
+    """Independent 31-bit seeds for the random streams (data draws, classifiers), keyed by
+    ``words`` (check counter, data digest); 31 bits leave room for ``seed + k`` per member
+    (scikit-learn's ``random_state`` must stay below ``2**32``)."""
+    return int(np.random.SeedSequence([seed, stream, *words]).generate_state(1)[0]) >> 1
 
 
 def canonical_order(rows: Tensor) -> Tensor:
@@ -33,6 +63,14 @@ def canonical_order(rows: Tensor) -> Tensor:
 
 def _digest(data: bytes) -> Tensor:
     return torch.frombuffer(bytearray(hashlib.sha256(data).digest()), dtype=torch.uint8).clone()
+
+
+def digest_words(*tensors: Tensor) -> list[int]:
+    """The SHA-256 digest of ``tensors`` (each ``(N, C)``, rows in canonical order) as 8
+    unsigned 32-bit words, to key the random streams of a check by its data."""
+    digest = b"".join(bytes(fingerprint(t).tolist()) for t in tensors)
+    digest = hashlib.sha256(digest).digest()
+    return [int.from_bytes(digest[i : i + 4], "little") for i in range(0, 32, 4)]
 
 
 def fingerprint(x: Tensor) -> Tensor:
@@ -69,11 +107,15 @@ class LocalC2ST(Metric):
         classifier_kwargs: dict[str, Any] | None = None,
         max_samples: int = 100_000,
         confidence: float = 0.95,
-        seed: int = 0,
+        seed: int | None = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         check_observations(observations)
+        if seed is None:  # fresh entropy: valid, not reproducible
+            seed = int(np.random.SeedSequence().entropy) % 2**63
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
         for name, value in (
             ("num_null", num_null),
             ("num_eval", num_eval),
@@ -90,11 +132,21 @@ class LocalC2ST(Metric):
         self.register_buffer(
             "pp_grid", torch.linspace(0, 1, 101, dtype=observations.dtype), persistent=False
         )
+        # checks run so far: keys the random streams of the next one (saved and restored)
+        self.register_buffer("checks", torch.zeros((), dtype=torch.long))
         self._warned = False
 
-    def _ensemble(self, members: int, stream: int) -> Any:
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
+        state_dict.setdefault(prefix + "checks", self.checks.clone())  # older checkpoints
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
+    def _ensemble(self, members: int, stream: int, key: list[int] | None = None) -> Any:
+        """``members`` classifiers seeded by stream ``stream`` and the data key ``key``."""
         return make_ensemble(
-            self.classifier_spec, members, _stream_seed(self.seed, stream), **self.classifier_kwargs
+            self.classifier_spec,
+            members,
+            _stream_seed(self.seed, stream, *(key or [])),
+            **self.classifier_kwargs,
         )
 
     def settings_fingerprint(self) -> Tensor:
@@ -104,8 +156,12 @@ class LocalC2ST(Metric):
         text = f"{self.classifier_spec!r}|{kwargs}|{self.num_ensemble}|{self.num_eval}"
         return _digest(text.encode())
 
-    def _generator(self, stream: int) -> torch.Generator:
-        return torch.Generator().manual_seed(_stream_seed(self.seed, stream))
+    def _generator(self, stream: int, key: list[int] | None = None) -> torch.Generator:
+        return torch.Generator().manual_seed(_stream_seed(self.seed, stream, *(key or [])))
+
+    def _check_key(self, *data: Tensor) -> list[int]:
+        """Key of this check's random streams: the counter and the digest of ``data``."""
+        return [int(self.checks), *digest_words(*data)]
 
     @property
     def flat_observations(self) -> Tensor:
@@ -138,6 +194,25 @@ class LocalC2ST(Metric):
         super().reset()
         self._warned = False
 
+    def _wrap_compute(self, compute: Callable) -> Callable:
+        """torchmetrics squeezes one-element results; keep ``(O,)`` when ``O = 1``."""
+        shapes: dict[str, torch.Size] = {}
+
+        def recording(*args: Any, **kwargs: Any) -> dict[str, Tensor]:
+            out = compute(*args, **kwargs)
+            shapes.clear()
+            shapes.update({key: value.shape for key, value in out.items()})
+            return out
+
+        wrapped = super()._wrap_compute(recording)
+
+        @functools.wraps(compute)
+        def restoring(*args: Any, **kwargs: Any) -> dict[str, Tensor]:
+            out = wrapped(*args, **kwargs)
+            return {k: v.reshape(shapes[k]) if k in shapes else v for k, v in out.items()}
+
+        return restoring
+
     def forward(self, *args: Any, **kwargs: Any) -> None:
         """Accumulate the batch (as :meth:`update`); a per-batch test would need its own null."""
         self.update(*args, **kwargs)
@@ -146,9 +221,12 @@ class LocalC2ST(Metric):
         self, probabilities: Tensor, null_statistics: Tensor, null_ecdf: Tensor
     ) -> dict[str, Tensor]:
         statistic = lc2st_statistic(probabilities)
+        p_value = lc2st_p_value(statistic, null_statistics)
+        self.checks += 1  # the next check draws fresh classifier randomness
         return {
             "statistic": statistic,
-            "p_value": lc2st_p_value(statistic, null_statistics),
+            "p_value": p_value,
+            "global_p_value": combine_p_values(p_value, dim=-1).to(p_value.dtype),
             "probabilities": probabilities,
             "null_statistics": null_statistics,
             "pp_grid": self.pp_grid,
