@@ -21,21 +21,19 @@ data, seed and counter reproduce the same result.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
-from torchmetrics import Metric
 
 from calib_lightning._checks import check_matrix, check_positive, check_probability
 from calib_lightning.classifiers import make_ensemble
 from calib_lightning.functional.combine import combine_p_values
 from calib_lightning.functional.lc2st import lc2st_p_value, lc2st_statistic, pp_band, pp_ecdf
+from calib_lightning.metrics._shapes import KeepShapes
 
 __all__ = [
     "LocalC2ST",
@@ -90,7 +88,7 @@ def check_observations(observations: Tensor, features: int | None = None) -> Ten
     return check_matrix("observations", observations.reshape(observations.shape[0], width))
 
 
-class LocalC2ST(Metric):
+class LocalC2ST(KeepShapes):
     """Shared machinery: reference observations, classifier settings, PP-plot output."""
 
     is_differentiable = False
@@ -193,25 +191,6 @@ class LocalC2ST(Metric):
     def reset(self) -> None:
         super().reset()
         self._warned = False
-
-    def _wrap_compute(self, compute: Callable) -> Callable:
-        """torchmetrics squeezes one-element results; keep ``(O,)`` when ``O = 1``."""
-        shapes: dict[str, torch.Size] = {}
-
-        def recording(*args: Any, **kwargs: Any) -> dict[str, Tensor]:
-            out = compute(*args, **kwargs)
-            shapes.clear()
-            shapes.update({key: value.shape for key, value in out.items()})
-            return out
-
-        wrapped = super()._wrap_compute(recording)
-
-        @functools.wraps(compute)
-        def restoring(*args: Any, **kwargs: Any) -> dict[str, Tensor]:
-            out = wrapped(*args, **kwargs)
-            return {k: v.reshape(shapes[k]) if k in shapes else v for k, v in out.items()}
-
-        return restoring
 
     def forward(self, *args: Any, **kwargs: Any) -> None:
         """Accumulate the batch (as :meth:`update`); a per-batch test would need its own null."""
