@@ -310,14 +310,16 @@ def test_metrics_work_with_pairs_in_another_dtype(metric, model_dtype, data_dtyp
     theta, x = theta.to(data_dtype), x.to(data_dtype)
     got, checked = run_metric(metric, model, theta, x, x[:2], states=True)
     assert got["p_value"].dtype in (data_dtype, torch.float64)
-    if metric == "LC2STNF":
-        # What the model decides (the latents z* = T^-1(theta; x)) is the same; the
-        # classifier's Gaussian draws are made in the data's dtype, and torch draws
-        # different normal variates in float32 and float64, so the statistic differs.
+    if metric in ("LC2STNF", "LC2ST"):
+        # What the model gives (latents z* = T^-1(theta; x), or posterior draws) is the
+        # same; the classifiers' random streams are keyed by the data's values, which
+        # differ by the rounding of float32, so the statistic may differ.
+        state = "latent" if metric == "LC2STNF" else "posterior_theta"
         torch.testing.assert_close(
-            checked.latent[0].double(), reference.latent[0].double(), rtol=1e-5, atol=1e-5
+            getattr(checked, state)[0].double(), getattr(reference, state)[0].double(),
+            rtol=1e-4, atol=1e-4,
         )
-        assert checked.latent[0].dtype == data_dtype
+        assert getattr(checked, state)[0].dtype == data_dtype
         assert ((got["p_value"] >= 0) & (got["p_value"] <= 1)).all()
     else:
         assert_same_results(got, expected, rtol=1e-4, atol=1e-5)

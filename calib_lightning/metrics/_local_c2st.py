@@ -72,8 +72,12 @@ def digest_words(*tensors: Tensor) -> list[int]:
 
 
 def fingerprint(x: Tensor) -> Tensor:
-    """SHA-256 of the calibration observations (rows in canonical order), as 32 ``uint8``."""
-    rows = x.detach().reshape(x.shape[0], -1).cpu().double()
+    """SHA-256 of the calibration observations (rows in canonical order), as 32 ``uint8``.
+
+    A function of the values alone: any dtype is read as float64, and ``-0.0`` as ``0.0``
+    (``x.round()`` and integer ``x`` give the same fingerprint).
+    """
+    rows = x.detach().reshape(x.shape[0], -1).cpu().double() + 0.0  # -0.0 + 0.0 == +0.0
     rows = rows[canonical_order(rows)].contiguous()
     return _digest(str(tuple(rows.shape)).encode() + rows.numpy().tobytes())
 
