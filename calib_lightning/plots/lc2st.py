@@ -22,6 +22,7 @@ References:
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -114,18 +115,20 @@ def plot_pp(
     for ax, i, k in zip(axes, picks, range(len(picks)), strict=False):
         verdict = "rejected" if p[i] <= alpha else "not rejected"
         name = names[k] if names is not None else f"observation {i}"
-        title = f"{name}\nT = {stat[i]:.2g}, {format_p_value(p[i], 3)} ({verdict})"
+        title = f"{name}: {verdict}\nT = {stat[i]:.2g}, {format_p_value(p[i], 3)}"
         _pp_axes(ax, grid, ecdf[i], band[:, i], title)
     for ax in axes[len(picks) :]:
         ax.set_visible(False)
     axes[0].legend(loc="best", fontsize=7, framealpha=0.8)
     title = "Local PP-plots: a consistent posterior stays inside the grey band"
-    if "global_p_value" in result:
+    if "global_p_value" in result and num_obs > 1:  # one observation: its p is the verdict
         global_p = float(result["global_p_value"])
         verdict = "rejected" if global_p <= alpha else "not rejected"
-        title += (f"\nall observations: global {format_p_value(global_p, 3)} ({verdict}; "
-                  "the verdict, panels are judged alone)")  # fmt: skip
-    fig.suptitle(title, fontsize=10)
+        title += (f"\nall observations together: global {format_p_value(global_p, 3)}, "
+                  f"{verdict} (the verdict; each panel is one observation's test alone)")
+    # wrap to the figure's width (about 0.075 inch per character at 10 pt)
+    width = max(30, int(fig.get_figwidth() / 0.075))
+    fig.suptitle("\n".join(textwrap.fill(line, width) for line in title.split("\n")), fontsize=10)
     return fig
 
 
