@@ -444,7 +444,7 @@ def test_plots_draw_the_pp_band_and_a_labelled_probability_map():
     fig = plot_pp(out, names=["a", "b", "c"])
     titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
     assert len(titles) == 3
-    assert all("(rejected)" in t for t in titles)
+    assert all(": rejected" in t for t in titles)
     drawn = metric.probability_map(posterior, 3000)
     fig = plot_probability_map(
         drawn["samples"][0],
