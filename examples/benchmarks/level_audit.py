@@ -32,17 +32,16 @@ then joint), ``global_p_value``; TARP ``p_value`` (one test, so no global p-valu
 LC2ST and LC2STNF ``p_value`` per observation and ``global_p_value``. A key a metric does
 not return is reported as n/a.
 
-Cost (CPU seconds of one metric on one dataset, N = 1000, one thread, measured on a
-loaded 2-core machine): KCCSD 0.05-0.08, SKCE 0.33, RankCalibration 0.07-0.13 and TARP
-0.08-0.19 on the Gaussians but 3.3 and 2.5 on the flow (10^6 MAF draws), LC2ST 1.3-4.7,
-LC2STNF 1.1-4.5 (fresh null per dataset; the top of each range is diag6). Hence the
-"heavy" tests (LC2ST, LC2STNF, and the flow's RankCalibration and TARP) run on
---heavy-datasets / --heavy-power-datasets only, each with the band for its own number.
-The defaults come to an estimated 3300 CPU seconds (about 28 minutes with 2 workers on
-2 idle cores), extrapolated from those costs, not timed end to end.
+Cost (CPU seconds of one metric on one dataset, N = 500, one thread, measured in the
+committed run): KCCSD 0.02-0.03, SKCE 0.06, RankCalibration 0.04-0.07 and TARP 0.06-0.09
+on the Gaussians but 1.6 and 1.1 on the flow (5 x 10^5 MAF draws), LC2ST and LC2STNF
+about 0.8 (a fresh null per dataset). Hence the "heavy" tests (LC2ST, LC2STNF, and the
+flow's RankCalibration and TARP) run 200 datasets under H0 but only
+--heavy-power-datasets per alternative, each rate with the band for its own number.
+The defaults took about 25 minutes with 2 workers on 2 cores.
 
-Run:   PYTHONPATH=. python examples/benchmarks/level_audit.py [--datasets 200]
-       [--power-datasets 100] [--heavy-datasets 80] [--heavy-power-datasets 20]
+Run:   python examples/benchmarks/level_audit.py [--datasets 200] [--n 500]
+       [--power-datasets 100] [--heavy-datasets 200] [--heavy-power-datasets 20]
        [--models corr2 flow2 diag6] [--only ranks tarp] [--workers 2] [--smoke]
 Writes examples/benchmarks/results/level_audit.md (``--smoke``: tiny sizes and reduced
 metric settings, only to exercise the code; prints the table and writes nothing unless
@@ -357,11 +356,11 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--datasets", type=int, default=200, help="datasets under H0")
     parser.add_argument("--power-datasets", type=int, default=100,
                         help="datasets per alternative")
-    parser.add_argument("--heavy-datasets", type=int, default=80,
+    parser.add_argument("--heavy-datasets", type=int, default=200,
                         help="datasets under H0 for LC2ST, LC2STNF and the flow's ranks, TARP")
     parser.add_argument("--heavy-power-datasets", type=int, default=20,
                         help="datasets per alternative for those tests")
-    parser.add_argument("--n", type=int, default=1000, help="calibration pairs per dataset")
+    parser.add_argument("--n", type=int, default=500, help="calibration pairs per dataset")
     parser.add_argument("--observations", type=int, default=2, help="local tests' x_o")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--only", nargs="+", choices=TESTS, default=None)
@@ -417,7 +416,7 @@ def main(argv: list[str] | None = None) -> str:
 
 def render(args: argparse.Namespace, argv: list[str] | None, collected: dict, seconds: dict,
            wall: float, train_seconds: float, done: int, total: int) -> str:
-    command = "PYTHONPATH=. python examples/benchmarks/level_audit.py " + " ".join(
+    command = "python examples/benchmarks/level_audit.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
     report = io.StringIO()
@@ -441,10 +440,9 @@ def render(args: argparse.Namespace, argv: list[str] | None, collected: dict, se
         "power with the number of datasets in brackets. s / dataset: wall seconds of one "
         "metric (update + compute), averaged over all variants, and in brackets the CPU "
         "seconds of its process (steadier on a shared machine). LC2ST, LC2STNF (all "
-        "models) and RankCalibration, TARP on flow2 (10^6 flow draws per dataset) are too "
-        f"slow at their defaults for {args.datasets} datasets: they ran "
-        f"{args.heavy_datasets} under H0 and {args.heavy_power_datasets} per alternative, "
-        "with the band for that number.\n\n"
+        "models) and RankCalibration, TARP on flow2 (N x 1000 flow draws per dataset) are "
+        f"the slow ones: they ran {args.heavy_datasets} datasets under H0 and "
+        f"{args.heavy_power_datasets} per alternative, with the band for that number.\n\n"
     )
     for model in args.models:
         report.write(table(model, collected, seconds) + "\n\n")
