@@ -272,6 +272,49 @@ class _Setup:
         return h
 
 
+class _SymmetricBlocks:
+    """``H`` held as its blocks on and above the diagonal, never as a whole.
+
+    ``H @ W`` (the one use :func:`wild_bootstrap` makes of a matrix) is a sweep over
+    the blocks that also sums ``H`` (kept in :attr:`total`, with the autograd graph),
+    so the statistic and the bootstrap share one evaluation of the kernel.
+    """
+
+    def __init__(self, setup: _Setup, block_size: int) -> None:
+        theta = setup.theta
+        n = theta.shape[-2]
+        self.setup, self.block_size = setup, block_size
+        self.shape = (*theta.shape[:-2], n, n)
+        self.dtype, self.device = theta.dtype, theta.device
+        self.total: Tensor | None = None
+
+    def detach(self) -> _SymmetricBlocks:
+        return self  # the product below is computed from detached blocks
+
+    def __matmul__(self, weights: Tensor) -> Tensor:
+        self.total, product = self.sweep(weights)
+        return product
+
+    def sweep(self, weights: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """``(sum of H (*) in float64, H @ weights (*, n, B) or None)``."""
+        # H is symmetric: compute the blocks on and above the diagonal only; an
+        # off-diagonal block counts twice in the sum and feeds both H_IJ W_J and H_JI W_I
+        total = 0.0
+        product = None if weights is None else torch.zeros_like(weights)
+        blocks = row_blocks(self.shape[-1], self.block_size)
+        for i, rows in enumerate(blocks):
+            for cols in blocks[i:]:
+                h = self.setup.block(rows, cols)
+                twice = 1.0 if cols is rows else 2.0
+                total = total + twice * h.sum(-1).double().sum(-1)
+                if product is not None:
+                    h = h.detach()
+                    product[..., rows, :] += h @ weights[..., cols, :]
+                    if cols is not rows:
+                        product[..., cols, :] += h.transpose(-1, -2) @ weights[..., rows, :]
+        return total, product
+
+
 def kccsd_matrix(
     theta: Tensor,
     score: Tensor,
@@ -327,7 +370,8 @@ def wild_bootstrap(
     All draws are one matrix product :math:`H W`, ``W`` of shape ``(n, B)``.
 
     Arguments:
-        matrix: zero-diagonal ``(*, n, n)``.
+        matrix: zero-diagonal ``(*, n, n)``, or an object with its ``shape``,
+            ``dtype``, ``device``, ``detach()`` and ``@`` (e.g. ``H`` held in blocks).
         num_bootstrap: ``B``.
         generator: random generator for the Rademacher multipliers.
         weights: explicit multipliers ``(*, n, B)`` (overrides the two above).
@@ -388,31 +432,15 @@ def kccsd_test(
         distribution_kernel, distribution_bandwidth, base_bandwidth,
     )  # fmt: skip
     check_positive("block_size", block_size, integer=True)
-    n = theta.shape[-2]
-    weights = None
+    matrix = _SymmetricBlocks(setup, block_size)
     if num_bootstrap:
-        check_positive("num_bootstrap", num_bootstrap, integer=True)
-        weights = rademacher(
-            (*theta.shape[:-2], n, num_bootstrap), generator, theta.dtype, theta.device
-        )
-    # H is symmetric: compute the blocks on and above the diagonal only; an
-    # off-diagonal block counts twice in the sum and feeds both H_IJ W_J and H_JI W_I
-    total = 0.0
-    product = None if weights is None else torch.zeros_like(weights)
-    blocks = row_blocks(n, block_size)
-    for i, rows in enumerate(blocks):
-        for cols in blocks[i:]:
-            h = setup.block(rows, cols)
-            twice = 1.0 if cols is rows else 2.0
-            total = total + twice * h.sum(-1).double().sum(-1)
-            if product is not None:
-                h = h.detach()
-                product[..., rows, :] += h @ weights[..., cols, :]
-                if cols is not rows:
-                    product[..., cols, :] += h.transpose(-1, -2) @ weights[..., rows, :]
+        draws = wild_bootstrap(matrix, num_bootstrap, generator)
+        total = matrix.total  # summed in the same sweep as H W
+    else:
+        total = matrix.sweep(None)[0]
+    n = theta.shape[-2]
     statistic = (total / (n * (n - 1))).to(theta.dtype)
-    if weights is not None:
-        draws = (weights * product).sum(-2) / (n * (n - 1))
+    if num_bootstrap:
         p_value = bootstrap_p_value(statistic, draws)
     else:
         p_value = torch.full_like(statistic.detach(), float("nan"))
