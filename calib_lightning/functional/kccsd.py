@@ -36,6 +36,7 @@ from calib_lightning._checks import (
 )
 from calib_lightning._chunks import row_blocks
 from calib_lightning._moments import moments, split_moments
+from calib_lightning.functional.combine import monte_carlo_p_value
 from calib_lightning.kernels import (
     DISTRIBUTION_KERNELS,
     KERNELS,
@@ -391,8 +392,7 @@ def wild_bootstrap(
 def bootstrap_p_value(statistic: Tensor, draws: Tensor) -> Tensor:
     r""":math:`p = (1 + \#\{C_b \ge \hat C\}) / (1 + B)` for ``statistic`` ``(*)`` and
     ``draws`` ``(*, B)``."""
-    exceed = (draws >= statistic.detach().unsqueeze(-1)).sum(-1)
-    return (1.0 + exceed.to(draws.dtype)) / (1.0 + draws.shape[-1])
+    return monte_carlo_p_value(statistic, draws)
 
 
 def kccsd_test(

@@ -72,6 +72,7 @@ from calib_lightning._checks import (
 )
 from calib_lightning._chunks import row_blocks
 from calib_lightning._moments import moments, variance_from_moments
+from calib_lightning.functional.combine import monte_carlo_p_value
 from calib_lightning.functional.ranks import _check_counts, rank_histogram
 from calib_lightning.posteriors import Posterior, as_posterior, check_event_size, checked_samples
 
@@ -313,8 +314,7 @@ def tarp_test(
     statistic, atc = _ks_atc(counts)
     null = uniform_multinomial(total.cpu(), counts.shape[-1], num_null, generator)
     null_statistic = _ks_atc(null)[0].to(counts.device)
-    exceed = (null_statistic >= statistic.unsqueeze(-1) - 1e-12).sum(-1).double()
-    p_value = (1.0 + exceed) / (1.0 + num_null)
+    p_value = monte_carlo_p_value(statistic, null_statistic, tolerance=1e-12, dtype=torch.float64)
     alpha = torch.linspace(0.0, 1.0, num_bins + 1, dtype=torch.float64, device=counts.device)
     return {
         "statistic": statistic,
