@@ -35,7 +35,7 @@ from calib_lightning._checks import (
     check_same_device_dtype,
 )
 from calib_lightning._chunks import row_blocks
-from calib_lightning._moments import moments, split_moments
+from calib_lightning._moments import moments, split_moments, std_from_moments
 from calib_lightning.functional.combine import monte_carlo_p_value
 from calib_lightning.kernels import (
     DISTRIBUTION_KERNELS,
@@ -105,9 +105,7 @@ def base_points_from_moments(
         ``(m, D)`` in float64 on the state's device.
     """
     check_positive("num_points", num_points, integer=True)
-    count, mean, m2 = split_moments(state)
-    std = (m2 / (count - 1.0).clamp_min(1.0).unsqueeze(-1)).clamp_min(0.0).sqrt()
-    std = torch.where(std > 0, std, torch.ones_like(std))
+    mean, std = split_moments(state)[1], std_from_moments(state)
     eps = torch.randn(num_points, mean.shape[-1], generator=generator, dtype=dtype)
     return mean + std * eps.to(mean)
 
