@@ -10,7 +10,8 @@ with :math:`h` the Stein kernel (:func:`calib_lightning.kernels.stein_kernel`) a
 scores at base points shared by all pairs. Under calibration :math:`\hat C` is a
 degenerate U-statistic with mean zero; the wild bootstrap
 :math:`C_b = w_b^\top H w_b / (n (n-1))`, :math:`w_b` Rademacher, approximates its null
-distribution and :math:`p = (1 + \#\{C_b \ge \hat C\}) / (1 + B)`.
+distribution and :math:`p = (1 + \#\{C_b \ge \hat C\}) / (1 + B)`
+(:mod:`calib_lightning.functional.bootstrap`).
 
 All functions take optional leading batch dimensions ``(*)`` so that many datasets
 are tested in one call.
@@ -34,9 +35,14 @@ from calib_lightning._checks import (
     check_positive,
     check_same_device_dtype,
 )
-from calib_lightning._chunks import row_blocks
 from calib_lightning._moments import moments, split_moments, std_from_moments
-from calib_lightning.functional.combine import monte_carlo_p_value
+from calib_lightning.functional.bootstrap import (
+    SymmetricBlocks,
+    bootstrap_p_value,
+    rademacher,
+    u_statistic,
+    wild_bootstrap,
+)
 from calib_lightning.kernels import (
     DISTRIBUTION_KERNELS,
     KERNELS,
@@ -161,17 +167,6 @@ def _base_scores(
     return base_scores
 
 
-def rademacher(
-    shape: tuple[int, ...],
-    generator: torch.Generator | None = None,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str | None = None,
-) -> Tensor:
-    """Independent random signs of the given shape (drawn on the CPU, then moved)."""
-    signs = torch.randint(0, 2, shape, generator=generator, dtype=torch.int8)
-    return (2 * signs - 1).to(dtype=dtype, device=device)
-
-
 def _validate(
     theta: Tensor,
     score: Tensor,
@@ -271,49 +266,6 @@ class _Setup:
         return h
 
 
-class _SymmetricBlocks:
-    """``H`` held as its blocks on and above the diagonal, never as a whole.
-
-    ``H @ W`` (the one use :func:`wild_bootstrap` makes of a matrix) is a sweep over
-    the blocks that also sums ``H`` (kept in :attr:`total`, with the autograd graph),
-    so the statistic and the bootstrap share one evaluation of the kernel.
-    """
-
-    def __init__(self, setup: _Setup, block_size: int) -> None:
-        theta = setup.theta
-        n = theta.shape[-2]
-        self.setup, self.block_size = setup, block_size
-        self.shape = (*theta.shape[:-2], n, n)
-        self.dtype, self.device = theta.dtype, theta.device
-        self.total: Tensor | None = None
-
-    def detach(self) -> _SymmetricBlocks:
-        return self  # the product below is computed from detached blocks
-
-    def __matmul__(self, weights: Tensor) -> Tensor:
-        self.total, product = self.sweep(weights)
-        return product
-
-    def sweep(self, weights: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """``(sum of H (*) in float64, H @ weights (*, n, B) or None)``."""
-        # H is symmetric: compute the blocks on and above the diagonal only; an
-        # off-diagonal block counts twice in the sum and feeds both H_IJ W_J and H_JI W_I
-        total = 0.0
-        product = None if weights is None else torch.zeros_like(weights)
-        blocks = row_blocks(self.shape[-1], self.block_size)
-        for i, rows in enumerate(blocks):
-            for cols in blocks[i:]:
-                h = self.setup.block(rows, cols)
-                twice = 1.0 if cols is rows else 2.0
-                total = total + twice * h.sum(-1).double().sum(-1)
-                if product is not None:
-                    h = h.detach()
-                    product[..., rows, :] += h @ weights[..., cols, :]
-                    if cols is not rows:
-                        product[..., cols, :] += h.transpose(-1, -2) @ weights[..., rows, :]
-        return total, product
-
-
 def kccsd_matrix(
     theta: Tensor,
     score: Tensor,
@@ -349,48 +301,6 @@ def kccsd_matrix(
     )  # fmt: skip
     everything = slice(0, theta.shape[-2])
     return setup.block(everything, everything)
-
-
-def u_statistic(matrix: Tensor) -> Tensor:
-    r"""U-statistic :math:`\frac{1}{n(n-1)} \sum_{i \ne j} H_{ij}` of a zero-diagonal
-    ``(*, n, n)`` matrix."""
-    n = matrix.shape[-1]
-    return matrix.sum((-1, -2)) / (n * (n - 1))
-
-
-def wild_bootstrap(
-    matrix: Tensor,
-    num_bootstrap: int = 500,
-    generator: torch.Generator | None = None,
-    weights: Tensor | None = None,
-) -> Tensor:
-    r"""Wild-bootstrap draws :math:`C_b = w_b^\top H w_b / (n (n-1))` of a degenerate U-statistic.
-
-    All draws are one matrix product :math:`H W`, ``W`` of shape ``(n, B)``.
-
-    Arguments:
-        matrix: zero-diagonal ``(*, n, n)``, or an object with its ``shape``,
-            ``dtype``, ``device``, ``detach()`` and ``@`` (e.g. ``H`` held in blocks).
-        num_bootstrap: ``B``.
-        generator: random generator for the Rademacher multipliers.
-        weights: explicit multipliers ``(*, n, B)`` (overrides the two above).
-
-    Returns:
-        ``(*, B)`` draws.
-    """
-    n = matrix.shape[-1]
-    if weights is None:
-        check_positive("num_bootstrap", num_bootstrap, integer=True)
-        weights = rademacher(
-            (*matrix.shape[:-2], n, num_bootstrap), generator, matrix.dtype, matrix.device
-        )
-    return (weights * (matrix.detach() @ weights)).sum(-2) / (n * (n - 1))
-
-
-def bootstrap_p_value(statistic: Tensor, draws: Tensor) -> Tensor:
-    r""":math:`p = (1 + \#\{C_b \ge \hat C\}) / (1 + B)` for ``statistic`` ``(*)`` and
-    ``draws`` ``(*, B)``."""
-    return monte_carlo_p_value(statistic, draws)
 
 
 def kccsd_test(
@@ -430,7 +340,10 @@ def kccsd_test(
         distribution_kernel, distribution_bandwidth, base_bandwidth,
     )  # fmt: skip
     check_positive("block_size", block_size, integer=True)
-    matrix = _SymmetricBlocks(setup, block_size)
+    matrix = SymmetricBlocks(
+        setup.block, (*theta.shape[:-2], theta.shape[-2], theta.shape[-2]), theta.dtype,
+        theta.device, block_size,
+    )  # fmt: skip
     if num_bootstrap:
         draws = wild_bootstrap(matrix, num_bootstrap, generator)
         total = matrix.total  # summed in the same sweep as H W
