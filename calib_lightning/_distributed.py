@@ -6,18 +6,26 @@ before gathering; when the other processes hold ``(n, D)`` float64 tensors the s
 and dtypes disagree and the gather fails. :func:`shape_empty_list_states` runs first
 (in a metric's ``_sync_dist``, which every process reaches in ``compute``): one small
 ``all_gather`` of each state's trailing shape and dtype, after which an empty process
-holds a ``(0, *trailing)`` tensor of the right dtype.
+holds a ``(0, *trailing)`` tensor of the right dtype. :func:`room_for_rows` bounds the
+rows a process keeps in such states.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torchmetrics import Metric
 
-__all__ = ["canonical_order", "gather_rows", "max_over_processes", "shape_empty_list_states"]
+__all__ = [
+    "canonical_order",
+    "gather_rows",
+    "max_over_processes",
+    "room_for_rows",
+    "shape_empty_list_states",
+]
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
            torch.int32, torch.bool)
@@ -88,3 +96,18 @@ def canonical_order(theta: torch.Tensor) -> torch.Tensor:
         key = theta[order, column]
         order = order[torch.sort(key, stable=True).indices]
     return order
+
+
+def room_for_rows(metric: Metric, incoming: int, *stored: list[torch.Tensor]) -> int:
+    """Rows of a batch of ``incoming`` that fit under ``metric.max_samples`` next to the
+    rows already in the ``stored`` list states; warns once (until ``metric._warned`` is
+    reset) when rows are cut. Call it from ``update``: the warning names its caller."""
+    room = metric.max_samples - sum(t.shape[0] for state in stored for t in state)
+    if room < incoming and not metric._warned:
+        warnings.warn(
+            f"{type(metric).__name__} keeps at most max_samples={metric.max_samples} pairs per "
+            f"process; {incoming - max(room, 0)} further pairs are ignored",
+            stacklevel=3,
+        )
+        metric._warned = True
+    return max(room, 0)

@@ -43,6 +43,8 @@ __all__ = [
     "moment_state_size",
     "moments",
     "split_moments",
+    "std_from_moments",
+    "std_or_one",
     "variance_from_moments",
 ]
 
@@ -157,3 +159,16 @@ def variance_from_moments(state: Tensor, covariance: bool = False) -> tuple[Tens
     if covariance:
         scale = scale.unsqueeze(-1)
     return mean, m2 / scale
+
+
+def std_or_one(std: Tensor) -> Tensor:
+    """``std`` with its zero entries (constant columns) replaced by 1, safe to divide by."""
+    return torch.where(std > 0, std, torch.ones_like(std))
+
+
+def std_from_moments(state: Tensor) -> Tensor:
+    r"""Standard deviation ``(*, D)`` of a diagonal state, :math:`\sqrt{M_2 / (n - 1)}`;
+    zeros (also of a single point) become 1 (:func:`std_or_one`)."""
+    count, _, m2 = split_moments(state)
+    std = (m2 / (count - 1.0).clamp_min(1.0).unsqueeze(-1)).clamp_min(0.0).sqrt()
+    return std_or_one(std)

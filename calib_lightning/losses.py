@@ -44,6 +44,7 @@ from calib_lightning._checks import (
     check_points,
     check_positive,
 )
+from calib_lightning._moments import std_or_one
 from calib_lightning.functional.kccsd import _base_scores, gaussian_base_points
 from calib_lightning.kernels import (
     KERNELS,
@@ -65,8 +66,7 @@ ESTIMATORS = ("u", "v")
 
 def _batch_std(value: Tensor) -> Tensor:
     """Detached per-column standard deviation of ``(n, F)``, with 1 for constant columns."""
-    std = value.detach().std(0)
-    return torch.where(std > 0, std, torch.ones_like(std))
+    return std_or_one(value.detach().std(0))
 
 
 def _standardized(value: Tensor) -> Tensor:

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from calib_lightning._checks import check_finite
+from calib_lightning._moments import std_or_one
 
 __all__ = [
     "Features",
@@ -87,7 +88,7 @@ def standardize(blocks: list[Tensor], num_members: int) -> tuple[list[Tensor], T
     for block in blocks:
         loc = block.mean(-2, keepdim=True)
         scale = block.std(-2, keepdim=True) if block.shape[-2] > 1 else torch.ones_like(loc)
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        scale = std_or_one(scale)
         out.append((block - loc) / scale)
         width = block.shape[-1]
         locs.append(loc.squeeze(-2).expand(num_members, width))

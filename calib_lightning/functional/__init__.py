@@ -8,18 +8,21 @@ from calib_lightning.functional.bands import (
     rank_ecdf,
     simultaneous_band,
 )
-from calib_lightning.functional.c2st import oracle_c2st
-from calib_lightning.functional.combine import combine_p_values
-from calib_lightning.functional.kccsd import (
+from calib_lightning.functional.bootstrap import (
+    SymmetricBlocks,
     bootstrap_p_value,
+    rademacher,
+    u_statistic,
+    wild_bootstrap,
+)
+from calib_lightning.functional.c2st import oracle_c2st
+from calib_lightning.functional.combine import combine_p_values, monte_carlo_p_value
+from calib_lightning.functional.kccsd import (
     gaussian_base_points,
     kccsd,
     kccsd_matrix,
     kccsd_test,
     posterior_scores,
-    rademacher,
-    u_statistic,
-    wild_bootstrap,
 )
 from calib_lightning.functional.lc2st import (
     lc2st_nf_null,
@@ -79,6 +82,7 @@ from calib_lightning.functional.tarp import (
 
 __all__ = [
     "PosteriorDraws",
+    "SymmetricBlocks",
     "ball_counts",
     "band_coverage",
     "bootstrap_p_value",
@@ -108,6 +112,7 @@ __all__ = [
     "lc2st_train",
     "marginal_ranks",
     "mmd",
+    "monte_carlo_p_value",
     "oracle_c2st",
     "pointwise_band",
     "posterior_ranks",

@@ -38,7 +38,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["COMBINATION_METHODS", "combine_p_values"]
+__all__ = ["COMBINATION_METHODS", "combine_p_values", "monte_carlo_p_value"]
 
 COMBINATION_METHODS = ("cauchy", "holm")
 
@@ -106,3 +106,40 @@ def combine_p_values(p_values: Tensor, dim: int = -1, method: str = "cauchy") ->
         )
         out = out.clamp(0.0, 1.0)
     return torch.where(count > 0, out, torch.full_like(out, math.nan))
+
+
+def monte_carlo_p_value(
+    statistic: Tensor,
+    draws: Tensor,
+    *,
+    tolerance: float = 0.0,
+    dtype: torch.dtype | None = None,
+) -> Tensor:
+    r"""Monte Carlo p-value :math:`p = (1 + \#\{T_b \ge T\}) / (1 + B)`, never 0.
+
+    Valid (level at most :math:`\alpha`) whenever the observed :math:`T` and the
+    :math:`B` draws are exchangeable under the null (permutation, bootstrap or
+    simulated null statistics).
+
+    Arguments:
+        statistic: observed :math:`T`, ``(*)`` (not differentiated through).
+        draws: null draws :math:`T_b`, ``(*, B)``.
+        tolerance: draws within this of :math:`T` count as ties (at least as large).
+        dtype: of the result; ``None``: the dtype of ``draws``.
+
+    Returns:
+        ``(*)``, in :math:`[1 / (1 + B), 1]`.
+
+    References:
+        Phipson, Smyth. "Permutation P-values Should Never Be Zero." Statistical
+        Applications in Genetics and Molecular Biology 9(1), 2010.
+
+    Example:
+        >>> monte_carlo_p_value(torch.tensor(0.3), torch.tensor([0.1, 0.2, 0.3, 0.4]))
+        tensor(0.6000)
+    """
+    threshold = statistic.detach().unsqueeze(-1)
+    if tolerance:
+        threshold = threshold - tolerance
+    exceed = (draws >= threshold).sum(-1)
+    return (1.0 + exceed.to(draws.dtype if dtype is None else dtype)) / (1.0 + draws.shape[-1])

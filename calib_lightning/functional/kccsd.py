@@ -10,7 +10,8 @@ with :math:`h` the Stein kernel (:func:`calib_lightning.kernels.stein_kernel`) a
 scores at base points shared by all pairs. Under calibration :math:`\hat C` is a
 degenerate U-statistic with mean zero; the wild bootstrap
 :math:`C_b = w_b^\top H w_b / (n (n-1))`, :math:`w_b` Rademacher, approximates its null
-distribution and :math:`p = (1 + \#\{C_b \ge \hat C\}) / (1 + B)`.
+distribution and :math:`p = (1 + \#\{C_b \ge \hat C\}) / (1 + B)`
+(:mod:`calib_lightning.functional.bootstrap`).
 
 All functions take optional leading batch dimensions ``(*)`` so that many datasets
 are tested in one call.
@@ -34,8 +35,14 @@ from calib_lightning._checks import (
     check_positive,
     check_same_device_dtype,
 )
-from calib_lightning._chunks import row_blocks
-from calib_lightning._moments import moments, split_moments
+from calib_lightning._moments import moments, split_moments, std_from_moments
+from calib_lightning.functional.bootstrap import (
+    SymmetricBlocks,
+    bootstrap_p_value,
+    rademacher,
+    u_statistic,
+    wild_bootstrap,
+)
 from calib_lightning.kernels import (
     DISTRIBUTION_KERNELS,
     KERNELS,
@@ -104,9 +111,7 @@ def base_points_from_moments(
         ``(m, D)`` in float64 on the state's device.
     """
     check_positive("num_points", num_points, integer=True)
-    count, mean, m2 = split_moments(state)
-    std = (m2 / (count - 1.0).clamp_min(1.0).unsqueeze(-1)).clamp_min(0.0).sqrt()
-    std = torch.where(std > 0, std, torch.ones_like(std))
+    mean, std = split_moments(state)[1], std_from_moments(state)
     eps = torch.randn(num_points, mean.shape[-1], generator=generator, dtype=dtype)
     return mean + std * eps.to(mean)
 
@@ -160,17 +165,6 @@ def _base_scores(
     base_scores = torch.cat(chunks, 0).transpose(0, 1)
     check_finite("posterior score at the base points", base_scores)
     return base_scores
-
-
-def rademacher(
-    shape: tuple[int, ...],
-    generator: torch.Generator | None = None,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str | None = None,
-) -> Tensor:
-    """Independent random signs of the given shape (drawn on the CPU, then moved)."""
-    signs = torch.randint(0, 2, shape, generator=generator, dtype=torch.int8)
-    return (2 * signs - 1).to(dtype=dtype, device=device)
 
 
 def _validate(
@@ -309,48 +303,6 @@ def kccsd_matrix(
     return setup.block(everything, everything)
 
 
-def u_statistic(matrix: Tensor) -> Tensor:
-    r"""U-statistic :math:`\frac{1}{n(n-1)} \sum_{i \ne j} H_{ij}` of a zero-diagonal
-    ``(*, n, n)`` matrix."""
-    n = matrix.shape[-1]
-    return matrix.sum((-1, -2)) / (n * (n - 1))
-
-
-def wild_bootstrap(
-    matrix: Tensor,
-    num_bootstrap: int = 500,
-    generator: torch.Generator | None = None,
-    weights: Tensor | None = None,
-) -> Tensor:
-    r"""Wild-bootstrap draws :math:`C_b = w_b^\top H w_b / (n (n-1))` of a degenerate U-statistic.
-
-    All draws are one matrix product :math:`H W`, ``W`` of shape ``(n, B)``.
-
-    Arguments:
-        matrix: zero-diagonal ``(*, n, n)``.
-        num_bootstrap: ``B``.
-        generator: random generator for the Rademacher multipliers.
-        weights: explicit multipliers ``(*, n, B)`` (overrides the two above).
-
-    Returns:
-        ``(*, B)`` draws.
-    """
-    n = matrix.shape[-1]
-    if weights is None:
-        check_positive("num_bootstrap", num_bootstrap, integer=True)
-        weights = rademacher(
-            (*matrix.shape[:-2], n, num_bootstrap), generator, matrix.dtype, matrix.device
-        )
-    return (weights * (matrix.detach() @ weights)).sum(-2) / (n * (n - 1))
-
-
-def bootstrap_p_value(statistic: Tensor, draws: Tensor) -> Tensor:
-    r""":math:`p = (1 + \#\{C_b \ge \hat C\}) / (1 + B)` for ``statistic`` ``(*)`` and
-    ``draws`` ``(*, B)``."""
-    exceed = (draws >= statistic.detach().unsqueeze(-1)).sum(-1)
-    return (1.0 + exceed.to(draws.dtype)) / (1.0 + draws.shape[-1])
-
-
 def kccsd_test(
     theta: Tensor,
     score: Tensor,
@@ -388,31 +340,18 @@ def kccsd_test(
         distribution_kernel, distribution_bandwidth, base_bandwidth,
     )  # fmt: skip
     check_positive("block_size", block_size, integer=True)
-    n = theta.shape[-2]
-    weights = None
+    matrix = SymmetricBlocks(
+        setup.block, (*theta.shape[:-2], theta.shape[-2], theta.shape[-2]), theta.dtype,
+        theta.device, block_size,
+    )  # fmt: skip
     if num_bootstrap:
-        check_positive("num_bootstrap", num_bootstrap, integer=True)
-        weights = rademacher(
-            (*theta.shape[:-2], n, num_bootstrap), generator, theta.dtype, theta.device
-        )
-    # H is symmetric: compute the blocks on and above the diagonal only; an
-    # off-diagonal block counts twice in the sum and feeds both H_IJ W_J and H_JI W_I
-    total = 0.0
-    product = None if weights is None else torch.zeros_like(weights)
-    blocks = row_blocks(n, block_size)
-    for i, rows in enumerate(blocks):
-        for cols in blocks[i:]:
-            h = setup.block(rows, cols)
-            twice = 1.0 if cols is rows else 2.0
-            total = total + twice * h.sum(-1).double().sum(-1)
-            if product is not None:
-                h = h.detach()
-                product[..., rows, :] += h @ weights[..., cols, :]
-                if cols is not rows:
-                    product[..., cols, :] += h.transpose(-1, -2) @ weights[..., rows, :]
+        draws = wild_bootstrap(matrix, num_bootstrap, generator)
+        total = matrix.total  # summed in the same sweep as H W
+    else:
+        total = matrix.sweep(None)[0]
+    n = theta.shape[-2]
     statistic = (total / (n * (n - 1))).to(theta.dtype)
-    if weights is not None:
-        draws = (weights * product).sum(-2) / (n * (n - 1))
+    if num_bootstrap:
         p_value = bootstrap_p_value(statistic, draws)
     else:
         p_value = torch.full_like(statistic.detach(), float("nan"))

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from calib_lightning._checks import check_matrix, check_positive, check_probability
 from calib_lightning.classifiers import MLPEnsemble, SklearnEnsemble
+from calib_lightning.functional.combine import monte_carlo_p_value
 
 __all__ = [
     "lc2st_nf_null",
@@ -105,9 +106,8 @@ def lc2st_p_value(statistic: Tensor, null_statistics: Tensor) -> Tensor:
         *[1] * (statistic.ndim + 1 - null_statistics.ndim),
         *null_statistics.shape[1:],
     )
-    exceed = (null >= statistic).sum(0)
     dtype = statistic.dtype if statistic.is_floating_point() else torch.get_default_dtype()
-    return (1.0 + exceed.to(dtype)) / (1.0 + null_statistics.shape[0])
+    return monte_carlo_p_value(statistic, null.movedim(0, -1), dtype=dtype)
 
 
 def _members_per_dataset(classifier: Ensemble, datasets: int, name: str) -> int:

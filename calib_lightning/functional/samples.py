@@ -27,6 +27,7 @@ from torch import Tensor
 from calib_lightning._checks import check_points, check_positive, check_same_device_dtype
 from calib_lightning._chunks import row_blocks
 from calib_lightning._moments import moments, variance_from_moments
+from calib_lightning.functional.combine import monte_carlo_p_value
 from calib_lightning.kernels import exponentiated, median_bandwidth, sq_distances
 
 __all__ = [
@@ -154,8 +155,7 @@ def mmd(
         ).scatter_(-1, first, 1.0)
         with torch.no_grad():
             draws = _mmd_from_gram(gram.detach(), membership.transpose(-1, -2), n, m)
-        exceed = (draws >= statistic.detach().unsqueeze(-1)).sum(-1)
-        p_value = (1.0 + exceed.to(gram.dtype)) / (1.0 + num_permutations)
+        p_value = monte_carlo_p_value(statistic, draws, dtype=gram.dtype)
     else:
         p_value = torch.full_like(statistic.detach(), float("nan"))
     bandwidth = torch.as_tensor(bandwidth, dtype=pooled.dtype, device=pooled.device)

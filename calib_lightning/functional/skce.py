@@ -15,7 +15,7 @@ Gaussians, :math:`W_2^2 = \|\mu - \mu'\|^2 + \|\sigma - \sigma'\|^2`. (The UAI p
 prints :math:`d(\sigma^2 - \sigma'^2)` for isotropic Gaussians; the Wasserstein
 distance is :math:`d(\sigma - \sigma')^2`, which is what we use.)
 
-The test reuses the wild bootstrap of :mod:`calib_lightning.functional.kccsd`.
+The test reuses the wild bootstrap of :mod:`calib_lightning.functional.bootstrap`.
 
 References:
     Widmann, Lindsten, Zachariah. "Calibration tests beyond classification." ICLR 2021.
@@ -36,7 +36,7 @@ from calib_lightning._checks import (
     check_positive,
     check_same_device_dtype,
 )
-from calib_lightning.functional.kccsd import (
+from calib_lightning.functional.bootstrap import (
     bootstrap_p_value,
     u_statistic,
     wild_bootstrap,

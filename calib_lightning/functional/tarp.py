@@ -71,7 +71,8 @@ from calib_lightning._checks import (
     check_probability,
 )
 from calib_lightning._chunks import row_blocks
-from calib_lightning._moments import moments, variance_from_moments
+from calib_lightning._moments import moments, std_from_moments
+from calib_lightning.functional.combine import monte_carlo_p_value
 from calib_lightning.functional.ranks import _check_counts, rank_histogram
 from calib_lightning.posteriors import Posterior, as_posterior, check_event_size, checked_samples
 
@@ -97,13 +98,7 @@ def tarp_fit_scale(theta: Tensor) -> Tensor:
     dtype of ``theta``.
     """
     check_points("theta", theta, min_rows=2)
-    return _std_from_moments(moments(theta)).to(theta.dtype)
-
-
-def _std_from_moments(state: Tensor) -> Tensor:
-    """Standard deviation ``(*, D)`` of a diagonal moment state; zeros become 1."""
-    std = variance_from_moments(state)[1].clamp_min(0.0).sqrt()
-    return torch.where(std > 0, std, torch.ones_like(std))
+    return std_from_moments(moments(theta)).to(theta.dtype)
 
 
 def tarp_references(
@@ -313,8 +308,7 @@ def tarp_test(
     statistic, atc = _ks_atc(counts)
     null = uniform_multinomial(total.cpu(), counts.shape[-1], num_null, generator)
     null_statistic = _ks_atc(null)[0].to(counts.device)
-    exceed = (null_statistic >= statistic.unsqueeze(-1) - 1e-12).sum(-1).double()
-    p_value = (1.0 + exceed) / (1.0 + num_null)
+    p_value = monte_carlo_p_value(statistic, null_statistic, tolerance=1e-12, dtype=torch.float64)
     alpha = torch.linspace(0.0, 1.0, num_bins + 1, dtype=torch.float64, device=counts.device)
     return {
         "statistic": statistic,

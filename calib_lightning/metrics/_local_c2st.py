@@ -22,7 +22,6 @@ data, seed and counter reproduce the same result.
 from __future__ import annotations
 
 import hashlib
-import warnings
 from typing import Any
 
 import numpy as np
@@ -30,6 +29,7 @@ import torch
 from torch import Tensor
 
 from calib_lightning._checks import check_matrix, check_positive, check_probability
+from calib_lightning._distributed import canonical_order
 from calib_lightning.classifiers import make_ensemble
 from calib_lightning.functional.combine import combine_p_values
 from calib_lightning.functional.lc2st import lc2st_p_value, lc2st_statistic, pp_band, pp_ecdf
@@ -37,7 +37,6 @@ from calib_lightning.metrics._shapes import KeepShapes
 
 __all__ = [
     "LocalC2ST",
-    "canonical_order",
     "check_observations",
     "digest_words",
     "fingerprint",
@@ -49,14 +48,6 @@ def _stream_seed(seed: int, stream: int, *words: int) -> int:
     ``words`` (check counter, data digest); 31 bits leave room for ``seed + k`` per member
     (scikit-learn's ``random_state`` must stay below ``2**32``)."""
     return int(np.random.SeedSequence([seed, stream, *words]).generate_state(1)[0]) >> 1
-
-
-def canonical_order(rows: Tensor) -> Tensor:
-    """Lexicographic row order of ``rows (N, C)``, independent of arrival order (DDP)."""
-    order = torch.arange(rows.shape[0], device=rows.device)
-    for column in reversed(range(rows.shape[1])):
-        order = order[torch.sort(rows[order, column], stable=True).indices]
-    return order
 
 
 def _digest(data: bytes) -> Tensor:
@@ -179,18 +170,6 @@ class LocalC2ST(KeepShapes):
                 f"got shape {tuple(x.shape)}"
             )
         return flat
-
-    def _room(self, stored: list[Tensor], incoming: int) -> int:
-        """Rows of the next batch that fit under ``max_samples``; warn once when cut."""
-        room = self.max_samples - sum(t.shape[0] for t in stored)
-        if room < incoming and not self._warned:
-            warnings.warn(
-                f"{type(self).__name__} keeps at most max_samples={self.max_samples} pairs per "
-                f"process; {incoming - max(room, 0)} further pairs are ignored",
-                stacklevel=3,
-            )
-            self._warned = True
-        return max(room, 0)
 
     def reset(self) -> None:
         super().reset()

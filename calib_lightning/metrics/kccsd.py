@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
@@ -20,6 +19,7 @@ from calib_lightning._checks import (
 from calib_lightning._distributed import (
     canonical_order,
     gather_rows,
+    room_for_rows,
     shape_empty_list_states,
 )
 from calib_lightning._moments import moments
@@ -200,16 +200,8 @@ class KCCSD(Metric):
                 self._last_batch = (theta, score, base_scores, batch_base)
             else:
                 self._last_batch = (theta, score, base_scores, None)
-        stored = sum(t.shape[0] for t in (*self.theta, *self.pending_theta))
-        room = self.max_samples - stored
-        if room < theta.shape[0] and not self._warned:
-            warnings.warn(
-                f"KCCSD keeps at most max_samples={self.max_samples} pairs per process; "
-                f"{theta.shape[0] - max(room, 0)} further pairs are ignored",
-                stacklevel=2,
-            )
-            self._warned = True
-        if room <= 0:
+        room = room_for_rows(self, theta.shape[0], self.theta, self.pending_theta)
+        if room == 0:
             return
         keep = slice(0, room)
         if self.distribution_kernel is not None and not fitted:

@@ -28,6 +28,7 @@ from torch import Tensor
 from torchmetrics.utilities.data import dim_zero_cat
 
 from calib_lightning._checks import check_matrix, check_pairs, check_positive
+from calib_lightning._distributed import canonical_order, room_for_rows
 from calib_lightning.functional.lc2st import (
     lc2st_nf_null,
     lc2st_nf_train,
@@ -38,7 +39,6 @@ from calib_lightning.functional.lc2st import (
 )
 from calib_lightning.metrics._local_c2st import (
     LocalC2ST,
-    canonical_order,
     check_observations,
     digest_words,
     fingerprint,
@@ -166,7 +166,7 @@ class LC2STNF(LocalC2ST):
         with torch.no_grad():
             latent = as_posterior(posterior).to_latent(theta, x)
         checked_samples(latent.unsqueeze(0))
-        keep = self._room(self.latent, theta.shape[0])
+        keep = room_for_rows(self, theta.shape[0], self.latent)
         if keep:
             self.latent.append(latent[:keep].detach())
             self.x.append(flat[:keep].detach())
@@ -336,7 +336,7 @@ class LC2ST(LocalC2ST):
         flat = self._check_features(x)
         post = as_posterior(posterior)
         check_event_size(post, theta, x)
-        keep = self._room(self.theta, theta.shape[0])
+        keep = room_for_rows(self, theta.shape[0], self.theta)
         with torch.no_grad():
             if not self.eval_theta:
                 samples = post.sample(self.observations.to(x), self.num_eval)  # (N_v, O, D)

@@ -18,12 +18,11 @@ from calib_lightning._checks import (
     check_probability,
 )
 from calib_lightning._distributed import canonical_order, shape_empty_list_states
-from calib_lightning._moments import moments
+from calib_lightning._moments import moments, std_from_moments
 from calib_lightning.functional.tarp import (
     DISTANCES,
     _check_scale,
     _sample_chunks,
-    _std_from_moments,
     tarp_counts,
     tarp_ranks,
     tarp_test,
@@ -162,7 +161,7 @@ class TARP(Metric):
             )
         theta = theta.detach().double()
         if self.scale.numel() == 0:
-            self.scale = _std_from_moments(moments(theta)).to(self.counts.device)
+            self.scale = std_from_moments(moments(theta)).to(self.counts.device)
         if self.low.numel() == 0:
             low, high = theta.amin(0), theta.amax(0)
             self.low, self.high = low.to(self.counts.device), high.to(self.counts.device)
