@@ -671,3 +671,20 @@ def test_underflowing_p_values_are_logged_and_kept_above_zero(tmp_path):
         (row,) = [r for r in csv.DictReader(f) if r.get("calibration/ranks/p_value")]
     assert float(row["calibration/ranks/p_value"]) == pytest.approx(torch.finfo(torch.float32).tiny)
     assert "< 2.2e-308" in summary_table([callback])
+
+
+def test_history_figure_wraps_many_scalars_and_reads_every_p_value_on_a_log_axis():
+    from calib_lightning.plots.history import MAX_COLUMNS, plot_history
+
+    epochs = [0, 3, 6]
+    history = {f"p_value/{o}": [1e-6, 0.02, 0.5] for o in range(50)}
+    history["statistic"] = [3.0, 1.0, 0.1]
+    fig = plot_history(epochs, history, level=0.05)
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(visible) == 51
+    width, height = fig.get_size_inches()
+    assert width <= MAX_COLUMNS * 3.6 + 1e-9  # at most MAX_COLUMNS panels side by side
+    columns = {round(ax.get_position().x0, 3) for ax in visible}
+    assert len(columns) <= MAX_COLUMNS
+    scales = {ax.get_ylabel(): ax.get_yscale() for ax in visible}
+    assert scales["p_value/7"] == "log" and scales["statistic"] == "linear"

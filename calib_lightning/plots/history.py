@@ -16,7 +16,9 @@ from matplotlib.ticker import MaxNLocator
 
 from calib_lightning._checks import check_probability
 
-__all__ = ["plot_history"]
+__all__ = ["MAX_COLUMNS", "plot_history"]
+
+MAX_COLUMNS = 4  # panels per row: a check with many scalars wraps into rows
 
 _FLOOR = 1e-4  # bottom of the p-value axis; smaller values are drawn clipped to it
 
@@ -50,7 +52,8 @@ def plot_history(
         panel_size: width and height of one panel in inches.
 
     Returns:
-        A :class:`matplotlib.figure.Figure` with ``len(history)`` panels in one row.
+        A :class:`matplotlib.figure.Figure` with ``len(history)`` panels, at most
+        :data:`MAX_COLUMNS` to a row.
 
     Example:
         >>> fig = plot_history([0, 1, 2], {"p_value": [0.001, 0.03, 0.4],
@@ -74,11 +77,16 @@ def plot_history(
                 f"got {len(values)}"
             )
     width, height = panel_size
-    fig = Figure(figsize=(width * len(history), height), layout="constrained")
-    axes = fig.subplots(1, len(history), squeeze=False)[0]
-    for ax, (name, values) in zip(axes, history.items(), strict=True):
+    cols = min(len(history), MAX_COLUMNS)
+    rows = math.ceil(len(history) / cols)
+    fig = Figure(figsize=(width * cols, height * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax in axes[len(history) :]:
+        ax.set_visible(False)
+    for ax, (name, values) in zip(axes, history.items(), strict=False):
         values = [float(v) for v in values]
-        is_p_value = name.split("/")[-1].endswith("p_value")
+        # "p_value", "global_p_value", and entries "p_value/0", "marginal_p_values/1", ...
+        is_p_value = name.split("/")[0].endswith(("p_value", "p_values"))
         if is_p_value:
             clipped = [(e, _FLOOR) for e, v in zip(epochs, values, strict=True) if v < _FLOOR]
             values = [v if math.isnan(v) else min(max(v, _FLOOR), 1.0) for v in values]
