@@ -165,6 +165,12 @@ class Posterior:
             )
         return as_float(x, self.dtype)
 
+    def _sampling_inputs(self, x: Tensor, num_samples: int) -> tuple[Tensor, torch.dtype]:
+        """``x`` prepared for the model (:meth:`_prepare_x`), and the dtype draws are
+        returned in (``x``'s when floating, else the model's); ``num_samples`` checked."""
+        _check_num_samples(num_samples)
+        return self._prepare_x(x), _out_dtype(_check_x(x), self.dtype)
+
     def _prepare_theta(self, theta: Tensor, x: Tensor, size: int | None = None) -> Tensor:
         """``theta`` checked against ``N``, the event size (``size`` or :meth:`event_size`)
         and cast to the model's dtype."""
@@ -268,9 +274,7 @@ class DistributionPosterior(Posterior):
         return dist
 
     def _draw(self, x: Tensor, num_samples: int, reparameterized: bool) -> Tensor:
-        num_samples = _check_num_samples(num_samples)
-        out = _out_dtype(_check_x(x), self.dtype)
-        x = self._prepare_x(x)
+        x, out = self._sampling_inputs(x, num_samples)
         dist = self.distribution(x)
         with self._errors(None, x):
             draw = dist.rsample if reparameterized else dist.sample
@@ -285,9 +289,7 @@ class DistributionPosterior(Posterior):
         return self._draw(x, num_samples, reparameterized=True)
 
     def sample_and_log_prob(self, x: Tensor, num_samples: int) -> tuple[Tensor, Tensor]:
-        num_samples = _check_num_samples(num_samples)
-        out = _out_dtype(_check_x(x), self.dtype)
-        x = self._prepare_x(x)
+        x, out = self._sampling_inputs(x, num_samples)
         with torch.no_grad():
             dist = self.distribution(x)
             with self._errors(None, x):
@@ -364,16 +366,12 @@ class NflowsPosterior(Posterior):
         return self._context
 
     def sample(self, x: Tensor, num_samples: int) -> Tensor:
-        num_samples = _check_num_samples(num_samples)
-        out = _out_dtype(_check_x(x), self.dtype)
-        x = self._prepare_x(x)
+        x, out = self._sampling_inputs(x, num_samples)
         with torch.no_grad(), default_dtype(x.dtype), self._errors(None, x):
             return self.module.sample(num_samples, context=x).transpose(0, 1).to(out)
 
     def sample_and_log_prob(self, x: Tensor, num_samples: int) -> tuple[Tensor, Tensor]:
-        num_samples = _check_num_samples(num_samples)
-        out = _out_dtype(_check_x(x), self.dtype)
-        x = self._prepare_x(x)
+        x, out = self._sampling_inputs(x, num_samples)
         with torch.no_grad(), default_dtype(x.dtype), self._errors(None, x):
             theta, log_prob = self.module.sample_and_log_prob(num_samples, context=x)
         return theta.transpose(0, 1).to(out), log_prob.transpose(0, 1).to(out)
@@ -435,9 +433,7 @@ class SbiPosterior(Posterior):
         return tuple(int(s) for s in shape) if shape is not None else None
 
     def sample(self, x: Tensor, num_samples: int) -> Tensor:
-        num_samples = _check_num_samples(num_samples)
-        out = _out_dtype(_check_x(x), self.dtype)
-        x = self._prepare_x(x)
+        x, out = self._sampling_inputs(x, num_samples)
         # sbi's nflows estimators draw base noise in torch's default dtype
         with torch.no_grad(), default_dtype(x.dtype), self._errors(None, x):
             return self.module.sample((num_samples,), condition=x).to(out)

@@ -172,13 +172,24 @@ class TARP(Metric):
                 setattr(self, name, torch.empty_like(state_dict[prefix + name]))
         super()._load_from_state_dict(state_dict, prefix, *args)
 
-    def _references(self, n: int, like: Tensor) -> Tensor:
-        if self._generator is None:
-            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-            self._generator = torch.Generator().manual_seed(self.seed + 7919 * (rank + 1))
-        u = torch.rand(n, like.shape[1], generator=self._generator, dtype=torch.float64)
+    def _references(self, n: int, like: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """``n`` reference points drawn uniformly in the fitted box, from ``generator`` or
+        (in ``update``) this process's own stream."""
+        if generator is None:
+            if self._generator is None:
+                rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+                self._generator = torch.Generator().manual_seed(self.seed + 7919 * (rank + 1))
+            generator = self._generator
+        u = torch.rand(n, like.shape[1], generator=generator, dtype=torch.float64)
         low, high = self.low.double().cpu(), self.high.double().cpu()
         return (low + (high - low) * u).to(dtype=like.dtype, device=like.device)
+
+    def _counts(self, samples: Tensor, theta: Tensor, references: Tensor) -> Tensor:
+        """Rank histogram of ``theta (N, D)`` among ``samples (S, N, D)`` for ``references``."""
+        scale = self.scale.to(dtype=theta.dtype, device=theta.device)
+        ranks = tarp_ranks(samples.to(theta.dtype), theta, references, scale=scale,
+                           distance=self.distance)  # fmt: skip
+        return tarp_counts(ranks, self.num_posterior_samples).to(self.counts.device)
 
     # -- accumulation -----------------------------------------------------------------
     def update(self, posterior: Posterior | object | Tensor, theta: Tensor, x: Tensor) -> None:
@@ -208,11 +219,8 @@ class TARP(Metric):
                 self.pending_samples.append(samples.detach().to(theta.dtype).transpose(0, 1))
             return
         references = self._references(n, theta)
-        scale = self.scale.to(dtype=theta.dtype, device=theta.device)
         for rows, samples in _sample_chunks(posterior, x, size, self.chunk_size):
-            ranks = tarp_ranks(samples.to(theta.dtype), theta[rows], references[rows],
-                               scale=scale, distance=self.distance)
-            self.counts += tarp_counts(ranks, size).to(self.counts.device)
+            self.counts += self._counts(samples, theta[rows], references[rows])
 
     def reset(self) -> None:
         super().reset()
@@ -236,13 +244,9 @@ class TARP(Metric):
         theta, samples = theta[order], samples[order].transpose(0, 1)
         if not self._fitted():
             self._fit(theta)
+        # one stream for all processes' pending pairs (in canonical order): DDP = one process
         generator = torch.Generator().manual_seed(self.seed + 2)
-        u = torch.rand(theta.shape, generator=generator, dtype=torch.float64)
-        low, high = self.low.double().cpu(), self.high.double().cpu()
-        references = (low + (high - low) * u).to(dtype=theta.dtype, device=theta.device)
-        scale = self.scale.to(dtype=theta.dtype, device=theta.device)
-        ranks = tarp_ranks(samples, theta, references, scale=scale, distance=self.distance)
-        return tarp_counts(ranks, self.num_posterior_samples).to(self.counts.device)
+        return self._counts(samples, theta, self._references(len(theta), theta, generator))
 
     def compute(self) -> dict[str, Tensor]:
         """Statistic, p-value, ATC, band, the curve (``alpha``, ``ecp``) and ``num_samples``.
