@@ -4,10 +4,10 @@ Metrics (torchmetrics), their functional cores, and Lightning callbacks that che
 a conditional normalizing flow while it trains.
 """
 
-import importlib
-from typing import Any
+import importlib as _importlib
+from typing import Any as _Any
 
-from calib_lightning import classifiers, functional, kernels, losses, tasks
+from calib_lightning import baselines, classifiers, evaluation, functional, kernels, losses, tasks
 from calib_lightning.losses import CoverageLoss, KCCSDLoss
 from calib_lightning.metrics import (
     KCCSD,
@@ -45,8 +45,10 @@ __all__ = [
     "RankCalibration",
     "RankCalibrationCallback",
     "as_posterior",
+    "baselines",
     "callbacks",
     "classifiers",
+    "evaluation",
     "functional",
     "kernels",
     "losses",
@@ -57,9 +59,9 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     if name in _LAZY_MODULES:
-        return importlib.import_module(f"calib_lightning.{name}")
+        return _importlib.import_module(f"calib_lightning.{name}")
     if name in _LAZY_CALLBACKS:
-        return getattr(importlib.import_module("calib_lightning.callbacks"), name)
+        return getattr(_importlib.import_module("calib_lightning.callbacks"), name)
     raise AttributeError(f"module 'calib_lightning' has no attribute {name!r}")

@@ -17,7 +17,7 @@ from torch.distributions import Independent, Normal
 
 import calib_lightning as cl
 from calib_lightning._checks import check_pairs, model_errors
-from calib_lightning.posteriors import check_event_size
+from calib_lightning.evaluation import check_event_size
 
 D, X, N = 3, 2, 24
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import calib_lightning as cl
+from calib_lightning.baselines.c2st import oracle_c2st
 from calib_lightning.classifiers import MLPEnsemble
-from calib_lightning.functional.c2st import oracle_c2st
 from calib_lightning.functional.lc2st import (
     lc2st_nf_train,
     lc2st_p_value,

@@ -185,7 +185,7 @@ def test_bad_input_errors_name_the_argument(x):
         post.sample(torch.zeros(3), 2)
     with pytest.raises(ValueError, match=r"theta must have shape \(\*, N, D\) with N = 7"):
         post.log_prob(torch.zeros(5, D), x)
-    with pytest.raises(ValueError, match="num_samples must be a positive integer"):
+    with pytest.raises(ValueError, match="num_posterior_samples must be a positive integer"):
         post.sample(x, 0)
     bad = cl.as_posterior(lambda x: torch.zeros(len(x)))
     with pytest.raises(ValueError, match=r"must return a torch\.distributions\.Distribution"):

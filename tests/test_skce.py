@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy import integrate, stats
 
-from calib_lightning.functional import (
+from calib_lightning.baselines.skce import (
     gaussian_mmd_sq,
     sample_mmd_sq,
     skce_matrix_gaussian,

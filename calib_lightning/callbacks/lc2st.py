@@ -10,8 +10,8 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from calib_lightning._checks import check_positive
+from calib_lightning.baselines.c2st import oracle_c2st
 from calib_lightning.callbacks.base import CalibrationCallback, _describe
-from calib_lightning.functional.c2st import oracle_c2st
 from calib_lightning.functional.reference import compare_to_reference
 from calib_lightning.metrics.lc2st import LC2STNF
 from calib_lightning.plots.lc2st import plot_pp, plot_probability_map

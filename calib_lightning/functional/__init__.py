@@ -15,7 +15,6 @@ from calib_lightning.functional.bootstrap import (
     u_statistic,
     wild_bootstrap,
 )
-from calib_lightning.functional.c2st import oracle_c2st
 from calib_lightning.functional.combine import combine_p_values, monte_carlo_p_value
 from calib_lightning.functional.kccsd import (
     gaussian_base_points,
@@ -61,14 +60,6 @@ from calib_lightning.functional.sbc import (
     summarize_ranks,
     uniformity_test,
 )
-from calib_lightning.functional.skce import (
-    gaussian_mmd_sq,
-    sample_mmd_sq,
-    skce_matrix_gaussian,
-    skce_matrix_samples,
-    skce_test,
-    wasserstein_sq_gaussian,
-)
 from calib_lightning.functional.tarp import (
     expected_coverage,
     tarp,
@@ -98,7 +89,6 @@ __all__ = [
     "frechet_distance",
     "frechet_distance_from_moments",
     "gaussian_base_points",
-    "gaussian_mmd_sq",
     "gaussian_moments",
     "kccsd",
     "kccsd_matrix",
@@ -113,7 +103,6 @@ __all__ = [
     "marginal_ranks",
     "mmd",
     "monte_carlo_p_value",
-    "oracle_c2st",
     "pointwise_band",
     "posterior_ranks",
     "posterior_scores",
@@ -123,13 +112,9 @@ __all__ = [
     "rank_calibration",
     "rank_ecdf",
     "rank_histogram",
-    "sample_mmd_sq",
     "sbc_ranks",
     "sharpness",
     "simultaneous_band",
-    "skce_matrix_gaussian",
-    "skce_matrix_samples",
-    "skce_test",
     "summarize_ranks",
     "tarp",
     "tarp_counts",
@@ -141,6 +126,5 @@ __all__ = [
     "uniform_multinomial",
     "uniformity_test",
     "vendi_score",
-    "wasserstein_sq_gaussian",
     "wild_bootstrap",
 ]

@@ -13,9 +13,10 @@ import torch
 from torch import Tensor
 
 from calib_lightning._checks import check_finite, check_positive
+from calib_lightning.evaluation import checked_samples
 from calib_lightning.functional.samples import density_coverage, frechet_distance, mmd, vendi_score
 from calib_lightning.kernels import median_bandwidth
-from calib_lightning.posteriors import Posterior, as_posterior, checked_samples
+from calib_lightning.posteriors import Posterior, as_posterior
 
 __all__ = ["compare_to_reference"]
 

@@ -72,9 +72,10 @@ from calib_lightning._checks import (
 )
 from calib_lightning._chunks import row_blocks
 from calib_lightning._moments import moments, std_from_moments
+from calib_lightning.evaluation import check_event_size, checked_samples
 from calib_lightning.functional.combine import monte_carlo_p_value
 from calib_lightning.functional.ranks import _check_counts, rank_histogram
-from calib_lightning.posteriors import Posterior, as_posterior, check_event_size, checked_samples
+from calib_lightning.posteriors import Posterior, as_posterior
 
 __all__ = [
     "DISTANCES",

@@ -29,6 +29,7 @@ from torchmetrics.utilities.data import dim_zero_cat
 
 from calib_lightning._checks import check_matrix, check_pairs, check_positive
 from calib_lightning._distributed import canonical_order, room_for_rows
+from calib_lightning.evaluation import check_event_size, checked_samples
 from calib_lightning.functional.lc2st import (
     lc2st_nf_null,
     lc2st_nf_train,
@@ -43,12 +44,7 @@ from calib_lightning.metrics._local_c2st import (
     digest_words,
     fingerprint,
 )
-from calib_lightning.posteriors import (
-    Posterior,
-    as_posterior,
-    check_event_size,
-    checked_samples,
-)
+from calib_lightning.posteriors import Posterior, as_posterior
 
 __all__ = ["LC2ST", "LC2STNF"]
 

@@ -19,6 +19,7 @@ from calib_lightning._checks import (
 )
 from calib_lightning._distributed import canonical_order, shape_empty_list_states
 from calib_lightning._moments import moments, std_from_moments
+from calib_lightning.evaluation import check_event_size
 from calib_lightning.functional.tarp import (
     DISTANCES,
     _check_scale,
@@ -27,7 +28,7 @@ from calib_lightning.functional.tarp import (
     tarp_ranks,
     tarp_test,
 )
-from calib_lightning.posteriors import Posterior, check_event_size
+from calib_lightning.posteriors import Posterior
 
 __all__ = ["TARP"]
 

@@ -26,12 +26,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
+from calib_lightning.baselines import skce_matrix_gaussian, skce_test
 from calib_lightning.functional import (
     gaussian_base_points,
     kccsd_test,
     posterior_scores,
-    skce_matrix_gaussian,
-    skce_test,
 )
 from calib_lightning.tasks import HGM, LGM, MGM, QGM
 from examples._smoke import add_smoke_argument, output_folder

@@ -51,8 +51,9 @@ from threadpoolctl import threadpool_limits
 from torch.distributions import MultivariateNormal
 
 import calib_lightning as cl
+from calib_lightning.baselines import oracle_c2st
 from calib_lightning.classifiers import MLPEnsemble
-from calib_lightning.functional import lc2st_nf_null, oracle_c2st
+from calib_lightning.functional import lc2st_nf_null
 from calib_lightning.plots import plot_pp, plot_probability_map
 from calib_lightning.tasks import GaussianToy, TwoMoons
 from examples._smoke import add_smoke_argument, output_folder

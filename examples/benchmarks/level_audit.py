@@ -25,7 +25,7 @@ N(0, s^2 I) with s^2 = 0.5 or 2, a temperature in latent space), biased = mean +
 posterior standard deviation in every dimension (flow: theta shifted by 0.5 x the
 average marginal posterior sd).
 
-Tests and p-values: KCCSD ``p_value``; SKCE (functional ``skce_test`` on
+Tests and p-values: KCCSD ``p_value``; SKCE (``baselines.skce_test`` on
 ``skce_matrix_gaussian``, defaults; diagonal Gaussian posteriors only); RankCalibration
 ``p_value`` (joint energy rank), ``marginal_p_values``, ``ecdf_p_values`` (marginals,
 then joint), ``global_p_value``; TARP ``p_value`` (one test, so no global p-value);
@@ -68,7 +68,7 @@ from scipy import stats
 from torch.distributions import Distribution, Independent, MultivariateNormal, Normal
 
 import calib_lightning as cl
-from calib_lightning.functional import skce_matrix_gaussian, skce_test
+from calib_lightning.baselines import skce_matrix_gaussian, skce_test
 from calib_lightning.tasks import TwoMoons
 
 RESULTS = Path(__file__).parent / "results" / "level_audit.md"

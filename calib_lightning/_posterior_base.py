@@ -1,0 +1,165 @@
+"""The :class:`Posterior` base class and the input checks every adapter shares.
+
+Adapters (:mod:`calib_lightning.posteriors`) subclass :class:`Posterior`; see that
+module for the shape and dtype conventions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from calib_lightning._checks import as_float, check_positive, model_dtype, model_errors
+
+__all__ = ["Posterior", "check_width"]
+
+
+def _check_x(x: Tensor) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim < 2:
+        raise ValueError(
+            f"x must have shape (N, X) with a leading batch dimension, got {tuple(x.shape)}"
+        )
+    return x
+
+
+def _check_theta(theta: Tensor, x: Tensor) -> Tensor:
+    if not isinstance(theta, Tensor):
+        raise ValueError(f"theta must be a torch.Tensor, got {type(theta).__name__}")
+    if theta.ndim < 2 or theta.shape[-2] != x.shape[0]:
+        raise ValueError(
+            f"theta must have shape (*, N, D) with N = {x.shape[0]} (the rows of x), "
+            f"got {tuple(theta.shape)}"
+        )
+    return theta
+
+
+def _check_num_posterior_samples(num_posterior_samples: int) -> int:
+    check_positive("num_posterior_samples", num_posterior_samples, integer=True)
+    return num_posterior_samples
+
+
+def check_width(theta: Tensor, size: int | None) -> None:
+    if size is not None and theta.shape[-1] != size:
+        raise ValueError(
+            f"theta must have D = {size} columns like the posterior's event shape "
+            f"({size},), got shape {tuple(theta.shape)}"
+        )
+
+
+def _context_fits(x: Tensor, expected: tuple[int, ...]) -> bool:
+    """Whether one observation of ``x (N, *X)`` has the shape ``expected``."""
+    return tuple(x.shape[1:]) == tuple(expected)
+
+
+def _out_dtype(x: Tensor, model: torch.dtype | None) -> torch.dtype:
+    """Dtype of samples: ``x``'s when floating, else the model's (or torch's default)."""
+    if x.is_floating_point():
+        return x.dtype
+    return model or torch.get_default_dtype()
+
+
+class Posterior:
+    r"""Base class: a conditional density :math:`q(\theta \mid x)` with a fixed interface.
+
+    Subclasses implement :meth:`sample`, :meth:`log_prob` and :meth:`to_latent`;
+    :meth:`score` and :meth:`sample_and_log_prob` have generic implementations.
+
+    Arguments:
+        module: the wrapped estimator (kept so callers can reach its parameters).
+    """
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({type(self.module).__name__})"
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The model's floating dtype (its parameters'), ``None`` if it has none."""
+        return model_dtype(self.module)
+
+    def event_size(self) -> int | None:
+        """``D``, the width of ``theta``, when known without evaluating the model."""
+        return None
+
+    def context_shape(self) -> tuple[int, ...] | None:
+        """Shape of one observation ``X`` the model was built for, when known."""
+        return None
+
+    def _prepare_x(self, x: Tensor) -> Tensor:
+        """``x`` checked against the context shape and cast to the model's dtype."""
+        x = _check_x(x)
+        expected = self.context_shape()
+        if expected is not None and not _context_fits(x, expected):
+            raise ValueError(
+                f"x must have shape (N, {', '.join(map(str, expected))}) for this "
+                f"posterior's context, got {tuple(x.shape)}"
+            )
+        return as_float(x, self.dtype)
+
+    def _sampling_inputs(self, x: Tensor, num_posterior_samples: int) -> tuple[Tensor, torch.dtype]:
+        """``x`` prepared for the model (:meth:`_prepare_x`), and the dtype draws are
+        returned in (``x``'s when floating, else the model's); ``num_posterior_samples`` checked."""
+        _check_num_posterior_samples(num_posterior_samples)
+        return self._prepare_x(x), _out_dtype(_check_x(x), self.dtype)
+
+    def _prepare_theta(self, theta: Tensor, x: Tensor, size: int | None = None) -> Tensor:
+        """``theta`` checked against ``N``, the event size (``size`` or :meth:`event_size`)
+        and cast to the model's dtype."""
+        theta = _check_theta(theta, x)
+        if not theta.is_floating_point():
+            raise ValueError(f"theta must have a floating dtype, got {theta.dtype}")
+        check_width(theta, self.event_size() if size is None else size)
+        return theta.to(self.dtype or theta.dtype)
+
+    def _errors(self, theta: Tensor | None, x: Tensor, size: int | None = None) -> Any:
+        """Translate the model's shape/dtype errors (``size``: the event size checked)."""
+        expected = self.context_shape()
+        context = None if expected is None else f"shape {tuple(expected)}"
+        size = self.event_size() if size is None else size
+        return model_errors(theta, x, dtype=self.dtype, context=context, event_size=size)
+
+    def sample(self, x: Tensor, num_posterior_samples: int) -> Tensor:
+        """Draw ``num_posterior_samples`` parameters per observation: ``(S, N, D)``, no gradient."""
+        raise NotImplementedError
+
+    def log_prob(self, theta: Tensor, x: Tensor) -> Tensor:
+        """Log-density of ``theta`` ``(*, N, D)`` under ``q(. | x)``: ``(*, N)``."""
+        raise NotImplementedError
+
+    def to_latent(self, theta: Tensor, x: Tensor) -> Tensor:
+        """Map ``theta`` ``(*, N, D)`` to the standard-normal base space: ``(*, N, D)``."""
+        raise NotImplementedError
+
+    def sample_and_log_prob(self, x: Tensor, num_posterior_samples: int) -> tuple[Tensor, Tensor]:
+        """Samples ``(S, N, D)`` and their log-densities ``(S, N)``, without gradient.
+
+        Flows override this to reuse the sampling pass for the density.
+        """
+        with torch.no_grad():
+            theta = self.sample(x, num_posterior_samples)
+            return theta, self.log_prob(theta, x)
+
+    def score(self, theta: Tensor, x: Tensor, *, create_graph: bool = False) -> Tensor:
+        r"""Score :math:`\nabla_\theta \log q(\theta \mid x)`, shape ``(*, N, D)``.
+
+        Computed by autograd through the estimator. With ``create_graph=True`` the
+        result stays differentiable with respect to the estimator's parameters
+        (needed for calibration losses); ``theta`` itself is treated as data.
+        """
+        x = _check_x(x)
+        theta = _check_theta(theta, x)
+        if not theta.is_floating_point():
+            raise ValueError(f"theta must have a floating dtype, got {theta.dtype}")
+        with torch.enable_grad():
+            leaf = theta.detach().requires_grad_(True)
+            log_prob = self.log_prob(leaf, x)
+            (grad,) = torch.autograd.grad(log_prob.sum(), leaf, create_graph=create_graph)
+        return grad
+
+

@@ -1,0 +1,255 @@
+r"""The model-evaluation layer: the one place where the package runs an estimator.
+
+Metrics, losses, callbacks and the report call these functions to turn a posterior
+(anything :func:`calib_lightning.as_posterior` accepts) and calibration pairs into
+tensors: scores, latents, draws and log-densities. The functional core
+(:mod:`calib_lightning.functional`) then works on those tensors only.
+
+The rules, in one place:
+
+* **Gradients.** Draws, log-densities of draws and latents are evaluated without
+  gradient (``torch.no_grad``). Scores switch gradients on locally (they are
+  gradients); with ``create_graph=True`` they stay differentiable in the estimator's
+  parameters, which the calibration losses need.
+* **Memory.** Large evaluations are chunked: base points ``chunk_size`` at a time
+  (:func:`base_scores`), pairs ``chunk_size`` at a time (:func:`draws`), and pairs and
+  draws so that one chunk holds at most ``max_chunk_elements`` numbers
+  (:func:`draw_chunks`).
+* **Dtype and device.** The adapters cast inputs to the model's dtype and return the
+  caller's dtype (:mod:`calib_lightning.posteriors`); nothing here moves tensors.
+* **Checks.** Every output is checked finite; a failure raises a ``ValueError`` that
+  names the quantity and counts the pairs affected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from calib_lightning._checks import (
+    check_finite,
+    check_matrix,
+    check_pairs,
+    check_positive,
+    check_same_device_dtype,
+)
+from calib_lightning._chunks import row_blocks
+from calib_lightning.posteriors import DistributionPosterior, Posterior, as_posterior, check_width
+
+__all__ = [
+    "DrawChunk",
+    "base_scores",
+    "check_event_size",
+    "checked_samples",
+    "draw_chunks",
+    "draws",
+    "latents",
+    "pair_and_base_scores",
+    "scores",
+]
+
+
+def scores(
+    posterior: Posterior | Any, theta: Tensor, x: Tensor, *, create_graph: bool = False
+) -> Tensor:
+    r"""Scores :math:`\nabla_\theta \log q(\theta_i \mid x_i)` at the pairs, ``(N, D)``,
+    checked finite.
+
+    Arguments:
+        posterior: anything :func:`calib_lightning.as_posterior` accepts.
+        theta: parameters ``(N, D)``.
+        x: observations ``(N, *X)``.
+        create_graph: keep the scores differentiable in the model's parameters.
+    """
+    check_pairs(theta, x)
+    score = as_posterior(posterior).score(theta, x, create_graph=create_graph)
+    check_finite("posterior score at theta", score)
+    return score
+
+
+def base_scores(
+    posterior: Posterior | Any,
+    x: Tensor,
+    base_points: Tensor,
+    *,
+    create_graph: bool = False,
+    chunk_size: int = 16,
+) -> Tensor:
+    """Scores of each model :math:`q(\\cdot \\mid x_i)` at shared base points, ``(N, m, D)``.
+
+    Arguments:
+        posterior: anything :func:`calib_lightning.as_posterior` accepts.
+        x: observations ``(N, *X)``.
+        base_points: ``(m, D)``, shared by all pairs.
+        create_graph: keep the scores differentiable in the model's parameters.
+        chunk_size: base points evaluated per pass (memory: ``chunk_size * N`` model
+            evaluations).
+    """
+    check_matrix("base_points", base_points)
+    check_positive("chunk_size", chunk_size, integer=True)
+    post = as_posterior(posterior)
+    n = x.shape[0]
+    chunks = []
+    for start in range(0, base_points.shape[0], chunk_size):
+        z = base_points[start : start + chunk_size]
+        z = z[:, None, :].expand(z.shape[0], n, z.shape[1])
+        chunks.append(post.score(z, x, create_graph=create_graph))
+    out = torch.cat(chunks, 0).transpose(0, 1)
+    check_finite("posterior score at the base points", out)
+    return out
+
+
+def pair_and_base_scores(
+    posterior: Posterior | Any,
+    theta: Tensor,
+    x: Tensor,
+    base_points: Tensor | None = None,
+    *,
+    create_graph: bool = False,
+    chunk_size: int = 16,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`scores` at the pairs and :func:`base_scores` (``None`` without base points)."""
+    score = scores(posterior, theta, x, create_graph=create_graph)
+    if base_points is None:
+        return score, None
+    check_matrix("base_points", base_points, columns=theta.shape[1])
+    check_same_device_dtype(theta=theta, base_points=base_points)
+    return score, base_scores(
+        posterior, x, base_points, create_graph=create_graph, chunk_size=chunk_size
+    )
+
+
+def latents(posterior: Posterior | Any, theta: Tensor, x: Tensor) -> Tensor:
+    """Base-space points :math:`z_i = T^{-1}(\\theta_i; x_i)`, ``(N, D)``, no gradient, checked."""
+    check_pairs(theta, x)
+    with torch.no_grad():
+        z = as_posterior(posterior).to_latent(theta, x)
+    checked_samples(z.unsqueeze(0))
+    return z
+
+
+def draws(
+    posterior: Posterior | Any,
+    x: Tensor,
+    num_posterior_samples: int,
+    *,
+    chunk_size: int | None = None,
+) -> Tensor:
+    """``S`` posterior draws at each observation, ``(S, N, D)``, no gradient, checked finite.
+
+    Arguments:
+        posterior: anything :func:`calib_lightning.as_posterior` accepts.
+        x: observations ``(N, *X)``.
+        num_posterior_samples: ``S``.
+        chunk_size: observations sampled per call (memory ``S * chunk_size * D``);
+            ``None``: all at once.
+    """
+    check_positive("num_posterior_samples", num_posterior_samples, integer=True)
+    post = as_posterior(posterior)
+    size = x.shape[0] if chunk_size is None else chunk_size
+    check_positive("chunk_size", size, integer=True)
+    with torch.no_grad():
+        parts = [post.sample(x[rows], num_posterior_samples) for rows in row_blocks(len(x), size)]
+    samples = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+    checked_samples(samples)
+    return samples
+
+
+class DrawChunk(NamedTuple):
+    """One chunk of :func:`draw_chunks`: draws of some pairs, with their log-densities.
+
+    Attributes:
+        start: index of the chunk's first pair.
+        theta: the chunk's true parameters ``(n, D)``.
+        log_prob_theta: :math:`\\log q(\\theta_i \\mid x_i)`, ``(n,)`` (equal for all
+            draw chunks of the same pairs).
+        samples: ``(s, n, D)`` draws.
+        log_prob: their log-densities ``(s, n)``.
+        first_draw: index of the chunk's first draw among the pair's ``M``.
+    """
+
+    start: int
+    theta: Tensor
+    log_prob_theta: Tensor
+    samples: Tensor
+    log_prob: Tensor
+    first_draw: int
+
+
+def draw_chunks(
+    posterior: Posterior | Any,
+    theta: Tensor,
+    x: Tensor,
+    num_posterior_samples: int,
+    *,
+    max_chunk_elements: int = 2**20,
+) -> Iterator[DrawChunk]:
+    """Draw ``M`` samples per pair with their log-densities, in bounded chunks, no gradient.
+
+    Pairs are taken ``max(1, max_chunk_elements // (M D))`` at a time; when one pair's
+    ``M D`` exceeds the bound its draws are split too. For each block of pairs the
+    truth's log-density comes from one ``log_prob`` call, the draws and their
+    densities from ``sample_and_log_prob`` calls. Output shapes are checked here;
+    finiteness is left to the consumer, which can check lazily.
+
+    Arguments:
+        posterior: anything :func:`calib_lightning.as_posterior` accepts.
+        theta: true parameters ``(N, D)``.
+        x: observations ``(N, *X)``.
+        num_posterior_samples: ``M``.
+        max_chunk_elements: bound on ``draws_per_chunk * pairs_per_chunk * D``.
+    """
+    check_pairs(theta, x)
+    check_positive("num_posterior_samples", num_posterior_samples, integer=True)
+    check_positive("max_chunk_elements", max_chunk_elements, integer=True)
+    post = as_posterior(posterior)
+    n, d, m = theta.shape[0], theta.shape[1], num_posterior_samples
+    rows = max(1, max_chunk_elements // (m * d))
+    per_call = max(1, min(m, max_chunk_elements // d))
+    theta = theta.detach()
+    with torch.no_grad():
+        for start in range(0, n, rows):
+            th, xc = theta[start : start + rows], x[start : start + rows]
+            log_prob_theta = post.log_prob(th, xc)
+            for done in range(0, m, per_call):
+                take = min(per_call, m - done)
+                samples, log_prob = post.sample_and_log_prob(xc, take)
+                k = th.shape[0]
+                if samples.shape != (take, k, d) or log_prob.shape != (take, k):
+                    raise ValueError(
+                        "posterior.sample_and_log_prob must return shapes (S, N, D) = "
+                        f"{(take, k, d)} and (S, N) = {(take, k)}, got "
+                        f"{tuple(samples.shape)} and {tuple(log_prob.shape)}"
+                    )
+                yield DrawChunk(start, th, log_prob_theta, samples, log_prob, done)
+
+
+def check_event_size(posterior: Posterior | Any, theta: Tensor, x: Tensor) -> None:
+    """Raise unless ``theta (N, D)`` has the posterior's event size ``D``.
+
+    For metrics that only sample the posterior (so the adapter never sees ``theta``).
+    ``D`` is read from the model where the adapter knows it, else from the event shape
+    of the distribution at the first observation (zuko flows build it lazily, without a
+    network pass). Tensors of samples and estimators whose ``D`` cannot be read pass.
+    """
+    if isinstance(posterior, Tensor):
+        return
+    post = as_posterior(posterior)
+    size = post.event_size()
+    if size is None and isinstance(post, DistributionPosterior):
+        try:
+            size = post.distribution(x[:1]).event_shape[-1]
+        except (ValueError, RuntimeError):  # the full evaluation reports these
+            size = None
+    check_width(theta, size)
+
+
+def checked_samples(samples: Tensor, log_prob: Tensor | None = None) -> None:
+    """Raise if a posterior produced non-finite samples ``(S, N, D)`` or log-densities
+    ``(S, N)``, naming how many pairs."""
+    check_finite("posterior samples", samples.transpose(0, 1))
+    if log_prob is not None:
+        check_finite("posterior log_prob", log_prob.transpose(0, 1))
