@@ -1,0 +1,130 @@
+"""The package's layering, read from its import statements (``ast``, nothing is imported).
+
+Data flows one way: callback -> evaluation layer / posterior adapter -> metric ->
+functional core -> logger. These tests fail when a module reaches the wrong way.
+Run this file as a script to print the import graph between the package's parts.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "calib_lightning"
+MAX_LINES = 420  # "about 400": one concept per module
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every ``calib_lightning...`` and top-level third-party module ``path`` imports."""
+    tree = ast.parse(path.read_text())
+    name = _module_name(path)
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative import
+                base = name.split(".")[: -node.level + (path.name == "__init__.py")]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            out.add(module)
+            out.update(f"{module}.{alias.name}" for alias in node.names)
+    return out
+
+
+def _part(module: str) -> str:
+    """The part of the package a module belongs to: ``functional``, ``metrics``, ..."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Package part -> the package parts it imports."""
+    graph: dict[str, set[str]] = {}
+    for name, path in modules().items():
+        targets = {
+            _part(m) for m in _imports(path) if m.startswith("calib_lightning.")
+        } - {_part(name)}
+        graph.setdefault(_part(name), set()).update(targets)
+    return graph
+
+
+FORBIDDEN = {
+    # the functional core sees tensors only: no models, classifiers, state or logging
+    "functional": {
+        "posteriors", "_posterior_base", "evaluation", "classifiers", "metrics",
+        "callbacks", "plots", "losses", "baselines", "tasks", "lightning", "matplotlib",
+    },
+    # metrics know nothing about Lightning or figures
+    "metrics": {"callbacks", "plots", "lightning", "matplotlib"},
+    # the evaluation layer runs models; it does not compute statistics or log
+    "evaluation": {"functional", "metrics", "callbacks", "plots"},
+    "posteriors": {"functional", "metrics", "callbacks", "plots", "evaluation"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("part", sorted(FORBIDDEN))
+def test_parts_import_only_downstream(part: str) -> None:
+    bad = []
+    for name, path in modules().items():
+        if _part(name) != part:
+            continue
+        for module in _imports(path):
+            target = _part(module) if module.startswith("calib_lightning.") else module
+            top = module.split(".")[0]
+            if target in FORBIDDEN[part] or top in FORBIDDEN[part]:
+                bad.append(f"{name} imports {module}")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_module_is_over_about_400_lines() -> None:
+    sizes = {name: len(p.read_text().splitlines()) for name, p in modules().items()}
+    assert {n: s for n, s in sizes.items() if s > MAX_LINES} == {}
+
+
+def test_every_module_has_a_docstring_and_all() -> None:
+    missing = []
+    for name, path in modules().items():
+        tree = ast.parse(path.read_text())
+        names = {
+            t.id
+            for node in tree.body
+            if isinstance(node, ast.Assign | ast.AnnAssign)
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            if isinstance(t, ast.Name)
+        }
+        if ast.get_docstring(tree) is None or "__all__" not in names:
+            missing.append(name)
+    assert missing == []
+
+
+def test_public_namespace_lists_only_package_names() -> None:
+    import calib_lightning as cl
+
+    for name in cl.__all__:
+        value = getattr(cl, name)
+        owner = getattr(value, "__module__", None) or getattr(value, "__name__", "")
+        assert owner.startswith("calib_lightning"), f"cl.{name} comes from {owner}"
+
+
+if __name__ == "__main__":
+    sizes = {name: len(p.read_text().splitlines()) for name, p in modules().items()}
+    for part, targets in sorted(import_graph().items()):
+        print(f"{part:16s} -> {', '.join(sorted(targets)) or '(nothing in the package)'}")
+    print()
+    for name, size in sorted(sizes.items(), key=lambda kv: -kv[1])[: int(sys.argv[1]) if
+                                                                   len(sys.argv) > 1 else 15]:
+        print(f"{size:5d}  {name}")
