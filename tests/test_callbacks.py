@@ -10,6 +10,7 @@ the same synced values as one process on the same data.
 import csv
 import math
 import warnings
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -235,20 +236,23 @@ def test_every_n_epochs_without_validation_checks_at_train_epoch_end(data):
 
 
 @pytest.mark.parametrize("kind", ["none", "csv"])
-def test_without_tensorboard_scalars_are_logged_with_one_warning(tmp_path, data, kind):
+def test_without_tensorboard_figures_are_png_files_and_scalars_are_logged(tmp_path, data, kind):
     (theta, x), (theta_cal, x_cal) = data
     callback = KCCSDCallback(theta_cal, x_cal, metric=metric())
     logger = False if kind == "none" else CSVLogger(tmp_path, name="csv", version=0)
-    fit = trainer(max_epochs=2, logger=logger, callbacks=[callback])
+    fit = trainer(tmp_path / "root", max_epochs=2, logger=logger, callbacks=[callback])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fit.fit(NPE(), loader(theta, x), loader(theta_cal, x_cal))
-    ours = [w for w in caught if "TensorBoardLogger only" in str(w.message)]
-    assert len(ours) == 1
+    assert not [w for w in caught if "figure" in str(w.message).lower()]
     assert set(fit.callback_metrics) >= TAGS
     assert (
         float(fit.callback_metrics["calibration/kccsd/p_value"]) == callback.history["p_value"][-1]
     )
+    root = Path(logger.log_dir if kind == "csv" else tmp_path / "root")
+    pngs = sorted((root / "calibration" / "kccsd" / "history").glob("*.png"))
+    assert [p.name for p in pngs] == ["epoch=0000.png", "epoch=0001.png"]
+    assert all(p.stat().st_size > 10_000 for p in pngs)  # a drawn figure, not an empty file
     if kind == "csv":
         with open(logger.log_dir + "/metrics.csv") as f:
             rows = [r for r in csv.DictReader(f) if r["calibration/kccsd/p_value"]]
@@ -256,6 +260,77 @@ def test_without_tensorboard_scalars_are_logged_with_one_warning(tmp_path, data,
         assert [float(r["calibration/kccsd/p_value"]) for r in rows] == pytest.approx(
             callback.history["p_value"]
         )
+
+
+def test_mlflow_receives_the_figures_as_run_artifacts(tmp_path, data, monkeypatch):
+    pytest.importorskip("mlflow")
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # a local store, no server
+    (theta, x), (theta_cal, x_cal) = data
+    callback = KCCSDCallback(theta_cal, x_cal, metric=metric())
+    logger = MLFlowLogger("calib", tracking_uri=f"file:{tmp_path / 'mlruns'}")
+    trainer(max_epochs=2, logger=logger, callbacks=[callback]).fit(
+        NPE(), loader(theta, x), loader(theta_cal, x_cal)
+    )
+    artifacts = Path(tmp_path, "mlruns").rglob("artifacts/calibration/kccsd/history/*.png")
+    assert sorted(p.name for p in artifacts) == ["epoch=0000.png", "epoch=0001.png"]
+    metrics = logger.experiment.get_metric_history(logger.run_id, "calibration/kccsd/p_value")
+    assert [m.value for m in metrics] == pytest.approx(callback.history["p_value"], rel=1e-6)
+
+
+def test_the_last_epoch_is_checked_whatever_every_n_epochs(data):
+    (theta, x), (theta_cal, x_cal) = data
+    with_validation = KCCSDCallback(
+        theta_cal, x_cal, metric=metric(), every_n_epochs=3, log_figures=False, name="val"
+    )
+    without = KCCSDCallback(
+        theta_cal, x_cal, metric=metric(), every_n_epochs=3, log_figures=False, name="train"
+    )
+    trainer(max_epochs=5, callbacks=[with_validation]).fit(
+        NPE(), loader(theta, x), loader(theta_cal, x_cal)
+    )
+    trainer(max_epochs=5, limit_val_batches=0, callbacks=[without]).fit(
+        NPE(), loader(theta, x), loader(theta_cal, x_cal)
+    )
+    assert with_validation.epochs == [0, 2, 4]
+    assert without.epochs == [0, 2, 4]
+    by_steps = KCCSDCallback(theta_cal, x_cal, metric=metric(), every_n_epochs=3,
+                             log_figures=False)  # fmt: skip
+    steps_per_epoch = len(loader(theta, x))
+    trainer(max_epochs=10, max_steps=4 * steps_per_epoch, callbacks=[by_steps]).fit(
+        NPE(), loader(theta, x)
+    )
+    assert by_steps.epochs == [0, 2, 3]  # max_steps ends fit in epoch 3
+
+
+class TestedNPE(NPE):
+    def test_step(self, batch, batch_idx):
+        return self.validation_step(batch, batch_idx)
+
+
+def test_validate_and_test_run_a_check_when_asked(tmp_path, data):
+    (theta, x), (theta_cal, x_cal) = data
+    callback = KCCSDCallback(
+        theta_cal, x_cal, metric=metric(), check_on=("fit", "validate", "test")
+    )
+    logger = CSVLogger(tmp_path, name="csv", version=0)
+    fit = trainer(max_epochs=1, logger=logger, callbacks=[callback])
+    module = TestedNPE()
+    fit.fit(module, loader(theta, x))
+    fit.validate(module, loader(theta_cal, x_cal), verbose=False)
+    fit.test(module, loader(theta_cal, x_cal), verbose=False)
+    assert callback.stages == ["fit", "validate", "test"]
+    assert len(callback.history["p_value"]) == 3
+    assert all(0 <= p <= 1 for p in callback.history["p_value"])
+    assert callback.history["p_value"][1] == pytest.approx(callback.history["p_value"][2])
+    quiet = KCCSDCallback(theta_cal, x_cal, metric=metric(), log_figures=False)
+    fit = trainer(max_epochs=1, callbacks=[quiet])
+    fit.fit(module, loader(theta, x))
+    fit.validate(module, loader(theta_cal, x_cal), verbose=False)
+    assert quiet.stages == ["fit"]  # the default checks during fit only
+    with pytest.raises(ValueError, match="check_on must be one of"):
+        KCCSDCallback(theta_cal, x_cal, check_on=("fit", "predict"))
 
 
 def test_early_stopping_monitors_calibration_p_value():
@@ -306,13 +381,14 @@ def test_resume_continues_histories_and_keeps_base_points(tmp_path, data):
         return callback, checkpoint
 
     first, checkpoint = run(max_epochs=3, seed=0)
-    assert first.epochs == [0, 1]  # epoch 2 is not a check epoch
+    assert first.epochs == [0, 1, 2]  # epoch 2 is off the schedule but the last one
     assert checkpoint.best_model_score == pytest.approx(max(first.history["p_value"]))
-    # resuming at epoch 3 checks at once, so the ModelCheckpoint finds its monitor
+    # last.ckpt holds epoch 0 (the only save of a monitor that did not improve later):
+    # the resumed run checks at once (epoch 1), so the ModelCheckpoint finds its monitor
     second, _ = run(max_epochs=6, seed=1, ckpt_path=tmp_path / "run0" / "last.ckpt")
     assert second.epochs == [0, 1, 3, 5]
     for key, values in first.history.items():
-        assert second.history[key][:2] == values
+        assert second.history[key][:2] == values[:2]
         assert not any(math.isnan(v) for v in second.history[key])
     # base points come from the checkpoint, not from a new draw with the new seed
     assert torch.equal(second.metric.base_points, first.metric.base_points)

@@ -11,7 +11,8 @@ from torch import Tensor
 
 from calib_lightning._checks import check_positive
 from calib_lightning.baselines.c2st import oracle_c2st
-from calib_lightning.callbacks.base import CalibrationCallback, _describe
+from calib_lightning.callbacks._plumbing import describe as _describe
+from calib_lightning.callbacks.base import CalibrationCallback
 from calib_lightning.functional.reference import compare_to_reference
 from calib_lightning.metrics.lc2st import LC2STNF
 from calib_lightning.plots.lc2st import plot_pp, plot_probability_map

@@ -57,7 +57,7 @@ def summary_table(callbacks: Iterable[object], level: float | None = None) -> st
         if not callback.epochs:
             rows.append((callback.tag_name, "(no check ran)", "", "", ""))
             continue
-        alpha = callback.level if level is None else level
+        test_level = callback.level if level is None else level
         history = {key: callback.history[key] for key in callback.headline_keys()}
         verdict_key = callback.verdict_key()
         if verdict_key is None:
@@ -73,7 +73,7 @@ def summary_table(callbacks: Iterable[object], level: float | None = None) -> st
                 if math.isnan(last):
                     verdict = "check failed" if callback.errors else ""
                 else:
-                    verdict = "rejected" if last < alpha else "not rejected"
+                    verdict = "rejected" if last < test_level else "not rejected"
             rows.append((callback.tag_name, key, _format(key, first), _format(key, last), verdict))
     epochs = [c.epochs for c in callbacks if c.epochs]
     if epochs and all(e[0] == epochs[0][0] and e[-1] == epochs[0][-1] for e in epochs):

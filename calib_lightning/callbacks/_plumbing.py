@@ -1,0 +1,160 @@
+"""Plumbing of the calibration callbacks: sharding the pairs, scalars for the loggers."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from lightning.pytorch import Trainer
+from torch import Tensor
+from torch.utils.data import DistributedSampler
+
+from calib_lightning._checks import check_pairs
+from calib_lightning.results import Result
+
+__all__ = [
+    "STAGES",
+    "SetupError",
+    "check_data",
+    "describe",
+    "find_estimator",
+    "last_epoch",
+    "local_batches",
+    "loggable",
+    "tensor_scalars",
+    "to_cpu",
+]
+
+
+#: the Trainer stages a callback can check in (``check_on``)
+STAGES = ("fit", "validate", "test")
+
+
+class SetupError(ValueError):
+    """A mistake in the callback's configuration: raised whatever ``on_error`` says."""
+
+
+def check_data(theta: Tensor | None, x: Tensor | None, dataloader: Iterable[Any] | None) -> None:
+    """Raise unless the calibration data is given once: tensors ``theta`` and ``x``
+    (checked as pairs, ``N >= 2``) or a ``dataloader``."""
+    if (dataloader is None) == (theta is None and x is None):
+        raise ValueError(
+            "pass the calibration data either as tensors theta and x or as a dataloader, "
+            f"got theta={describe(theta)}, x={describe(x)}, dataloader={describe(dataloader)}"
+        )
+    if dataloader is None:
+        if theta is None or x is None:
+            raise ValueError(
+                f"theta and x must both be given, got theta={describe(theta)}, x={describe(x)}"
+            )
+        check_pairs(theta, x, min_rows=2)
+
+
+def find_estimator(pl_module: Any, estimator: str | Callable[[Any], Any]) -> Any:
+    """The estimator of ``pl_module``: a dotted attribute path, or a function of the module."""
+    if callable(estimator) and not isinstance(estimator, str):
+        return estimator(pl_module)
+    try:
+        return functools.reduce(getattr, estimator.split("."), pl_module)
+    except AttributeError:
+        children = [name for name, _ in pl_module.named_children()]
+        raise SetupError(
+            f"estimator must name an attribute of {type(pl_module).__name__}, got "
+            f"{estimator!r}; its submodules are {children}. Pass estimator='name' "
+            "or a function pl_module -> estimator"
+        ) from None
+
+
+def local_batches(
+    theta: Tensor | None,
+    x: Tensor | None,
+    dataloader: Iterable[Any] | None,
+    batch_size: int | None,
+    *,
+    rank: int,
+    world: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Process ``rank``'s share of the pairs, on ``device`` and in the floating ``dtype``.
+
+    Tensors: rows ``rank, rank + world, ...`` in batches of ``batch_size`` (``None``: one
+    batch). A dataloader: its batch ``i`` when ``i mod world == rank``, or every batch when
+    it already has a ``DistributedSampler``.
+    """
+
+    def move(value: Tensor) -> Tensor:
+        return value.to(device, dtype if value.is_floating_point() else None)
+
+    if dataloader is None:
+        if theta is None or x is None:
+            raise SetupError("theta and x must be given when there is no dataloader")
+        share_theta, share_x = theta[rank::world], x[rank::world]
+        if share_theta.shape[0] == 0:
+            raise SetupError(
+                f"theta must have at least world_size = {world} rows to give every "
+                f"process a share, got {theta.shape[0]}"
+            )
+        size = batch_size or share_theta.shape[0]
+        for start in range(0, share_theta.shape[0], size):
+            yield move(share_theta[start : start + size]), move(share_x[start : start + size])
+        return
+    sharded = isinstance(getattr(dataloader, "sampler", None), DistributedSampler)
+    for i, batch in enumerate(dataloader):
+        if sharded or i % world == rank:
+            if not (isinstance(batch, list | tuple) and len(batch) == 2):
+                length = f" of length {len(batch)}" if isinstance(batch, list | tuple) else ""
+                raise SetupError(
+                    "dataloader must yield (theta, x) pairs, got a batch of type "
+                    f"{type(batch).__name__}{length}"
+                )
+            yield move(batch[0]), move(batch[1])
+
+
+def tensor_scalars(values: Result | dict[str, Tensor]) -> dict[str, Tensor]:
+    """Every real 0-d tensor of ``values`` as ``key``, every 1-d one as ``key/i``."""
+    out: dict[str, Tensor] = {}
+    for key, value in values.items():
+        if not isinstance(value, Tensor) or value.is_complex():
+            continue
+        if value.ndim == 0:
+            out[key] = value
+        elif value.ndim == 1:
+            out.update({f"{key}/{i}": v for i, v in enumerate(value)})
+    return out
+
+
+def to_cpu(result: Any) -> Any:
+    """A result (or a dict of tensors) detached and on the CPU."""
+    if isinstance(result, Result):
+        return result.apply(lambda v: v.detach().cpu())
+    return {k: v.detach().cpu() if isinstance(v, Tensor) else v for k, v in result.items()}
+
+
+def loggable(key: str, value: Tensor) -> Tensor:
+    """float32 for the loggers; p-values floored at the smallest normal float32."""
+    out = value.float()
+    if key.split("/")[0].endswith("p_value"):
+        out = out.clamp_min(torch.finfo(torch.float32).tiny)
+    return out
+
+
+def describe(value: object) -> str:
+    if isinstance(value, Tensor):
+        return f"tensor of shape {tuple(value.shape)}"
+    return "None" if value is None else type(value).__name__
+
+
+def last_epoch(trainer: Trainer, stopping: bool = False) -> bool:
+    """Whether the current epoch is the last of ``fit``: ``max_epochs`` reached, or (at the
+    end of the training epoch, ``stopping=True``) ``max_steps`` reached or a stop requested
+    (``EarlyStopping``, ``Timer``)."""
+    epoch, max_epochs = trainer.current_epoch, trainer.max_epochs
+    if max_epochs is not None and max_epochs >= 0 and epoch + 1 >= max_epochs:
+        return True
+    if not stopping:
+        return False
+    max_steps = trainer.max_steps
+    return trainer.should_stop or (max_steps is not None and 0 <= max_steps <= trainer.global_step)
