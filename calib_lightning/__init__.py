@@ -21,7 +21,8 @@ from calib_lightning.metrics import (
 from calib_lightning.posteriors import Posterior, as_posterior
 
 # Lightning and matplotlib load on first use, so `import calib_lightning` stays light.
-_LAZY_MODULES = ("callbacks", "plots")
+_LAZY_MODULES = ("callbacks", "diagnosis", "plots")
+_LAZY_DIAGNOSIS = ("Diagnosis", "diagnose")
 _LAZY_CALLBACKS = (
     "CalibrationCallback",
     "KCCSDCallback",
@@ -37,6 +38,7 @@ __all__ = [
     "CalibrationCallback",
     "CoverageLoss",
     "DensityCoverage",
+    "Diagnosis",
     "FrechetDistance",
     "KCCSDCallback",
     "KCCSDLoss",
@@ -48,6 +50,8 @@ __all__ = [
     "baselines",
     "callbacks",
     "classifiers",
+    "diagnose",
+    "diagnosis",
     "evaluation",
     "functional",
     "kernels",
@@ -62,6 +66,8 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> _Any:
     if name in _LAZY_MODULES:
         return _importlib.import_module(f"calib_lightning.{name}")
+    if name in _LAZY_DIAGNOSIS:
+        return getattr(_importlib.import_module("calib_lightning.diagnosis"), name)
     if name in _LAZY_CALLBACKS:
         return getattr(_importlib.import_module("calib_lightning.callbacks"), name)
     raise AttributeError(f"module 'calib_lightning' has no attribute {name!r}")

@@ -1,0 +1,83 @@
+"""Command line: ``python -m calib_lightning diagnose ...`` on a saved Lightning checkpoint.
+
+Example::
+
+    python -m calib_lightning diagnose --module my_project.model:NPE \\
+        --checkpoint lightning_logs/version_0/checkpoints/last.ckpt \\
+        --data calibration.pt --out report/
+
+``--data`` is a file written with ``torch.save`` holding a dict with ``theta`` ``(N, D)``
+and ``x`` ``(N, *X)`` (held-out calibration pairs) and optionally ``observations``
+``(O, *X)``; it is read with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["main"]
+
+
+def _load_class(spec: str) -> type:
+    module_name, _, class_name = spec.partition(":")
+    if not module_name or not class_name:
+        raise ValueError(f"--module must be 'package.module:ClassName', got {spec!r}")
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, class_name)
+    except AttributeError:
+        raise ValueError(f"--module: {module_name} has no class {class_name!r}") from None
+
+
+def _load_data(path: str) -> dict[str, torch.Tensor]:
+    data = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(data, dict) or "theta" not in data or "x" not in data:
+        kind = sorted(data) if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"--data must hold a dict with 'theta' and 'x' (and optionally "
+                         f"'observations'), got {kind}")  # fmt: skip
+    return data
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m calib_lightning")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("diagnose", help="diagnose a trained posterior, write a report")
+    run.add_argument("--module", required=True, help="the LightningModule, 'pkg.mod:Class'")
+    run.add_argument("--checkpoint", required=True, help="a checkpoint of that module")
+    run.add_argument("--data", required=True, help="torch file: dict with theta, x[, observations]")
+    run.add_argument("--out", default="report", help="folder for report.html (default: report)")
+    run.add_argument("--estimator", default="flow", help="attribute path of the estimator")
+    run.add_argument("--num-posterior-samples", type=int, default=100)
+    run.add_argument("--checks", default=None, help="comma-separated subset of the checks")
+    run.add_argument("--labels", default=None, help="comma-separated parameter names")
+    run.add_argument("--level", type=float, default=0.05)
+    args = parser.parse_args(argv)
+
+    from calib_lightning.callbacks._plumbing import find_estimator
+    from calib_lightning.diagnosis import diagnose
+
+    module = _load_class(args.module).load_from_checkpoint(args.checkpoint, map_location="cpu")
+    module.eval()
+    data = _load_data(args.data)
+    with torch.no_grad():
+        diagnosis = diagnose(
+            find_estimator(module, args.estimator), data["theta"], data["x"],
+            observations=data.get("observations"),
+            checks=args.checks.split(",") if args.checks else None,
+            labels=args.labels.split(",") if args.labels else None,
+            num_posterior_samples=args.num_posterior_samples, level=args.level,
+        )  # fmt: skip
+    page = diagnosis.save(args.out)
+    print(diagnosis.verdict[0].upper() + diagnosis.verdict[1:])
+    print(diagnosis.table())
+    print(f"report: {page}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,13 @@
+"""One call that answers "is this posterior calibrated, and where not?".
+
+:func:`diagnose` runs every check of the package on a trained posterior (sharing one set
+of posterior draws among the sampling-based ones) and returns a :class:`Diagnosis`: a
+plain-sentence verdict, a table, the figures and an HTML report
+(``Diagnosis.save(directory)``). ``python -m calib_lightning diagnose`` does the same
+for a saved Lightning checkpoint.
+"""
+
+from calib_lightning.diagnosis._report import Diagnosis
+from calib_lightning.diagnosis._run import CHECKS, diagnose
+
+__all__ = ["CHECKS", "Diagnosis", "diagnose"]

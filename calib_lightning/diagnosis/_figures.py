@@ -1,0 +1,46 @@
+"""The figures of a diagnosis: the package's plots of each check's typed result."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from calib_lightning.plots.lc2st import plot_pp
+from calib_lightning.plots.misspecification import plot_misspecification
+from calib_lightning.plots.ranks import (
+    plot_expected_coverage,
+    plot_rank_ecdf,
+    plot_rank_histograms,
+)
+from calib_lightning.plots.recovery import plot_recovery, plot_z_score_contraction
+from calib_lightning.plots.tarp import plot_tarp
+
+__all__ = ["draw_figures"]
+
+
+def draw_figures(
+    checks: Mapping[str, Any], level: float, labels: Sequence[str] | None = None
+) -> dict[str, Figure]:
+    """Figure key (``{check}_{figure}``) -> figure, for the checks that ran."""
+    out: dict[str, Figure] = {}
+    ranks = checks.get("ranks")
+    if ranks is not None:
+        out["ranks_expected_coverage"] = plot_expected_coverage(ranks)
+        out["ranks_ecdf"] = plot_rank_ecdf(ranks, labels=labels)
+        out["ranks_rank_histograms"] = plot_rank_histograms(ranks, labels=labels)
+    tarp = checks.get("tarp")
+    if tarp is not None:
+        out["tarp_coverage"] = plot_tarp(tarp)
+    recovery = checks.get("recovery")
+    if recovery is not None:
+        out["recovery_mean_vs_truth"] = plot_recovery(recovery, labels=labels)
+        out["recovery_z_score_vs_contraction"] = plot_z_score_contraction(recovery, labels=labels)
+    local = checks.get("lc2st_nf")
+    if local is not None:
+        out["lc2st_pp"] = plot_pp(local, level=level)
+    misspec = checks.get("misspecification")
+    if misspec is not None:
+        out["misspecification_scores"] = plot_misspecification(misspec, level=level)
+    return out

@@ -1,0 +1,159 @@
+r"""``cl.diagnose``: every check of the package on a trained posterior, in one call.
+
+The sampling-based checks (rank calibration, TARP, recovery) share one set of posterior
+draws, made once through the evaluation layer; KCCSD needs scores only and L-C2ST-NF
+latents; the misspecification test compares the observations with the calibration
+``x`` (simulator outputs).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from calib_lightning._checks import check_pairs, check_positive, check_probability
+from calib_lightning.diagnosis._report import Diagnosis
+from calib_lightning.evaluation import draw_chunks
+from calib_lightning.functional.recovery import recovery
+from calib_lightning.functional.sbc import rank_calibration
+from calib_lightning.functional.tarp import tarp
+from calib_lightning.metrics import KCCSD, LC2STNF
+from calib_lightning.misspecification import misspecification_test
+from calib_lightning.posteriors import as_posterior
+
+__all__ = ["CHECKS", "diagnose"]
+
+#: every check ``diagnose`` can run, in the order of the report
+CHECKS = ("kccsd", "ranks", "tarp", "recovery", "lc2st_nf", "misspecification")
+_SAMPLING = ("ranks", "tarp", "recovery")
+_LOCAL = ("lc2st_nf", "misspecification")
+
+
+def _shared_draws(
+    posterior: Any, theta: Tensor, x: Tensor, num_posterior_samples: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(samples (M, N, D), log_prob (M, N), log_prob_theta (N,))`` in one sampling pass."""
+    samples = torch.empty(num_posterior_samples, *theta.shape, dtype=theta.dtype)
+    log_prob = torch.empty(num_posterior_samples, theta.shape[0], dtype=theta.dtype)
+    log_prob_theta = torch.empty(theta.shape[0], dtype=theta.dtype)
+    for chunk in draw_chunks(posterior, theta, x, num_posterior_samples):
+        rows = slice(chunk.start, chunk.start + chunk.theta.shape[0])
+        draws = slice(chunk.first_draw, chunk.first_draw + chunk.samples.shape[0])
+        samples[draws, rows] = chunk.samples.to(samples)
+        log_prob[draws, rows] = chunk.log_prob.to(log_prob)
+        log_prob_theta[rows] = chunk.log_prob_theta.to(log_prob_theta)
+    return samples, log_prob, log_prob_theta
+
+
+def diagnose(
+    posterior: Any,
+    theta: Tensor,
+    x: Tensor,
+    observations: Tensor | None = None,
+    reference_samples: Tensor | None = None,
+    checks: Sequence[str] | None = None,
+    labels: Sequence[str] | None = None,
+    *,
+    num_posterior_samples: int = 100,
+    level: float = 0.05,
+    embedding: Any = None,
+    seed: int = 0,
+) -> Diagnosis:
+    r"""Is this posterior calibrated, and where not? Every check, one verdict, one report.
+
+    Arguments:
+        posterior: a trained estimator (anything :func:`calib_lightning.as_posterior`
+            accepts).
+        theta: held-out calibration parameters ``(N, D)`` from the prior.
+        x: their simulated observations ``(N, *X)``.
+        observations: observations ``(O, *X)`` you will analyse; enables L-C2ST-NF at
+            each and the misspecification test against ``x``.
+        reference_samples: exact posterior samples ``(S_ref, O, D)`` at the
+            observations, if you have them (MCMC, a known posterior): kept with the
+            diagnosis for the report (the distances come with the L-C2ST-NF callback).
+        checks: a subset of :data:`CHECKS`; default every check that applies
+            (the local ones need ``observations``).
+        labels: parameter names ``(D,)`` for tables and figures.
+        num_posterior_samples: draws per pair shared by ranks, TARP and recovery.
+        level: the test level of the verdicts.
+        embedding: ``x -> features`` for the misspecification test (e.g. the flow's
+            embedding network); ``None``: standardized raw ``x``.
+        seed: seeds the checks' randomness (tie-breaking, TARP references, classifiers).
+
+    Returns:
+        :class:`~calib_lightning.diagnosis.Diagnosis`: ``.verdict``, ``.table()``,
+        ``.checks`` (the typed result of each check), ``.figures``, ``.save(dir)``.
+
+    Example:
+        >>> from calib_lightning.tasks import GaussianToy
+        >>> toy = GaussianToy(dim=2)
+        >>> theta, x = toy.sample(300, torch.Generator().manual_seed(0))
+        >>> torch.manual_seed(0)  # posterior sampling uses the global generator
+        <torch._C.Generator object at ...>
+        >>> report = diagnose(toy.posterior(variance_scale=0.5), theta, x,
+        ...                   checks=("kccsd", "ranks", "tarp", "recovery"))
+        >>> report.verdict.split(":")[0]
+        'miscalibrated'
+    """
+    check_pairs(theta, x, min_rows=2)
+    check_positive("num_posterior_samples", num_posterior_samples, integer=True)
+    check_probability("level", level)
+    if labels is not None and len(labels) != theta.shape[1]:
+        raise ValueError(f"labels must name the D = {theta.shape[1]} parameters, got "
+                         f"{len(labels)} labels")  # fmt: skip
+    if checks is None:
+        checks = [c for c in CHECKS if observations is not None or c not in _LOCAL]
+    unknown = [c for c in checks if c not in CHECKS]
+    if unknown:
+        raise ValueError(f"checks must be among {list(CHECKS)}, got {unknown}")
+    if observations is None and any(c in _LOCAL for c in checks):
+        raise ValueError(f"checks {[c for c in checks if c in _LOCAL]} need observations, "
+                         "got observations=None")  # fmt: skip
+    post = as_posterior(posterior)
+    results: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
+    generator = torch.Generator().manual_seed(seed)
+
+    def timed(name: str, run: Any) -> None:
+        start = time.perf_counter()
+        results[name] = run()
+        seconds[name] = time.perf_counter() - start
+
+    theta, x = theta.detach(), x.detach()
+    if "kccsd" in checks:
+        def run_kccsd() -> Any:
+            metric = KCCSD(seed=seed)
+            metric.update(post, theta, x)
+            return metric.compute()
+
+        timed("kccsd", run_kccsd)
+    if any(c in checks for c in _SAMPLING):
+        start = time.perf_counter()
+        samples, log_prob, log_prob_theta = _shared_draws(post, theta, x, num_posterior_samples)
+        seconds["draws"] = time.perf_counter() - start
+        if "ranks" in checks:
+            timed("ranks", lambda: rank_calibration(
+                samples, log_prob, theta, log_prob_theta, level=level, generator=generator))
+        if "tarp" in checks:
+            timed("tarp", lambda: tarp(samples, theta, level=level, generator=generator))
+        if "recovery" in checks:
+            timed("recovery", lambda: recovery(samples, theta))
+    if "lc2st_nf" in checks:
+        def run_lc2st() -> Any:
+            metric = LC2STNF(observations=observations, level=level, seed=seed)
+            metric.update(post, theta, x)
+            return metric.compute()
+
+        timed("lc2st_nf", run_lc2st)
+    if "misspecification" in checks:
+        timed("misspecification", lambda: misspecification_test(
+            observations, x, embedding=embedding, seed=seed))
+    return Diagnosis(
+        results, level=level, labels=labels, seconds=seconds,
+        num_pairs=theta.shape[0], num_posterior_samples=num_posterior_samples,
+        reference_samples=reference_samples,
+    )  # fmt: skip
