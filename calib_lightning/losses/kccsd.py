@@ -168,12 +168,12 @@ def latent_kccsd_loss(
     r"""KCCSD of latent points :math:`z_i = T_{x_i}^{-1}(\theta_i)` against :math:`N(0, I)`.
 
     :func:`kccsd_loss` with scores :math:`-z_i` and, by default, the bandwidth
-    :math:`\ell = \sqrt{D}` (the best of ``0.25 .. 1`` times the typical distance
-    :math:`\sqrt{2D}` between two standard normal points, for over-confidence, in the
-    design benchmark). ``normalize`` divides by the diagonal's expectation under
-    calibration, :math:`E\,H_{ii} = E\|z\|^2 + D/\ell^2 = D (1 + 1/\ell^2)`: a constant,
-    so the gradient of the U-statistic keeps mean zero at a calibrated model (a
-    batch-dependent detached scale does not: measured bias 4 standard errors).
+    :math:`\ell = \sqrt{D}`, a fixed fraction of the typical distance :math:`\sqrt{2D}`
+    between two standard normal points. ``normalize`` divides by the diagonal's
+    expectation under calibration,
+    :math:`E\,H_{ii} = E\|z\|^2 + D/\ell^2 = D (1 + 1/\ell^2)`: a constant, so the
+    gradient of the U-statistic keeps mean zero at a calibrated model (a batch-dependent
+    detached scale would not).
 
     Arguments:
         latent: ``(*, n, D)``; gradients flow through it.
