@@ -23,8 +23,7 @@ from calib_lightning._distributed import (
     room_for_rows,
     shape_empty_list_states,
 )
-from calib_lightning._moments import moments
-from calib_lightning.functional.kccsd import base_points_from_moments, kccsd
+from calib_lightning.functional.kccsd import gaussian_base_points, kccsd
 from calib_lightning.kernels import DISTRIBUTION_KERNELS, KERNELS
 from calib_lightning.posteriors import Posterior
 from calib_lightning.results import Result
@@ -185,13 +184,13 @@ class KCCSD(Metric):
 
     # -- base measure -------------------------------------------------------------
     def _base_points_for(self, theta: Tensor) -> Tensor:
-        """Base points ``(m, D)`` drawn from a Gaussian fitted to ``theta`` (centred
-        moments, rows in canonical order so that the result does not depend on how the
-        rows arrived); no communication."""
-        state = moments(theta[canonical_order(theta)])
+        """:func:`~calib_lightning.functional.kccsd.gaussian_base_points` ``(m, D)`` of
+        ``theta``, its rows in canonical order and in float64 (so that the points depend
+        neither on how the rows arrived nor on their dtype); no communication."""
+        _check_enough_pairs(theta.shape[0])
         generator = torch.Generator().manual_seed(self.seed)
-        points = base_points_from_moments(state, self.num_base_points, generator)
-        return points.to(device=theta.device, dtype=theta.dtype)
+        ordered = theta[canonical_order(theta)].double()
+        return gaussian_base_points(ordered, self.num_base_points, generator).to(theta)
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
         key = prefix + "base_points"
@@ -221,8 +220,10 @@ class KCCSD(Metric):
             if self.distribution_kernel is not None and not fitted:
                 # the batch's own test: base points fitted to the batch, not stored
                 batch_base = self._base_points_for(theta.detach())
-                base_scores = evaluation.base_scores(posterior, x, batch_base, create_graph=bool(
-                    self._forward_grad), chunk_size=self.score_chunk_size)
+                base_scores = evaluation.base_scores(
+                    posterior, x, batch_base,
+                    create_graph=bool(self._forward_grad), chunk_size=self.score_chunk_size,
+                )  # fmt: skip
                 self._last_batch = (theta, score, base_scores, batch_base)
             else:
                 self._last_batch = (theta, score, base_scores, None)
@@ -268,8 +269,7 @@ class KCCSD(Metric):
         base: Tensor | None = None,
     ) -> KCCSDResult:
         n = theta.shape[0]
-        if n < 2:
-            raise ValueError(f"KCCSD needs at least N >= 2 calibration pairs, got N = {n}")
+        _check_enough_pairs(n)
         if base_scores is None:
             base = None
         elif base is None:
@@ -285,7 +285,7 @@ class KCCSD(Metric):
             generator=torch.Generator().manual_seed(self.seed + 1),
             block_size=self.block_size,
         )  # fmt: skip
-        return KCCSDResult(*out, num_pairs=torch.tensor(n, device=theta.device))
+        return KCCSDResult(**out._asdict(), num_pairs=torch.tensor(n, device=theta.device))
 
     def _pending_pairs(self) -> tuple[Tensor, Tensor, Tensor] | None:
         """``(theta, score, base_scores)`` of the pairs updated before the base points were
@@ -332,7 +332,7 @@ class KCCSD(Metric):
 
     def forward(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> KCCSDResult:
         """Accumulate the batch and return its own test, with the statistic's graph kept."""
-        if _synced(self.theta):
+        if _synced(self.theta) or _synced(self.pending_theta):
             raise ValueError("KCCSD.forward() cannot run on synced states; call unsync() first")
         grad = torch.is_grad_enabled()
         self._forward_grad = grad
@@ -346,6 +346,11 @@ class KCCSD(Metric):
 
 
 _LIST_STATES = ("theta", "score", "base_scores", "pending_theta", "pending_score")
+
+
+def _check_enough_pairs(n: int) -> None:
+    if n < 2:
+        raise ValueError(f"KCCSD needs at least N >= 2 calibration pairs, got N = {n}")
 
 
 def _synced(state: list[Tensor] | Tensor) -> bool:
