@@ -291,13 +291,12 @@ def kccsd(
 ) -> KCCSDTest:
     r"""KCCSD statistic and wild-bootstrap p-value from the models' scores.
 
-    The scores come from the model-evaluation layer
-    (:func:`calib_lightning.evaluation.pair_and_base_scores`); the base points from
-    :func:`gaussian_base_points`. ``H`` is built in ``block_size x block_size`` blocks
-    on and above its diagonal (it is symmetric), so memory is
-    ``O(block_size^2 + N * num_null)`` rather than ``O(N^2)`` and the kernel work is
-    halved. The statistic keeps the autograd graph of ``score`` and ``base_scores``;
-    the bandwidths and the bootstrap do not.
+    The scores come from the model-evaluation layer (``pair_and_base_scores``), the
+    base points from :func:`gaussian_base_points`. ``H`` is built in
+    ``block_size x block_size`` blocks on and above its diagonal (it is symmetric), so
+    memory is ``O(block_size^2 + N * num_null)`` rather than ``O(N^2)`` and the kernel
+    work is halved. The statistic keeps the autograd graph of ``score`` and
+    ``base_scores``; the bandwidths and the bootstrap do not.
 
     Arguments: as :func:`kccsd_matrix`, plus
         num_null: bootstrap replicates ``B``; ``0`` skips the test (``p_value`` is NaN).
@@ -308,15 +307,18 @@ def kccsd(
         :class:`KCCSDTest`.
 
     Example:
-        >>> from calib_lightning.evaluation import pair_and_base_scores
-        >>> from calib_lightning.tasks import MGM
-        >>> g = torch.Generator().manual_seed(1)
-        >>> theta, x = MGM(delta=0.0).sample(200, g)
-        >>> for model in (MGM(delta=0.0), MGM(delta=0.5)):  # calibrated, mean shifted by 0.5
-        ...     base = gaussian_base_points(theta, 32, g)
-        ...     score, base_scores = pair_and_base_scores(model, theta, x, base)
-        ...     print(kccsd(theta, score, base_scores, base, generator=g).p_value)
-        tensor(0.1297)
+        Models :math:`P_i = N(\mu_i, v I)`, whose scores are :math:`-(y - \mu_i) / v`;
+        the truths are drawn from :math:`N(\mu_i, I)`:
+
+        >>> g = torch.Generator().manual_seed(0)
+        >>> mean = torch.randn(200, 2, generator=g)
+        >>> theta = mean + torch.randn(200, 2, generator=g)
+        >>> base = gaussian_base_points(theta, 16, g)
+        >>> def scores(v):  # at the truths (N, D) and at the base points (N, m, D)
+        ...     return -(theta - mean) / v, -(base - mean[:, None]) / v
+        >>> kccsd(theta, *scores(1.0), base, generator=g).p_value  # calibrated
+        tensor(0.2136)
+        >>> kccsd(theta, *scores(0.25), base, generator=g).p_value  # over-confident
         tensor(0.0020)
     """
     setup = _Setup(
