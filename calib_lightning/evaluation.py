@@ -44,10 +44,12 @@ __all__ = [
     "base_scores",
     "check_event_size",
     "checked_samples",
+    "differentiable_latents",
     "draw_chunks",
     "draws",
     "latents",
     "pair_and_base_scores",
+    "reparameterized_draws",
     "scores",
 ]
 
@@ -253,3 +255,60 @@ def checked_samples(samples: Tensor, log_prob: Tensor | None = None) -> None:
     check_finite("posterior samples", samples.transpose(0, 1))
     if log_prob is not None:
         check_finite("posterior log_prob", log_prob.transpose(0, 1))
+
+
+def differentiable_latents(posterior: Posterior | Any, theta: Tensor, x: Tensor) -> Tensor:
+    """:func:`latents` with the graph kept: ``(N, D)``, differentiable in the model's
+    parameters (for the calibration losses), checked finite."""
+    check_pairs(theta, x)
+    z = as_posterior(posterior).to_latent(theta, x)
+    checked_samples(z.unsqueeze(0))
+    return z
+
+
+def reparameterized_draws(
+    posterior: Posterior | Any,
+    theta: Tensor,
+    x: Tensor,
+    num_posterior_samples: int,
+    *,
+    at_theta: bool = True,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    r"""Reparameterized draws and log-densities, differentiable in the model's parameters.
+
+    From one distribution per call (``rsample_and_log_prob`` where it has one, else
+    ``rsample`` then ``log_prob``): draws :math:`\theta_{il} \sim q(\cdot \mid x_i)`
+    ``(S, N, D)``, their log-densities ``(S, N)`` and, with ``at_theta``,
+    :math:`\log q(\theta_i \mid x_i)` ``(N,)`` (else ``None``), all checked finite.
+
+    Arguments:
+        posterior: a zuko flow or a callable ``x -> Distribution`` (the other adapters
+            cannot draw reparameterized samples).
+        theta: true parameters ``(N, D)``, checked against the event size.
+        x: observations ``(N, *X)``.
+        num_posterior_samples: ``S``.
+        at_theta: also return the log-density at ``theta``.
+    """
+    check_pairs(theta, x)
+    check_positive("num_posterior_samples", num_posterior_samples, integer=True)
+    post = as_posterior(posterior)
+    if not isinstance(post, DistributionPosterior):
+        raise ValueError(
+            "reparameterized draws need a zuko flow or a callable "
+            f"x -> torch.distributions.Distribution, got {type(post).__name__}"
+        )
+    dist = post.distribution(x)
+    check_width(theta, dist.event_shape[-1])
+    joint = getattr(dist, "rsample_and_log_prob", None)
+    if joint is not None:
+        samples, log_prob = joint((num_posterior_samples,))
+    else:
+        samples = dist.rsample((num_posterior_samples,))
+        log_prob = dist.log_prob(samples)
+    log_prob_theta = None
+    if at_theta:
+        log_prob_theta = dist.log_prob(theta)
+        check_finite("posterior log_prob at theta", log_prob_theta)
+    check_finite("posterior log_prob at its samples", log_prob.transpose(0, 1))
+    checked_samples(samples)
+    return samples, log_prob, log_prob_theta

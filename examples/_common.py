@@ -166,7 +166,7 @@ def calibration_callbacks(
             theta_cal,
             x_cal,
             every_n_epochs=every_n_epochs,
-            metric=cl.KCCSD(num_bootstrap=checks["num_bootstrap"], seed=0),
+            metric=cl.KCCSD(num_null=checks["num_bootstrap"], seed=0),
             log_figures=log_figures,
         ),
         RankCalibrationCallback(

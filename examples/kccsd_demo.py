@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
         metric = cl.KCCSD(seed=1)
         metric.update(model, theta, x)
         out = metric.compute()
-        print(f"{name:42s} {n:5d} {float(out['statistic']):11.4g} {float(out['p_value']):8.3f}")
+        print(f"{name:42s} {n:5d} {float(out.statistic):11.4g} {float(out.p_value):8.3f}")
 
 
 if __name__ == "__main__":

@@ -8,14 +8,12 @@ import torch
 from torch.distributions import Independent, MultivariateNormal, Normal
 
 import calib_lightning as cl
-from calib_lightning import kernels
+from calib_lightning import evaluation, kernels
 from calib_lightning.functional import (
     bootstrap_p_value,
     gaussian_base_points,
     kccsd,
     kccsd_matrix,
-    kccsd_test,
-    posterior_scores,
     rademacher,
     u_statistic,
     wild_bootstrap,
@@ -94,12 +92,12 @@ def test_vectorized_statistic_equals_naive_double_loop():
     # statistic and, with the same multipliers, the same p-value whatever the block size
     p_values = []
     for block_size in (1, 4, 100):
-        out = kccsd_test(
-            theta, score, base_scores, num_bootstrap=200, block_size=block_size,
+        out = kccsd(
+            theta, score, base_scores, num_null=200, block_size=block_size,
             generator=_gen(9), **kwargs,
         )  # fmt: skip
-        torch.testing.assert_close(out["statistic"], torch.tensor(naive, dtype=F64))
-        p_values.append(float(out["p_value"]))
+        torch.testing.assert_close(out.statistic, torch.tensor(naive, dtype=F64))
+        p_values.append(float(out.p_value))
     draws = wild_bootstrap(matrix, weights=rademacher((n, 200), _gen(9), F64))
     expected = float(bootstrap_p_value(u_statistic(matrix), draws))
     # at n = 9 the multipliers +-1 (probability 2 / 2^9 per draw) reproduce the statistic
@@ -137,20 +135,20 @@ def _batched_test(model, truth, n, reps, seed, kernel="rbf", distribution_kernel
     g = _gen(seed)
     theta, x = truth.sample(n * reps, g)
     base = gaussian_base_points(theta, 32, g)
-    score, base_scores = posterior_scores(model, theta, x, base)
+    score, at_base = evaluation.pair_and_base_scores(model, theta, x, base)
     d = theta.shape[1]
-    out = kccsd_test(
+    out = kccsd(
         theta.reshape(reps, n, d),
         score.reshape(reps, n, d),
-        base_scores.reshape(reps, n, -1, d),
+        at_base.reshape(reps, n, -1, d),
         base,
         kernel=kernel,
         distribution_kernel=distribution_kernel,
-        num_bootstrap=500,
+        num_null=500,
         generator=g,
         block_size=256,
     )
-    return out["p_value"].numpy()
+    return out.p_value.numpy()
 
 
 def _max_excess(p_values):
@@ -217,9 +215,10 @@ def test_gradcheck_of_statistic_with_respect_to_model_parameters():
         def model(x):
             return Independent(Normal(x @ weight.T + bias, log_scale.exp()), 1)
 
-        out = kccsd(model, theta, x, bandwidth=1.0, distribution_bandwidth=1.5, base_points=base,
-                    num_bootstrap=1, create_graph=True)  # fmt: skip
-        return out["statistic"]
+        score, at_base = evaluation.pair_and_base_scores(model, theta, x, base, create_graph=True)
+        out = kccsd(theta, score, at_base, base, bandwidth=1.0, distribution_bandwidth=1.5,
+                    num_null=1)  # fmt: skip
+        return out.statistic
 
     assert torch.autograd.gradcheck(statistic, params, eps=1e-6, atol=1e-7)
 
@@ -245,7 +244,7 @@ def test_metric_many_small_updates_equal_one_big_update():
     first, second = one.compute(), many.compute()
     assert torch.equal(one.base_points, many.base_points)
     for key in ("statistic", "p_value", "bandwidth", "distribution_bandwidth"):
-        torch.testing.assert_close(first[key], second[key])
+        torch.testing.assert_close(getattr(first, key), getattr(second, key))
     many_fixed, one_fixed = (
         cl.KCCSD(base_points=one.base_points),
         cl.KCCSD(base_points=one.base_points),
@@ -255,8 +254,8 @@ def test_metric_many_small_updates_equal_one_big_update():
         many_fixed.update(model, theta[start : start + 25], x[start : start + 25])
     a, b = one_fixed.compute(), many_fixed.compute()
     for key in ("statistic", "p_value", "bandwidth", "distribution_bandwidth"):
-        torch.testing.assert_close(a[key], b[key])
-    assert int(many.compute()["num_samples"]) == 120
+        torch.testing.assert_close(getattr(a, key), getattr(b, key))
+    assert int(many.compute().num_pairs) == 120
 
 
 def test_metric_result_does_not_depend_on_data_order():
@@ -266,8 +265,8 @@ def test_metric_result_does_not_depend_on_data_order():
     a, b = cl.KCCSD(base_points=base), cl.KCCSD(base_points=base)
     a.update(model, theta, x)
     b.update(model, theta[perm], x[perm])
-    torch.testing.assert_close(a.compute()["p_value"], b.compute()["p_value"])
-    torch.testing.assert_close(a.compute()["statistic"], b.compute()["statistic"])
+    torch.testing.assert_close(a.compute().p_value, b.compute().p_value)
+    torch.testing.assert_close(a.compute().statistic, b.compute().statistic)
 
 
 def test_metric_two_process_ddp_equals_one_process():
@@ -289,8 +288,8 @@ def test_metric_two_process_ddp_equals_one_process():
     reference.update(model, theta, x)
     expected = reference.compute()
     for result in results:
-        for key in ("statistic", "p_value", "num_samples"):
-            torch.testing.assert_close(result[key], expected[key])
+        for key in ("statistic", "p_value", "num_pairs"):
+            torch.testing.assert_close(getattr(result, key), getattr(expected, key))
 
 
 def test_forward_returns_a_differentiable_batch_statistic_and_accumulates():
@@ -300,19 +299,20 @@ def test_forward_returns_a_differentiable_batch_statistic_and_accumulates():
         torch.randn(40, 2, generator=g, dtype=F64),
         torch.randn(40, 2, generator=g, dtype=F64),
     )
-    metric = cl.KCCSD(num_bootstrap=50)
+    metric = cl.KCCSD(num_null=50)
     out = metric(module, theta[:20], x[:20])
-    assert out["statistic"].requires_grad
-    out["statistic"].backward()
+    assert isinstance(out, cl.metrics.kccsd.KCCSDResult)
+    assert out.statistic.requires_grad
+    out.statistic.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in module.parameters())
     metric(module, theta[20:], x[20:])
-    assert int(metric.compute()["num_samples"]) == 40
+    assert int(metric.compute().num_pairs) == 40
     # stored states hold no graph (the pairs wait for the base points fitted in compute)
     stored = [*metric.theta, *metric.score, *metric.pending_theta, *metric.pending_score]
     assert len(stored) == 4
     assert not any(t.requires_grad for t in stored)
     with torch.no_grad():
-        assert not metric(module, theta[:5], x[:5])["statistic"].requires_grad
+        assert not metric(module, theta[:5], x[:5]).statistic.requires_grad
 
 
 def test_state_dict_round_trip_keeps_the_base_points():
@@ -324,23 +324,24 @@ def test_state_dict_round_trip_keeps_the_base_points():
     torch.testing.assert_close(restored.base_points, metric.base_points)
     metric.update(model, theta[60:], x[60:])
     restored.update(model, theta, x)
-    torch.testing.assert_close(restored.compute()["p_value"], metric.compute()["p_value"])
+    torch.testing.assert_close(restored.compute().p_value, metric.compute().p_value)
 
 
-def test_memory_bound_warns_and_keeps_max_samples():
+def test_memory_bound_warns_and_keeps_max_pairs():
     model, theta, x = _data()
-    metric = cl.KCCSD(max_samples=100)
+    metric = cl.KCCSD(max_pairs=100)
     metric.update(model, theta[:80], x[:80])
-    with pytest.warns(UserWarning, match="at most max_samples=100"):
+    with pytest.warns(UserWarning, match="at most max_pairs=100"):
         metric.update(model, theta[80:], x[80:])
-    assert int(metric.compute()["num_samples"]) == 100
+    assert int(metric.compute().num_pairs) == 100
 
 
 def test_without_distribution_kernel():
     model, theta, x = _data()
-    out = kccsd(model, theta, x, distribution_kernel=None, generator=_gen(1))
-    assert torch.isnan(out["distribution_bandwidth"])
-    assert 0 < float(out["p_value"]) <= 1
+    score = evaluation.scores(model, theta, x)
+    out = kccsd(theta, score, distribution_kernel=None, generator=_gen(1))
+    assert torch.isnan(out.distribution_bandwidth)
+    assert 0 < float(out.p_value) <= 1
 
 
 # -- bad input ------------------------------------------------------------------------------
@@ -371,13 +372,13 @@ def test_bad_input_raises_value_errors_naming_the_argument():
         cl.KCCSD(kernel="gauss")
     with pytest.raises(ValueError, match="distribution_kernel must be one of"):
         cl.KCCSD(distribution_kernel="mmd")
-    with pytest.raises(ValueError, match="num_bootstrap must be a positive integer"):
-        cl.KCCSD(num_bootstrap=0)
+    with pytest.raises(ValueError, match="num_null must be a positive integer"):
+        cl.KCCSD(num_null=0)
     fixed = cl.KCCSD(base_points=torch.zeros(4, 3, dtype=F64))
     with pytest.raises(ValueError, match="theta must have D = 3 columns like base_points"):
         fixed.update(model, theta, x)
     with pytest.raises(ValueError, match="N >= 2"):
-        kccsd(model, theta[:1], x[:1])
+        kccsd(theta[:1], evaluation.scores(model, theta[:1], x[:1]))
 
 
 def test_non_finite_scores_are_reported():
@@ -388,7 +389,9 @@ def test_non_finite_scores_are_reported():
 
     g = _gen(3)
     theta, x = torch.randn(6, 2, generator=g), torch.randn(6, 2, generator=g)
+    with pytest.raises(ValueError, match=r"score at theta must be finite, .* in 1 of 6 rows"):
+        evaluation.pair_and_base_scores(broken, theta, x, gaussian_base_points(theta, 32))
     with pytest.raises(
         ValueError, match=r"score at the base points must be finite, .* in 1 of 6 rows"
     ):
-        kccsd(broken, theta, x)
+        evaluation.base_scores(broken, x, gaussian_base_points(theta, 32))

@@ -26,7 +26,7 @@ KCCSD_VARIANTS = [
 # every KCCSD variant and the coverage loss, one test case each
 EVERY_LOSS = pytest.mark.parametrize(
     "loss",
-    [KCCSDLoss(**kwargs) for kwargs in KCCSD_VARIANTS] + [CoverageLoss(num_samples=4)],
+    [KCCSDLoss(**kwargs) for kwargs in KCCSD_VARIANTS] + [CoverageLoss(num_posterior_samples=4)],
     ids=lambda m: repr(m),
 )
 
@@ -66,7 +66,7 @@ def _held_out_coverage_error(model, toy, n=4000, seed=123):
 # -- algebra ------------------------------------------------------------------------------
 
 
-def test_unnormalized_statistic_matches_the_kccsd_test_statistic():
+def test_unnormalized_statistic_matches_the_kccsd_statistic():
     g = _gen(0)
     theta, score = (
         torch.randn(40, 3, generator=g, dtype=F64),
@@ -262,8 +262,8 @@ def test_constructor_and_option_errors():
         KCCSDLoss(condition="mmd")
     with pytest.raises(ValueError, match="estimator must be one of"):
         KCCSDLoss(estimator="w")
-    with pytest.raises(ValueError, match="num_samples must be a positive integer"):
-        CoverageLoss(num_samples=0)
+    with pytest.raises(ValueError, match="num_posterior_samples must be a positive integer"):
+        CoverageLoss(num_posterior_samples=0)
     flow = zuko.flows.NSF(2, 3, transforms=1, hidden_features=(8,))
     theta, x = torch.randn(8, 2), torch.randn(8, 3)
     with pytest.raises(ValueError, match="latent is only used with space='latent'"):
@@ -274,13 +274,21 @@ def test_constructor_and_option_errors():
         CoverageLoss()(flow, theta, x, log_prob=torch.zeros(8, 1))
 
 
+@pytest.mark.parametrize("loss", [KCCSDLoss(), KCCSDLoss(space="parameter"), CoverageLoss()])
+def test_losses_check_theta_against_the_event_size(loss):
+    """The losses evaluate the model through calib_lightning.evaluation: its checks apply."""
+    flow = zuko.flows.NSF(2, 3, transforms=1, hidden_features=(8,))
+    with pytest.raises(ValueError, match=r"theta must have D = 2 columns"):
+        loss(flow, torch.randn(8, 3), torch.randn(8, 3))
+
+
 def test_coverage_loss_needs_reparameterized_samples():
     from nflows.distributions import StandardNormal
     from nflows.flows import Flow
     from nflows.transforms import MaskedAffineAutoregressiveTransform
 
     flow = Flow(MaskedAffineAutoregressiveTransform(2, 8, context_features=3), StandardNormal([2]))
-    with pytest.raises(ValueError, match="CoverageLoss needs reparameterized samples"):
+    with pytest.raises(ValueError, match="reparameterized draws need a zuko flow or a callable"):
         CoverageLoss()(flow, torch.randn(8, 2), torch.randn(8, 3))
 
 

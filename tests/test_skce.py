@@ -72,7 +72,7 @@ def test_level_and_power_of_the_closed_form_test(distribution_kernel):
             dist.variance.reshape(reps, n, d),
             distribution_kernel=distribution_kernel,
         )
-        return skce_test(matrix, 500, _gen(seed + 1))["p_value"].numpy()
+        return skce_test(matrix, 500, _gen(seed + 1)).p_value.numpy()
 
     calibrated = p_values(MGM(0.0, dtype=F64), MGM(0.0, dtype=F64), 100, 200, 4)
     alphas = np.linspace(0.01, 1, 100)

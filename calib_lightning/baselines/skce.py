@@ -26,6 +26,8 @@ References:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -51,6 +53,7 @@ from calib_lightning.kernels import (
 )
 
 __all__ = [
+    "SKCETest",
     "gaussian_mmd_sq",
     "sample_mmd_sq",
     "skce_matrix_gaussian",
@@ -217,20 +220,37 @@ def skce_matrix_samples(
     return _zero_diagonal(g)
 
 
+class SKCETest(NamedTuple):
+    """What :func:`skce_test` returns.
+
+    Attributes:
+        statistic: the SKCE U-statistic, ``(*)``.
+        p_value: its wild-bootstrap p-value, ``(*)``.
+    """
+
+    statistic: Tensor
+    p_value: Tensor
+
+
 def skce_test(
-    matrix: Tensor, num_bootstrap: int = 500, generator: torch.Generator | None = None
-) -> dict[str, Tensor]:
+    matrix: Tensor, num_null: int = 500, generator: torch.Generator | None = None
+) -> SKCETest:
     r"""SKCE U-statistic and wild-bootstrap p-value from a :math:`G` matrix ``(*, n, n)``.
 
+    Arguments:
+        matrix: zero-diagonal :math:`G`, ``(*, n, n)``, ``n >= 2``.
+        num_null: bootstrap replicates ``B``.
+        generator: random generator for the multipliers.
+
     Returns:
-        dict with ``statistic`` and ``p_value``, each ``(*)``.
+        :class:`SKCETest`.
     """
-    check_positive("num_bootstrap", num_bootstrap, integer=True)
+    check_positive("num_null", num_null, integer=True)
     if matrix.ndim < 2 or matrix.shape[-1] != matrix.shape[-2] or matrix.shape[-1] < 2:
         raise ValueError(
             f"matrix must have shape (*, n, n) with n >= 2, got {tuple(matrix.shape)}"
         )
     check_finite("matrix", matrix)
     statistic = u_statistic(matrix)
-    draws = wild_bootstrap(matrix, num_bootstrap, generator)
-    return {"statistic": statistic, "p_value": bootstrap_p_value(statistic, draws)}
+    draws = wild_bootstrap(matrix, num_null, generator)
+    return SKCETest(statistic, bootstrap_p_value(statistic, draws))

@@ -19,7 +19,8 @@ class KCCSDCallback(CalibrationCallback):
     :math:`\hat C`, about 0 for a calibrated model, larger when it is not),
     ``p_value`` (wild-bootstrap p-value of :math:`H_0`: calibrated), ``bandwidth`` and
     ``distribution_bandwidth`` (the kernels' bandwidths, median heuristic unless fixed)
-    and ``num_samples`` (calibration pairs used, all processes together). The figure
+    and ``num_pairs`` (calibration pairs used, all processes together): the
+    ``logged`` fields of :class:`~calib_lightning.metrics.kccsd.KCCSDResult`. The figure
     ``{prefix}/kccsd/history`` plots the p-value and the statistic against the epoch.
 
     The metric's base points are drawn at the first check and kept (they are saved
@@ -36,7 +37,7 @@ class KCCSDCallback(CalibrationCallback):
         >>> import torch
         >>> from calib_lightning.tasks import TwoMoons
         >>> theta, x = TwoMoons().sample(256, torch.Generator().manual_seed(0))
-        >>> callback = KCCSDCallback(theta, x, every_n_epochs=2, metric=KCCSD(num_bootstrap=200))
+        >>> callback = KCCSDCallback(theta, x, every_n_epochs=2, metric=KCCSD(num_null=200))
         >>> callback.state_key
         "KCCSDCallback{'prefix': 'calibration', 'name': 'kccsd'}"
 

@@ -17,11 +17,10 @@ from calib_lightning.functional.bootstrap import (
 )
 from calib_lightning.functional.combine import combine_p_values, monte_carlo_p_value
 from calib_lightning.functional.kccsd import (
+    KCCSDTest,
     gaussian_base_points,
     kccsd,
     kccsd_matrix,
-    kccsd_test,
-    posterior_scores,
 )
 from calib_lightning.functional.lc2st import (
     lc2st_nf_null,
@@ -72,6 +71,7 @@ from calib_lightning.functional.tarp import (
 )
 
 __all__ = [
+    "KCCSDTest",
     "PosteriorDraws",
     "SymmetricBlocks",
     "ball_counts",
@@ -92,7 +92,6 @@ __all__ = [
     "gaussian_moments",
     "kccsd",
     "kccsd_matrix",
-    "kccsd_test",
     "knn_sq_radii",
     "lc2st_nf_null",
     "lc2st_nf_train",
@@ -105,7 +104,6 @@ __all__ = [
     "monte_carlo_p_value",
     "pointwise_band",
     "posterior_ranks",
-    "posterior_scores",
     "pp_band",
     "pp_ecdf",
     "rademacher",

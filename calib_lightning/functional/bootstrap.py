@@ -105,7 +105,7 @@ def u_statistic(matrix: Tensor) -> Tensor:
 
 def wild_bootstrap(
     matrix: Tensor | SymmetricBlocks,
-    num_bootstrap: int = 500,
+    num_null: int = 500,
     generator: torch.Generator | None = None,
     weights: Tensor | None = None,
 ) -> Tensor:
@@ -115,7 +115,7 @@ def wild_bootstrap(
 
     Arguments:
         matrix: zero-diagonal ``(*, n, n)``, or a :class:`SymmetricBlocks`.
-        num_bootstrap: ``B``.
+        num_null: ``B``.
         generator: random generator for the Rademacher multipliers.
         weights: explicit multipliers ``(*, n, B)`` (overrides the two above).
 
@@ -124,9 +124,9 @@ def wild_bootstrap(
     """
     n = matrix.shape[-1]
     if weights is None:
-        check_positive("num_bootstrap", num_bootstrap, integer=True)
+        check_positive("num_null", num_null, integer=True)
         weights = rademacher(
-            (*matrix.shape[:-2], n, num_bootstrap), generator, matrix.dtype, matrix.device
+            (*matrix.shape[:-2], n, num_null), generator, matrix.dtype, matrix.device
         )
     return (weights * (matrix.detach() @ weights)).sum(-2) / (n * (n - 1))
 

@@ -13,8 +13,12 @@ degenerate U-statistic with mean zero; the wild bootstrap
 distribution and :math:`p = (1 + \#\{C_b \ge \hat C\}) / (1 + B)`
 (:mod:`calib_lightning.functional.bootstrap`).
 
-All functions take optional leading batch dimensions ``(*)`` so that many datasets
-are tested in one call.
+The functions here take tensors only: the scores :math:`s_i(y_i)` ``(*, N, D)`` and
+:math:`s_i(z_k)` ``(*, N, m, D)`` come from the model-evaluation layer
+(:func:`calib_lightning.evaluation.pair_and_base_scores`), or from the metric
+:class:`calib_lightning.KCCSD`, which evaluates a posterior and calls :func:`kccsd`.
+All take optional leading batch dimensions ``(*)`` so that many datasets are tested
+in one call.
 
 References:
     Glaser, Widmann, Lindsten, Gretton. "Fast and Scalable Score-Based Kernel
@@ -23,6 +27,8 @@ References:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -30,7 +36,6 @@ from calib_lightning._checks import (
     check_choice,
     check_finite,
     check_matrix,
-    check_pairs,
     check_points,
     check_positive,
     check_same_device_dtype,
@@ -54,16 +59,14 @@ from calib_lightning.kernels import (
     score_embedding,
     stein_kernel_terms,
 )
-from calib_lightning.posteriors import Posterior, as_posterior
 
 __all__ = [
+    "KCCSDTest",
     "base_points_from_moments",
     "bootstrap_p_value",
     "gaussian_base_points",
     "kccsd",
     "kccsd_matrix",
-    "kccsd_test",
-    "posterior_scores",
     "rademacher",
     "u_statistic",
     "wild_bootstrap",
@@ -114,57 +117,6 @@ def base_points_from_moments(
     mean, std = split_moments(state)[1], std_from_moments(state)
     eps = torch.randn(num_points, mean.shape[-1], generator=generator, dtype=dtype)
     return mean + std * eps.to(mean)
-
-
-def posterior_scores(
-    posterior: Posterior | object,
-    theta: Tensor,
-    x: Tensor,
-    base_points: Tensor | None = None,
-    *,
-    create_graph: bool = False,
-    chunk_size: int = 16,
-) -> tuple[Tensor, Tensor | None]:
-    r"""Scores of each model :math:`q(\cdot \mid x_i)` at its true parameter and at the base points.
-
-    Arguments:
-        posterior: anything :func:`calib_lightning.as_posterior` accepts.
-        theta: true parameters ``(N, D)``.
-        x: observations ``(N, *X)``.
-        base_points: shared base points ``(m, D)``, or ``None`` for no distribution kernel.
-        create_graph: keep the scores differentiable in the model's parameters.
-        chunk_size: base points evaluated per pass (bounds memory at ``chunk_size * N``
-            flow evaluations).
-
-    Returns:
-        ``(score, base_scores)``: ``(N, D)`` and ``(N, m, D)`` (or ``None``).
-    """
-    posterior = as_posterior(posterior)
-    check_pairs(theta, x)
-    check_positive("chunk_size", chunk_size, integer=True)
-    score = posterior.score(theta, x, create_graph=create_graph)
-    base_scores = None
-    if base_points is not None:
-        check_matrix("base_points", base_points, columns=theta.shape[1])
-        check_same_device_dtype(theta=theta, base_points=base_points)
-        base_scores = _base_scores(posterior, x, base_points, create_graph, chunk_size)
-    check_finite("posterior score at theta", score)
-    return score, base_scores
-
-
-def _base_scores(
-    posterior: Posterior, x: Tensor, base_points: Tensor, create_graph: bool, chunk_size: int = 16
-) -> Tensor:
-    """Scores ``(N, m, D)`` of each model at the shared base points ``(m, D)``, checked."""
-    n = x.shape[0]
-    chunks = []
-    for start in range(0, base_points.shape[0], chunk_size):
-        z = base_points[start : start + chunk_size]
-        z = z[:, None, :].expand(z.shape[0], n, z.shape[1])
-        chunks.append(posterior.score(z, x, create_graph=create_graph))
-    base_scores = torch.cat(chunks, 0).transpose(0, 1)
-    check_finite("posterior score at the base points", base_scores)
-    return base_scores
 
 
 def _validate(
@@ -303,7 +255,26 @@ def kccsd_matrix(
     return setup.block(everything, everything)
 
 
-def kccsd_test(
+class KCCSDTest(NamedTuple):
+    r"""What :func:`kccsd` returns; shapes ``(*)`` are the batch dimensions of ``theta``.
+
+    Attributes:
+        statistic: the U-statistic :math:`\hat C`, ``(*)``, with the autograd graph of
+            ``score`` and ``base_scores``.
+        p_value: wild-bootstrap p-value of :math:`H_0`: calibrated, ``(*)`` (NaN when
+            ``num_null = 0``).
+        bandwidth: :math:`\ell` of the kernel on parameters, ``()`` or ``(*)``.
+        distribution_bandwidth: :math:`\sigma` of the kernel between models, ``()`` or
+            ``(*)``; NaN without a distribution kernel.
+    """
+
+    statistic: Tensor
+    p_value: Tensor
+    bandwidth: Tensor
+    distribution_bandwidth: Tensor
+
+
+def kccsd(
     theta: Tensor,
     score: Tensor,
     base_scores: Tensor | None = None,
@@ -314,107 +285,68 @@ def kccsd_test(
     distribution_kernel: str | None = "gfd",
     distribution_bandwidth: float | Tensor | None = None,
     base_bandwidth: float | Tensor | None = None,
-    num_bootstrap: int = 500,
+    num_null: int = 500,
     generator: torch.Generator | None = None,
     block_size: int = 1024,
-) -> dict[str, Tensor]:
-    r"""KCCSD statistic and wild-bootstrap p-value from precomputed scores.
+) -> KCCSDTest:
+    r"""KCCSD statistic and wild-bootstrap p-value from the models' scores.
 
-    ``H`` is built in ``block_size x block_size`` blocks on and above its diagonal
-    (it is symmetric), so memory is ``O(block_size^2 + N * B)`` rather than
-    ``O(N^2)`` and the kernel work is halved. The statistic keeps the
-    autograd graph of ``score`` and ``base_scores``; the bandwidths and the bootstrap
-    do not.
+    The scores come from the model-evaluation layer (``pair_and_base_scores``), the
+    base points from :func:`gaussian_base_points`. ``H`` is built in
+    ``block_size x block_size`` blocks on and above its diagonal (it is symmetric), so
+    memory is ``O(block_size^2 + N * num_null)`` rather than ``O(N^2)`` and the kernel
+    work is halved. The statistic keeps the autograd graph of ``score`` and
+    ``base_scores``; the bandwidths and the bootstrap do not.
 
     Arguments: as :func:`kccsd_matrix`, plus
-        num_bootstrap: ``B``; ``0`` skips the test (``p_value`` is NaN).
+        num_null: bootstrap replicates ``B``; ``0`` skips the test (``p_value`` is NaN).
         generator: random generator for the multipliers.
         block_size: side of the blocks of ``H``.
 
     Returns:
-        dict with ``statistic`` ``(*)``, ``p_value`` ``(*)``, ``bandwidth`` and
-        ``distribution_bandwidth``.
+        :class:`KCCSDTest`.
+
+    Example:
+        Models :math:`P_i = N(\mu_i, v I)`, whose scores are :math:`-(y - \mu_i) / v`;
+        the truths are drawn from :math:`N(\mu_i, I)`:
+
+        >>> g = torch.Generator().manual_seed(0)
+        >>> mean = torch.randn(200, 2, generator=g)
+        >>> theta = mean + torch.randn(200, 2, generator=g)
+        >>> base = gaussian_base_points(theta, 16, g)
+        >>> def scores(v):  # at the truths (N, D) and at the base points (N, m, D)
+        ...     return -(theta - mean) / v, -(base - mean[:, None]) / v
+        >>> kccsd(theta, *scores(1.0), base, generator=g).p_value  # calibrated
+        tensor(0.2136)
+        >>> kccsd(theta, *scores(0.25), base, generator=g).p_value  # over-confident
+        tensor(0.0020)
     """
     setup = _Setup(
         theta, score, base_scores, base_points, kernel, bandwidth,
         distribution_kernel, distribution_bandwidth, base_bandwidth,
     )  # fmt: skip
     check_positive("block_size", block_size, integer=True)
+    if num_null != 0:
+        check_positive("num_null", num_null, integer=True)
     matrix = SymmetricBlocks(
         setup.block, (*theta.shape[:-2], theta.shape[-2], theta.shape[-2]), theta.dtype,
         theta.device, block_size,
     )  # fmt: skip
-    if num_bootstrap:
-        draws = wild_bootstrap(matrix, num_bootstrap, generator)
+    if num_null:
+        draws = wild_bootstrap(matrix, num_null, generator)
         total = matrix.total  # summed in the same sweep as H W
     else:
         total = matrix.sweep(None)[0]
     n = theta.shape[-2]
     statistic = (total / (n * (n - 1))).to(theta.dtype)
-    if num_bootstrap:
+    if num_null:
         p_value = bootstrap_p_value(statistic, draws)
     else:
         p_value = torch.full_like(statistic.detach(), float("nan"))
     dist_bw = setup.distribution_bandwidth
-    return {
-        "statistic": statistic,
-        "p_value": p_value,
-        "bandwidth": torch.as_tensor(setup.bandwidth, dtype=theta.dtype),
-        "distribution_bandwidth": torch.as_tensor(
-            float("nan") if dist_bw is None else dist_bw, dtype=theta.dtype
-        ),
-    }
-
-
-def kccsd(
-    posterior: Posterior | object,
-    theta: Tensor,
-    x: Tensor,
-    *,
-    kernel: str = "rbf",
-    bandwidth: float | Tensor | None = None,
-    distribution_kernel: str | None = "gfd",
-    distribution_bandwidth: float | Tensor | None = None,
-    base_points: Tensor | int = 32,
-    num_bootstrap: int = 500,
-    generator: torch.Generator | None = None,
-    create_graph: bool = False,
-) -> dict[str, Tensor]:
-    r"""KCCSD calibration test of a posterior on calibration pairs ``(theta, x)``.
-
-    Arguments:
-        posterior: a zuko flow, nflows flow, callable ``x -> Distribution`` or
-            :class:`~calib_lightning.posteriors.Posterior`.
-        theta: true parameters ``(N, D)``, ``N >= 2``.
-        x: observations ``(N, *X)``.
-        base_points: ``(m, D)`` tensor, or how many to draw from a Gaussian fitted to
-            ``theta`` (:func:`gaussian_base_points`).
-        create_graph: keep the statistic differentiable in the posterior's parameters.
-        others: as :func:`kccsd_test`.
-
-    Returns:
-        dict with ``statistic`` and ``p_value`` (scalars), and the bandwidths used.
-
-    Example:
-        >>> from calib_lightning.tasks import MGM
-        >>> g = torch.Generator().manual_seed(1)
-        >>> theta, x = MGM(delta=0.0).sample(200, g)
-        >>> kccsd(MGM(delta=0.0), theta, x, generator=g)["p_value"]  # calibrated
-        tensor(0.1297)
-        >>> kccsd(MGM(delta=0.5), theta, x, generator=g)["p_value"]  # mean shifted by 0.5
-        tensor(0.0020)
-    """
-    check_pairs(theta, x, min_rows=2)
-    if distribution_kernel is not None and isinstance(base_points, int):
-        base_points = gaussian_base_points(theta, base_points, generator)
-    elif distribution_kernel is None:
-        base_points = None
-    score, base_scores = posterior_scores(
-        posterior, theta, x, base_points, create_graph=create_graph
+    return KCCSDTest(
+        statistic,
+        p_value,
+        torch.as_tensor(setup.bandwidth, dtype=theta.dtype),
+        torch.as_tensor(float("nan") if dist_bw is None else dist_bw, dtype=theta.dtype),
     )
-    return kccsd_test(
-        theta, score, base_scores, base_points,
-        kernel=kernel, bandwidth=bandwidth, distribution_kernel=distribution_kernel,
-        distribution_bandwidth=distribution_bandwidth, num_bootstrap=num_bootstrap,
-        generator=generator,
-    )  # fmt: skip

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
-from torchmetrics.utilities.distributed import gather_all_tensors
 
+from calib_lightning import evaluation
 from calib_lightning._checks import (
     check_choice,
     check_matrix,
@@ -22,17 +23,38 @@ from calib_lightning._distributed import (
     room_for_rows,
     shape_empty_list_states,
 )
-from calib_lightning._moments import moments
-from calib_lightning.functional.kccsd import (
-    _base_scores,
-    base_points_from_moments,
-    kccsd_test,
-    posterior_scores,
-)
+from calib_lightning.functional.kccsd import gaussian_base_points, kccsd
 from calib_lightning.kernels import DISTRIBUTION_KERNELS, KERNELS
-from calib_lightning.posteriors import Posterior, as_posterior
+from calib_lightning.posteriors import Posterior
+from calib_lightning.results import Result
 
-__all__ = ["KCCSD"]
+__all__ = ["KCCSD", "KCCSDResult"]
+
+
+@dataclass(eq=False)
+class KCCSDResult(Result):
+    r"""What :meth:`KCCSD.compute` (and :meth:`KCCSD.forward`, for its batch) returns.
+
+    Attributes:
+        statistic: the U-statistic :math:`\hat C`, ``()``: about 0 for a calibrated
+            model, larger when it is not (with its autograd graph from ``forward``).
+        p_value: wild-bootstrap p-value of :math:`H_0`: calibrated, ``()``.
+        bandwidth: :math:`\ell` of the kernel on parameters, ``()``.
+        distribution_bandwidth: :math:`\sigma` of the kernel between models, ``()``; NaN
+            without a distribution kernel.
+        num_pairs: calibration pairs used (all processes together), ``()`` int64.
+    """
+
+    logged: ClassVar[tuple[str, ...]] = (
+        "statistic", "p_value", "bandwidth", "distribution_bandwidth", "num_pairs",
+    )  # fmt: skip
+    verdict: ClassVar[str | None] = "p_value"
+
+    statistic: Tensor
+    p_value: Tensor
+    bandwidth: Tensor
+    distribution_bandwidth: Tensor
+    num_pairs: Tensor
 
 
 class KCCSD(Metric):
@@ -40,18 +62,21 @@ class KCCSD(Metric):
 
     ``update(posterior, theta, x)`` evaluates the posterior's score at each true
     parameter and at ``m`` base points shared by all pairs, and stores them;
-    ``compute()`` returns the U-statistic and its p-value under
-    :math:`H_0`: "the posterior is calibrated" (small p-values reject).
+    ``compute()`` returns a :class:`KCCSDResult`: the U-statistic and its p-value
+    under :math:`H_0`: "the posterior is calibrated" (small p-values reject). The
+    scores come from the model-evaluation layer
+    (:func:`calib_lightning.evaluation.pair_and_base_scores`), the test from
+    :func:`calib_lightning.functional.kccsd`.
 
     ``forward`` additionally returns the statistic of the batch *with its autograd
     graph*, so it can be backpropagated into the posterior's parameters.
 
-    Memory: each process keeps at most ``max_samples`` pairs, i.e.
-    ``max_samples * (m + 2) * D`` numbers; further pairs are ignored with a warning.
+    Memory: each process keeps at most ``max_pairs`` pairs, i.e.
+    ``max_pairs * (m + 2) * D`` numbers; further pairs are ignored with a warning.
     Until the base points are fitted (see ``base_points``), a pair's scores at them
     cannot be evaluated, so ``update`` also keeps a reference to the pair's ``x`` and
-    to the posterior (``max_samples * X`` more numbers at most) and ``compute``
-    evaluates them. ``compute`` needs ``O(block_size^2 + n * num_bootstrap)`` memory,
+    to the posterior (``max_pairs * X`` more numbers at most) and ``compute``
+    evaluates them. ``compute`` needs ``O(block_size^2 + n * num_null)`` memory,
     not ``O(n^2)``. Under DDP the pairs of all processes are gathered and put in a
     canonical order, so the result does not depend on how the data was split.
 
@@ -73,8 +98,8 @@ class KCCSD(Metric):
             they are then kept (also across ``reset`` and in the ``state_dict``). The
             scores of the pairs of those first updates at the base points are
             evaluated in that ``compute``, with the posterior each was given.
-        num_bootstrap: wild-bootstrap draws ``B``.
-        max_samples: the per-process bound on stored pairs.
+        num_null: wild-bootstrap replicates ``B``.
+        max_pairs: the per-process bound on stored pairs.
         seed: seeds the base points and the bootstrap multipliers.
         block_size: side of the blocks of the kernel matrix computed at once.
         score_chunk_size: base points per posterior evaluation in ``update``.
@@ -88,9 +113,9 @@ class KCCSD(Metric):
         ...     metric.update(model, theta, x)
         >>> out = metric.compute()
         >>> sorted(out)
-        ['bandwidth', 'distribution_bandwidth', 'num_samples', 'p_value', 'statistic']
-        >>> int(out["num_samples"])
-        400
+        ['bandwidth', 'distribution_bandwidth', 'num_pairs', 'p_value', 'statistic']
+        >>> int(out.num_pairs), bool(out.p_value > 0.05)
+        (400, True)
 
     References:
         Glaser, Widmann, Lindsten, Gretton. "Fast and Scalable Score-Based Kernel
@@ -112,8 +137,8 @@ class KCCSD(Metric):
         distribution_kernel: str | None = "gfd",
         distribution_bandwidth: float | None = None,
         base_points: Tensor | int | None = None,
-        num_bootstrap: int = 500,
-        max_samples: int = 4096,
+        num_null: int = 500,
+        max_pairs: int = 4096,
         seed: int = 0,
         block_size: int = 1024,
         score_chunk_size: int = 16,
@@ -126,14 +151,14 @@ class KCCSD(Metric):
                                                          distribution_bandwidth)):
             if value is not None:
                 check_positive(name, value)
-        check_positive("num_bootstrap", num_bootstrap, integer=True)
-        check_positive("max_samples", max_samples, integer=True)
+        check_positive("num_null", num_null, integer=True)
+        check_positive("max_pairs", max_pairs, integer=True)
         check_positive("block_size", block_size, integer=True)
         check_positive("score_chunk_size", score_chunk_size, integer=True)
         self.kernel, self.bandwidth = kernel, bandwidth
         self.distribution_kernel = distribution_kernel
         self.distribution_bandwidth = distribution_bandwidth
-        self.num_bootstrap, self.max_samples, self.seed = num_bootstrap, max_samples, seed
+        self.num_null, self.max_pairs, self.seed = num_null, max_pairs, seed
         self.block_size, self.score_chunk_size = block_size, score_chunk_size
 
         self.num_base_points = 32
@@ -159,13 +184,13 @@ class KCCSD(Metric):
 
     # -- base measure -------------------------------------------------------------
     def _base_points_for(self, theta: Tensor) -> Tensor:
-        """Base points ``(m, D)`` drawn from a Gaussian fitted to ``theta`` (centred
-        moments, rows in canonical order so that the result does not depend on how the
-        rows arrived); no communication."""
-        state = moments(theta[canonical_order(theta)])
+        """:func:`~calib_lightning.functional.kccsd.gaussian_base_points` ``(m, D)`` of
+        ``theta``, its rows in canonical order and in float64 (so that the points depend
+        neither on how the rows arrived nor on their dtype); no communication."""
+        _check_enough_pairs(theta.shape[0])
         generator = torch.Generator().manual_seed(self.seed)
-        points = base_points_from_moments(state, self.num_base_points, generator)
-        return points.to(device=theta.device, dtype=theta.dtype)
+        ordered = theta[canonical_order(theta)].double()
+        return gaussian_base_points(ordered, self.num_base_points, generator).to(theta)
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
         key = prefix + "base_points"
@@ -186,7 +211,7 @@ class KCCSD(Metric):
                     f"got shape {tuple(theta.shape)}"
                 )
             base = self.base_points.to(device=theta.device, dtype=theta.dtype)
-        score, base_scores = posterior_scores(
+        score, base_scores = evaluation.pair_and_base_scores(
             posterior, theta, x, base,
             create_graph=bool(self._forward_grad),
             chunk_size=self.score_chunk_size,
@@ -195,8 +220,10 @@ class KCCSD(Metric):
             if self.distribution_kernel is not None and not fitted:
                 # the batch's own test: base points fitted to the batch, not stored
                 batch_base = self._base_points_for(theta.detach())
-                base_scores = _base_scores(as_posterior(posterior), x, batch_base,
-                                           bool(self._forward_grad), self.score_chunk_size)
+                base_scores = evaluation.base_scores(
+                    posterior, x, batch_base,
+                    create_graph=bool(self._forward_grad), chunk_size=self.score_chunk_size,
+                )  # fmt: skip
                 self._last_batch = (theta, score, base_scores, batch_base)
             else:
                 self._last_batch = (theta, score, base_scores, None)
@@ -219,10 +246,20 @@ class KCCSD(Metric):
         self._pending = []
         self._warned = False
 
-    def _sync_dist(self, dist_sync_fn: Any = gather_all_tensors, process_group: Any = None) -> None:
-        # a process without data must gather (0, *trailing) tensors of the right dtype
-        shape_empty_list_states(self, _LIST_STATES, process_group or self.process_group)
-        super()._sync_dist(dist_sync_fn, process_group)
+    def sync(
+        self,
+        dist_sync_fn: Any = None,
+        process_group: Any = None,
+        should_sync: bool = True,
+        distributed_available: Any = None,
+    ) -> None:
+        """torchmetrics' ``sync``; first, when it will gather, a process without data
+        shapes its empty list states ``(0, *trailing)`` with the right dtype (the public
+        ``dist_sync_fn`` hook sees tensors only, never an empty list)."""
+        available = distributed_available or self.distributed_available_fn
+        if should_sync and callable(available) and available():
+            shape_empty_list_states(self, _LIST_STATES, process_group or self.process_group)
+        super().sync(dist_sync_fn, process_group, should_sync, distributed_available)
 
     def _test(
         self,
@@ -230,27 +267,25 @@ class KCCSD(Metric):
         score: Tensor,
         base_scores: Tensor | None,
         base: Tensor | None = None,
-    ) -> dict[str, Tensor]:
+    ) -> KCCSDResult:
         n = theta.shape[0]
-        if n < 2:
-            raise ValueError(f"KCCSD needs at least N >= 2 calibration pairs, got N = {n}")
+        _check_enough_pairs(n)
         if base_scores is None:
             base = None
         elif base is None:
             base = self.base_points
         if base is not None:
             base = base.to(device=theta.device, dtype=theta.dtype)
-        out = kccsd_test(
+        out = kccsd(
             theta, score, base_scores, base,
             kernel=self.kernel, bandwidth=self.bandwidth,
             distribution_kernel=self.distribution_kernel,
             distribution_bandwidth=self.distribution_bandwidth,
-            num_bootstrap=self.num_bootstrap,
+            num_null=self.num_null,
             generator=torch.Generator().manual_seed(self.seed + 1),
             block_size=self.block_size,
         )  # fmt: skip
-        out["num_samples"] = torch.tensor(n, device=theta.device)
-        return out
+        return KCCSDResult(**out._asdict(), num_pairs=torch.tensor(n, device=theta.device))
 
     def _pending_pairs(self) -> tuple[Tensor, Tensor, Tensor] | None:
         """``(theta, score, base_scores)`` of the pairs updated before the base points were
@@ -263,16 +298,16 @@ class KCCSD(Metric):
             self.base_points = self._base_points_for(theta)
         base = self.base_points.to(device=theta.device, dtype=theta.dtype)
         local = [
-            _base_scores(as_posterior(posterior), x, base, False, self.score_chunk_size)
+            evaluation.base_scores(posterior, x, base, chunk_size=self.score_chunk_size)
             for posterior, x in self._pending
         ]
         base_scores = (torch.cat(local) if local
                        else theta.new_zeros(0, *base.shape))  # fmt: skip
-        if self._is_synced:  # the states were gathered: gather these in the same rank order
+        if _synced(self.pending_theta):  # gathered: gather these in the same rank order
             base_scores = gather_rows(base_scores.to(theta), self.process_group)
         return theta, _rows(self.pending_score), base_scores.to(theta)
 
-    def compute(self) -> dict[str, Tensor]:
+    def compute(self) -> KCCSDResult:
         """Statistic, p-value, bandwidths and the number of pairs used."""
         parts = [p for p in (self._pending_pairs(), self._scored_pairs()) if p is not None]
         if not parts:
@@ -295,9 +330,9 @@ class KCCSD(Metric):
         base_scores = _rows(self.base_scores) if self.distribution_kernel else None
         return theta, _rows(self.score), base_scores
 
-    def forward(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> dict[str, Tensor]:
+    def forward(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> KCCSDResult:
         """Accumulate the batch and return its own test, with the statistic's graph kept."""
-        if self._is_synced:
+        if _synced(self.theta) or _synced(self.pending_theta):
             raise ValueError("KCCSD.forward() cannot run on synced states; call unsync() first")
         grad = torch.is_grad_enabled()
         self._forward_grad = grad
@@ -307,11 +342,21 @@ class KCCSD(Metric):
             self._forward_grad = None
         batch, self._last_batch = self._last_batch, None
         with torch.set_grad_enabled(grad):
-            self._forward_cache = self._test(*batch)
-        return self._forward_cache
+            return self._test(*batch)
 
 
 _LIST_STATES = ("theta", "score", "base_scores", "pending_theta", "pending_score")
+
+
+def _check_enough_pairs(n: int) -> None:
+    if n < 2:
+        raise ValueError(f"KCCSD needs at least N >= 2 calibration pairs, got N = {n}")
+
+
+def _synced(state: list[Tensor] | Tensor) -> bool:
+    """Whether a ``cat`` state was gathered across processes: torchmetrics' sync turns
+    the list into one tensor (a sync outside DDP is a no-op and leaves the list)."""
+    return isinstance(state, Tensor)
 
 
 def _rows(state: list[Tensor] | Tensor) -> Tensor | None:

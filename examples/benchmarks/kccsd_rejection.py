@@ -27,11 +27,8 @@ import matplotlib.pyplot as plt
 import torch
 
 from calib_lightning.baselines import skce_matrix_gaussian, skce_test
-from calib_lightning.functional import (
-    gaussian_base_points,
-    kccsd_test,
-    posterior_scores,
-)
+from calib_lightning.evaluation import pair_and_base_scores
+from calib_lightning.functional import gaussian_base_points, kccsd
 from calib_lightning.tasks import HGM, LGM, MGM, QGM
 from examples._smoke import add_smoke_argument, output_folder
 
@@ -52,20 +49,20 @@ def rejection_rates(truth, model, n, reps, seed, num_base_points=32):
     d = theta.shape[1]
     shaped = theta.reshape(reps, n, d)
     base = gaussian_base_points(theta, num_base_points, g)
-    score, base_scores = posterior_scores(model, theta, x, base)
+    score, base_scores = pair_and_base_scores(model, theta, x, base)
     rates = {}
     for name, kind in (("KCCSD-GFD", "gfd"), ("KCCSD-KGFD", "kgfd")):
-        out = kccsd_test(
+        out = kccsd(
             shaped, score.reshape(reps, n, d), base_scores.reshape(reps, n, -1, d), base,
-            distribution_kernel=kind, num_bootstrap=500, generator=g, block_size=128,
+            distribution_kernel=kind, num_null=500, generator=g, block_size=128,
         )  # fmt: skip
-        rates[name] = float((out["p_value"] <= 0.05).float().mean())
+        rates[name] = float((out.p_value <= 0.05).float().mean())
     dist = model(x)
     mean, var = dist.mean.reshape(reps, n, d), dist.variance.reshape(reps, n, d)
     for name, kind in (("SKCE-W", "wasserstein"), ("SKCE-MMD", "mmd")):
         matrix = skce_matrix_gaussian(shaped, mean, var, distribution_kernel=kind)
         out = skce_test(matrix, 500, g)
-        rates[name] = float((out["p_value"] <= 0.05).float().mean())
+        rates[name] = float((out.p_value <= 0.05).float().mean())
     return rates
 
 

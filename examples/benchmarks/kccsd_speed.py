@@ -24,7 +24,7 @@ if not __package__:  # run as a file (python examples/x.py): make `examples` imp
 
 import torch
 
-from calib_lightning.functional import kccsd_test, rademacher
+from calib_lightning.functional import kccsd, rademacher
 from calib_lightning.kernels import stein_kernel
 from examples._smoke import add_smoke_argument, output_folder
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         square = torch.randn(n, n, generator=g)
 
         def ours(theta=theta, score=score, features=features):
-            kccsd_test(theta, score, features, num_bootstrap=B, generator=g)
+            kccsd(theta, score, features, num_null=B, generator=g)
 
         def floor(flat=flat, square=square, weights=weights):
             flat @ flat.T
@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     theta, score = torch.randn(n0, D, generator=g), torch.randn(n0, D, generator=g)
     features = torch.randn(n0, M, D, generator=g)
     t_naive = best_of(lambda: naive_loop(theta, score, features, 1.0, 1.0), 1)
-    fixed = {"bandwidth": 1.0, "distribution_bandwidth": 1.0, "num_bootstrap": 1}
-    t_vec = best_of(lambda: kccsd_test(theta, score, features, **fixed), args.repeats)
+    fixed = {"bandwidth": 1.0, "distribution_bandwidth": 1.0, "num_null": 1}
+    t_vec = best_of(lambda: kccsd(theta, score, features, **fixed), args.repeats)
 
     lines = [
         "# KCCSD test speed vs the matmul floor",

@@ -1,35 +1,19 @@
-r"""Differentiable calibration regularizers for neural posterior estimation.
+r"""KCCSD calibration regularizer: the kernel calibration-conditional Stein discrepancy of
+a training batch as a differentiable loss (Glaser et al., 2023).
 
-Two losses to add to the negative log-likelihood of an NPE,
-``loss = nll + weight * regularizer(posterior, theta, x)``, computed on the training
-batch:
-
-* :class:`KCCSDLoss`: the kernel calibration-conditional Stein discrepancy of
-  Glaser et al. (2023) as a U-statistic on the batch, normalized to ``[-1/(n-1), 1]``.
-  By default it is evaluated on the flow's *latent* calibration problem (see below);
-  ``space="parameter"`` gives the statistic on :math:`\theta` itself, from scores.
-* :class:`CoverageLoss`: the differentiable expected-coverage regularizer of
-  Falkiewicz et al. (2023), with a straight-through rank and ``torch.sort`` (no
-  ``torchsort``).
-
-Latent calibration. A flow writes :math:`q(\cdot \mid x)` as the push-forward of
-:math:`N(0, I)` by a bijection :math:`T_x`; so :math:`\theta^* \sim q(\cdot \mid x)`
-given the model exactly when :math:`z^* = T_x^{-1}(\theta^*) \sim N(0, I)` given the
-model. The KCCSD of that problem has the model :math:`N(0, I)` for every pair, whose
-score is :math:`-z` in closed form: no second-order autograd, one forward pass of the
-flow, and, because every pair lives on the same scale, all :math:`n(n-1)` pairs of the
-batch see a global over- or under-dispersion. On :math:`\theta`, the Stein kernel
-compares true parameters of different observations with one bandwidth: with the
-median heuristic (the prior's scale) it is almost blind to the posterior's width
-(evidence in ``examples/benchmarks/regularizer_design.py``; numbers in
-:class:`KCCSDLoss`).
+By default the statistic is computed on the flow's *latent* calibration problem. A
+flow writes :math:`q(\cdot \mid x)` as the push-forward of :math:`N(0, I)` by a
+bijection :math:`T_x`; so :math:`\theta^* \sim q(\cdot \mid x)` given the model exactly
+when :math:`z^* = T_x^{-1}(\theta^*) \sim N(0, I)` given the model. The KCCSD of that
+problem has the model :math:`N(0, I)` for every pair, whose score is :math:`-z` in
+closed form: no second-order autograd, one forward pass of the flow, and every pair
+lives on the same scale. ``space="parameter"`` gives the statistic on :math:`\theta`
+itself, from scores. Why these defaults: ``docs/design.md`` (the KCCSD regularizer);
+the measurements: ``examples/benchmarks/README.md`` (regularizer design).
 
 References:
     Glaser, Widmann, Lindsten, Gretton. "Fast and Scalable Score-Based Kernel
     Calibration Tests." UAI 2023.
-    Falkiewicz, Takeishi, Shekhzadeh, Wehenkel, Delaunoy, Louppe, Kalousis.
-    "Calibrating Neural Simulation-Based Inference with Differentiable Coverage
-    Probability." NeurIPS 2023.
 """
 
 from __future__ import annotations
@@ -37,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from calib_lightning import evaluation
 from calib_lightning._checks import (
     check_choice,
     check_finite,
@@ -45,7 +30,7 @@ from calib_lightning._checks import (
     check_positive,
 )
 from calib_lightning._moments import std_or_one
-from calib_lightning.functional.kccsd import _base_scores, gaussian_base_points
+from calib_lightning.functional.kccsd import gaussian_base_points
 from calib_lightning.kernels import (
     KERNELS,
     exponentiated,
@@ -55,9 +40,9 @@ from calib_lightning.kernels import (
     sq_distances,
     stein_kernel,
 )
-from calib_lightning.posteriors import DistributionPosterior, Posterior, as_posterior
+from calib_lightning.posteriors import Posterior
 
-__all__ = ["CoverageLoss", "KCCSDLoss", "kccsd_loss", "latent_kccsd_loss"]
+__all__ = ["KCCSDLoss", "kccsd_loss", "latent_kccsd_loss"]
 
 SPACES = ("latent", "parameter")
 CONDITIONING = (None, "x", "gfd")
@@ -183,12 +168,12 @@ def latent_kccsd_loss(
     r"""KCCSD of latent points :math:`z_i = T_{x_i}^{-1}(\theta_i)` against :math:`N(0, I)`.
 
     :func:`kccsd_loss` with scores :math:`-z_i` and, by default, the bandwidth
-    :math:`\ell = \sqrt{D}` (the best of ``0.25 .. 1`` times the typical distance
-    :math:`\sqrt{2D}` between two standard normal points, for over-confidence, in the
-    design benchmark). ``normalize`` divides by the diagonal's expectation under
-    calibration, :math:`E\,H_{ii} = E\|z\|^2 + D/\ell^2 = D (1 + 1/\ell^2)`: a constant,
-    so the gradient of the U-statistic keeps mean zero at a calibrated model (a
-    batch-dependent detached scale does not: measured bias 4 standard errors).
+    :math:`\ell = \sqrt{D}`, a fixed fraction of the typical distance :math:`\sqrt{2D}`
+    between two standard normal points. ``normalize`` divides by the diagonal's
+    expectation under calibration,
+    :math:`E\,H_{ii} = E\|z\|^2 + D/\ell^2 = D (1 + 1/\ell^2)`: a constant, so the
+    gradient of the U-statistic keeps mean zero at a calibrated model (a batch-dependent
+    detached scale would not).
 
     Arguments:
         latent: ``(*, n, D)``; gradients flow through it.
@@ -208,35 +193,28 @@ class KCCSDLoss(nn.Module):
     r"""KCCSD calibration regularizer: ``loss = nll + weight * KCCSDLoss()(flow, theta, x)``.
 
     Computes the statistic on the batch it is given (the training batch, in the usual
-    integration). Each default below was settled by a measurement
-    (``examples/benchmarks/regularizer_design.py``, batches of ``n = 128``, exact
-    Gaussian posteriors of sd 0.29 under an ``N(0, I)`` prior; results in
-    ``examples/benchmarks/results/regularizer_design.md``):
+    integration):
 
     * ``space="latent"``: points :math:`z_i = T_{x_i}^{-1}(\theta_i)`, scores
-      :math:`-z_i`, bandwidth :math:`\sqrt D` (:func:`latent_kccsd_loss`). Mean over
-      batches / null sd, for a posterior whose sd is 0.6 times the truth: 19.4
-      (``D = 2``) and 14.2 (``D = 10``); with ``space="parameter"``: 0.9 and 0.5. On
-      :math:`\theta` the statistic sees a mean shift of half a posterior sd (22.6, 52.9)
-      but hardly the width, whatever the kernel between models (none, ``"x"``, GFD).
-      ``"latent"`` needs ``posterior.to_latent`` (zuko, nflows, Gaussians) and no
-      second-order autograd; ``"parameter"`` needs only log-densities: scores with
-      ``create_graph=True`` on :math:`\theta` standardized by the batch.
-    * ``estimator="u"``: gradient in the log-sd at a calibrated model, over 400
-      batches: +1.1 and +0.6 standard errors from zero (latent, parameter); the
-      V-statistic's diagonal :math:`\|s_i\|^2 + D/\ell^2` gives -5.1 and -26.8: its
-      descent widens a calibrated posterior. The U-statistic can be negative.
-    * ``normalize=True``: on :math:`\theta` the raw statistic grows like
-      :math:`1/\sigma^4` as the posterior narrows; the detached mean diagonal makes it a
-      correlation in :math:`[-1/(n-1), 1]` and leaves the direction of the gradient
-      alone. In latent space the statistic is width-free already and the normalizer is
-      a constant (a batch-dependent one biased the gradient by 4 standard errors).
+      :math:`-z_i`, bandwidth :math:`\sqrt D` (:func:`latent_kccsd_loss`); needs
+      ``posterior.to_latent`` (zuko, nflows, Gaussians) and no second-order autograd.
+      ``"parameter"``: :func:`kccsd_loss` on :math:`\theta` standardized by the batch,
+      with scores taken with ``create_graph=True``; needs only log-densities, but with
+      the median heuristic it hardly sees the posterior's width.
+    * ``estimator="u"``: its gradient has mean zero at a calibrated model; the
+      V-statistic's diagonal :math:`\|s_i\|^2 + D/\ell^2` rewards wider posteriors. The
+      U-statistic can be negative.
+    * ``normalize=True``: on :math:`\theta`, divide by the detached mean diagonal (a
+      correlation in :math:`[-1/(n-1), 1]`, same gradient direction); in latent space by
+      its expectation under calibration, a constant.
     * ``condition=None``: a constant kernel between models, i.e. calibration on
       average over ``x``, which is what expected coverage measures. ``"x"``: a Gaussian
-      kernel on standardized ``x`` (a conditional Stein discrepancy; local calibration;
-      cheap). ``"gfd"``: the exponentiated GFD on ``num_base_points`` base points
-      (``num_base_points`` more score passes with ``create_graph=True``, about 10x the
-      step time of plain NPE; it did not add sensitivity in the measurements above).
+      kernel on standardized ``x`` (a conditional Stein discrepancy; local
+      calibration). ``"gfd"``: the exponentiated GFD on ``num_base_points`` base points
+      (``num_base_points`` more score passes with ``create_graph=True``).
+
+    The measurements behind these defaults are in ``examples/benchmarks/README.md``
+    (regularizer design).
 
     Bandwidths (median heuristics on the batch) are detached from the graph.
 
@@ -306,11 +284,13 @@ class KCCSDLoss(nn.Module):
         its graph), e.g. from the pass that computed the NLL; only for ``space="latent"``.
         """
         check_pairs(theta, x, min_rows=2)
-        posterior = as_posterior(posterior)
         if latent is not None and self.space != "latent":
             raise ValueError(f"latent is only used with space='latent', got {self.space!r}")
         if self.space == "latent":
-            points = posterior.to_latent(theta, x) if latent is None else latent
+            if latent is None:
+                points = evaluation.differentiable_latents(posterior, theta, x)
+            else:
+                points = latent
             if points.shape != theta.shape:
                 raise ValueError(
                     f"latent must have the shape of theta {tuple(theta.shape)}, "
@@ -318,8 +298,7 @@ class KCCSDLoss(nn.Module):
                 )
         else:
             std = _batch_std(theta)
-            score = posterior.score(theta, x, create_graph=True)
-            check_finite("posterior score at theta", score)
+            score = evaluation.scores(posterior, theta, x, create_graph=True)
             points, score = (theta - theta.mean(0)) / std, score * std
         condition = self._condition(posterior, theta, x)
         if self.space == "parameter":
@@ -332,7 +311,7 @@ class KCCSDLoss(nn.Module):
             estimator=self.estimator, normalize=self.normalize,
         )  # fmt: skip
 
-    def _condition(self, posterior: Posterior, theta: Tensor, x: Tensor) -> Tensor | None:
+    def _condition(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> Tensor | None:
         if self.condition is None:
             return None
         if self.condition == "x":
@@ -340,117 +319,6 @@ class KCCSDLoss(nn.Module):
             sq = sq_distances(features, features)
         else:
             base_points = gaussian_base_points(theta, self.num_base_points)
-            sq = gfd_sq_distances(_base_scores(posterior, x, base_points, create_graph=True))
+            scores = evaluation.base_scores(posterior, x, base_points, create_graph=True)
+            sq = gfd_sq_distances(scores)
         return exponentiated(sq, median_from_sq_distances(sq))
-
-
-def _straight_through_step(value: Tensor, temperature: float) -> Tensor:
-    """``1[value > 0]`` forward; gradient of ``sigmoid(value / temperature)`` backward."""
-    soft = torch.sigmoid(value / temperature)
-    return (value > 0).to(value.dtype) + (soft - soft.detach())
-
-
-class CoverageLoss(nn.Module):
-    r"""Differentiable expected-coverage regularizer (Falkiewicz et al., 2023).
-
-    For each pair draw :math:`L` reparameterized samples :math:`\theta_{il} \sim
-    q(\cdot \mid x_i)` and count those more probable than the truth,
-
-    .. math::
-        r_i = \sum_l \mathrm{step}\big(\log q(\theta_{il} \mid x_i) -
-              \log q(\theta^*_i \mid x_i)\big), \qquad
-        c_i = \frac{r_i + u_i}{L + 1}, \quad u_i \sim U(0, 1),
-
-    the credibility level of the smallest highest-density region containing
-    :math:`\theta^*_i` (randomized within its rank, so that :math:`c_i \sim U(0, 1)`
-    exactly under calibration). The step is hard in the forward pass and has the
-    gradient of :math:`\mathrm{sigmoid}(\cdot / \tau)` in the backward pass
-    (straight-through). With :math:`c_{(k)}` sorted across the batch
-    (``torch.sort`` passes gradients to the values),
-
-    .. math::
-        \mathcal{L} = \frac1n \sum_k \big(c_{(k)} - \tfrac{k - 1/2}{n}\big)^2
-
-    the squared distance between the expected-coverage curve and the diagonal;
-    ``conservative=True`` penalizes only over-confidence
-    (:math:`c_{(k)} > (k - 1/2)/n`). Sampling needs ``L`` inverse passes of the flow
-    per pair (``D`` network passes each for an autoregressive flow), which is where
-    its cost comes from; the paper's weight is 5.
-
-    Arguments:
-        num_samples: ``L``.
-        temperature: :math:`\tau`, in log-density units.
-        conservative: one-sided version.
-
-    Example:
-        >>> from calib_lightning.tasks import GaussianToy
-        >>> toy = GaussianToy(dim=2)
-        >>> theta, x = toy.sample(512, torch.Generator().manual_seed(0))
-        >>> _ = torch.manual_seed(0)
-        >>> loss = CoverageLoss()
-        >>> bool(loss(toy.posterior(), theta, x) < loss(toy.posterior(0.3), theta, x))
-        True
-
-    References:
-        Falkiewicz, Takeishi, Shekhzadeh, Wehenkel, Delaunoy, Louppe, Kalousis.
-        "Calibrating Neural Simulation-Based Inference with Differentiable Coverage
-        Probability." NeurIPS 2023.
-    """
-
-    def __init__(
-        self, num_samples: int = 16, temperature: float = 1.0, conservative: bool = False
-    ) -> None:
-        super().__init__()
-        check_positive("num_samples", num_samples, integer=True)
-        check_positive("temperature", temperature)
-        self.num_samples, self.temperature = num_samples, float(temperature)
-        self.conservative = bool(conservative)
-
-    def extra_repr(self) -> str:
-        return (
-            f"num_samples={self.num_samples}, temperature={self.temperature}, "
-            f"conservative={self.conservative}"
-        )
-
-    def forward(
-        self,
-        posterior: Posterior | object,
-        theta: Tensor,
-        x: Tensor,
-        log_prob: Tensor | None = None,
-    ) -> Tensor:
-        r"""Regularizer on the batch ``theta (n, D)``, ``x (n, *X)``, ``n >= 2``: a scalar.
-
-        ``log_prob``: :math:`\log q(\theta_i \mid x_i)` ``(n,)`` with its graph, if the
-        caller already has it from the NLL.
-        """
-        check_pairs(theta, x, min_rows=2)
-        posterior = as_posterior(posterior)
-        if not isinstance(posterior, DistributionPosterior):
-            raise ValueError(
-                "CoverageLoss needs reparameterized samples: a zuko flow or a callable "
-                f"x -> torch.distributions.Distribution, got {type(posterior).__name__}"
-            )
-        dist = posterior.distribution(x)
-        joint = getattr(dist, "rsample_and_log_prob", None)
-        if joint is not None:
-            samples, log_q = joint((self.num_samples,))
-        else:
-            samples = dist.rsample((self.num_samples,))
-            log_q = dist.log_prob(samples)
-        log_q_true = dist.log_prob(theta) if log_prob is None else log_prob
-        if log_q_true.shape != theta.shape[:1]:
-            raise ValueError(
-                f"log_prob must have shape ({theta.shape[0]},), got {tuple(log_q_true.shape)}"
-            )
-        check_finite("posterior log_prob at theta", log_q_true)
-        check_finite("posterior log_prob at its samples", log_q.T)
-        above = _straight_through_step(log_q - log_q_true, self.temperature)
-        jitter = torch.rand(theta.shape[0], dtype=theta.dtype, device=theta.device)
-        level = (above.sum(0) + jitter) / (self.num_samples + 1)
-        n = theta.shape[0]
-        quantiles = (torch.arange(n, dtype=theta.dtype, device=theta.device) + 0.5) / n
-        gap = torch.sort(level).values - quantiles
-        if self.conservative:
-            gap = gap.clamp_min(0.0)
-        return (gap**2).mean()
