@@ -99,13 +99,13 @@ def canonical_order(theta: torch.Tensor) -> torch.Tensor:
 
 
 def room_for_rows(metric: Metric, incoming: int, *stored: list[torch.Tensor]) -> int:
-    """Rows of a batch of ``incoming`` that fit under ``metric.max_samples`` next to the
+    """Rows of a batch of ``incoming`` that fit under ``metric.max_pairs`` next to the
     rows already in the ``stored`` list states; warns once (until ``metric._warned`` is
     reset) when rows are cut. Call it from ``update``: the warning names its caller."""
-    room = metric.max_samples - sum(t.shape[0] for state in stored for t in state)
+    room = metric.max_pairs - sum(t.shape[0] for state in stored for t in state)
     if room < incoming and not metric._warned:
         warnings.warn(
-            f"{type(metric).__name__} keeps at most max_samples={metric.max_samples} pairs per "
+            f"{type(metric).__name__} keeps at most max_pairs={metric.max_pairs} pairs per "
             f"process; {incoming - max(room, 0)} further pairs are ignored",
             stacklevel=3,
         )

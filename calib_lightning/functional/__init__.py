@@ -24,12 +24,8 @@ from calib_lightning.functional.kccsd import (
     posterior_scores,
 )
 from calib_lightning.functional.lc2st import (
-    lc2st_nf_null,
-    lc2st_nf_train,
     lc2st_p_value,
-    lc2st_probabilities,
     lc2st_statistic,
-    lc2st_train,
     pp_band,
     pp_ecdf,
 )
@@ -94,12 +90,8 @@ __all__ = [
     "kccsd_matrix",
     "kccsd_test",
     "knn_sq_radii",
-    "lc2st_nf_null",
-    "lc2st_nf_train",
     "lc2st_p_value",
-    "lc2st_probabilities",
     "lc2st_statistic",
-    "lc2st_train",
     "marginal_ranks",
     "mmd",
     "monte_carlo_p_value",
