@@ -33,7 +33,7 @@ class LC2STNFCallback(CalibrationCallback):
 
     Logs, under ``{prefix}/lc2st_nf/``, ``global_p_value`` (the verdict: the ``O``
     local tests combined into one p-value for "correct at every observation" that
-    keeps its level, when the metric reports it), and one entry per reference
+    keeps its level), and one entry per reference
     observation ``o``: ``p_value/<o>`` (small = the posterior at :math:`x_o` is wrong) and
     ``statistic/<o>`` (:math:`T(x_o)`, 0 when the classifier cannot tell the flow's
     latents from normal draws). Figures: ``pp`` (PP-plots with the null band),
@@ -46,7 +46,9 @@ class LC2STNFCallback(CalibrationCallback):
     ``frechet_distance``, ``density``, ``coverage`` and ``oracle_c2st`` (accuracy of a
     classifier between estimator and reference samples; 0.5 = indistinguishable).
     Samples for figures and reference scores are drawn under a fixed seed, so every
-    process computes the same values.
+    process computes the same values; they are in ``last_extras`` after a check
+    (:meth:`extra_results`), the metric's :class:`~calib_lightning.metrics.lc2st.LC2STResult`
+    in ``last_result``.
 
     Arguments:
         theta: calibration parameters ``(N, D)``.

@@ -159,7 +159,7 @@ def sbi_nf(theta, x, posterior, null=None, seed=1):
     return SbiLC2STNF(
         prior_samples=theta, xs=x, posterior_samples=drawn,
         flow_inverse_transform=lambda t, c: post.to_latent(t, c).detach(),
-        flow_base_dist=BASE, num_posterior_samples=NUM_EVAL, num_trials_null=NUM_NULL,
+        flow_base_dist=BASE, num_eval=NUM_EVAL, num_trials_null=NUM_NULL,
         trained_clfs_null=null, seed=seed,
     )  # fmt: skip
 
