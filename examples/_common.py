@@ -182,7 +182,9 @@ def calibration_callbacks(
             every_n_epochs=every_n_epochs,
             log_figures=log_figures,
             metric=cl.LC2STNF(
-                observations=x_o, num_null=checks["num_null"], num_eval=checks["num_eval"]
+                observations=x_o,
+                num_null=checks["num_null"],
+                num_posterior_samples=checks["num_eval"],
             ),
             truths=theta_o,
             reference_samples=reference,

@@ -27,7 +27,7 @@ import calib_lightning as cl
 from calib_lightning.callbacks import CalibrationCallback, KCCSDCallback, summary_table
 from calib_lightning.tasks import GaussianToy, TwoMoons
 
-KEYS = ("statistic", "p_value", "bandwidth", "distribution_bandwidth", "num_samples")
+KEYS = ("statistic", "p_value", "bandwidth", "distribution_bandwidth", "num_pairs")
 TAGS = {f"calibration/kccsd/{k}" for k in KEYS}
 
 
@@ -81,7 +81,7 @@ def loader(theta, x, batch_size=64, shuffle=False):
 
 
 def metric():
-    return cl.KCCSD(num_bootstrap=100, base_points=8, seed=3)
+    return cl.KCCSD(num_null=100, base_points=8, seed=3)
 
 
 def trainer(tmp_path=None, **kwargs):
@@ -130,7 +130,7 @@ def test_tensorboard_gets_scalars_and_history_figure(tmp_path, data):
     assert len(images) == 3
     assert [e.step for e in images] == [e.step for e in acc.Scalars("calibration/kccsd/p_value")]
     assert all(e.encoded_image_string.startswith(b"\x89PNG") for e in images)
-    assert callback.history["num_samples"] == [96.0] * 3
+    assert callback.history["num_pairs"] == [96.0] * 3
     assert all(0 < p <= 1 for p in callback.history["p_value"])
 
 
@@ -222,7 +222,7 @@ def test_float64_module_gets_its_calibration_data_in_float64(data):
         NPE(), loader(theta.double(), x.double())
     )
     assert callback.metric.base_points.dtype == torch.float64
-    assert callback.history["num_samples"] == [96.0]
+    assert callback.history["num_pairs"] == [96.0]
 
 
 def test_every_n_epochs_without_validation_checks_at_train_epoch_end(data):
@@ -370,7 +370,7 @@ def test_resume_continues_histories_and_keeps_base_points(tmp_path, data):
             x_cal,
             every_n_epochs=2,
             log_figures=False,
-            metric=cl.KCCSD(num_bootstrap=100, base_points=8, seed=seed),
+            metric=cl.KCCSD(num_null=100, base_points=8, seed=seed),
         )
         checkpoint = ModelCheckpoint(
             tmp_path / f"run{seed}", monitor=monitor, mode="max", save_last=True
@@ -403,17 +403,17 @@ def test_dataloader_and_tensors_give_the_same_test(data):
     (theta, x), (theta_cal, x_cal) = data
     base = torch.randn(8, 2, generator=torch.Generator().manual_seed(0))
     from_tensors = KCCSDCallback(
-        theta_cal, x_cal, log_figures=False, metric=cl.KCCSD(num_bootstrap=100, base_points=base)
+        theta_cal, x_cal, log_figures=False, metric=cl.KCCSD(num_null=100, base_points=base)
     )
     from_loader = KCCSDCallback(
         dataloader=loader(theta_cal, x_cal, batch_size=20),
         name="kccsd_loader",
         log_figures=False,
-        metric=cl.KCCSD(num_bootstrap=100, base_points=base),
+        metric=cl.KCCSD(num_null=100, base_points=base),
     )
     fit = trainer(max_epochs=1, callbacks=[from_tensors, from_loader])
     fit.fit(NPE(), loader(theta, x))
-    assert from_loader.history["num_samples"] == [96.0]
+    assert from_loader.history["num_pairs"] == [96.0]
     for key in ("statistic", "p_value"):
         assert from_loader.history[key] == pytest.approx(from_tensors.history[key], rel=1e-5)
     assert "calibration/kccsd_loader/statistic" in fit.callback_metrics
@@ -470,7 +470,7 @@ def test_ddp_two_processes_log_figures_once_and_match_one_process(tmp_path):
             DrawCounter(
                 dataloader=loader(theta_cal, x_cal, batch_size=20),
                 name="loader",
-                metric=cl.KCCSD(num_bootstrap=100, base_points=base),
+                metric=cl.KCCSD(num_null=100, base_points=base),
                 record_dir=record_dir,
             ),
         ]
@@ -497,7 +497,7 @@ def test_ddp_two_processes_log_figures_once_and_match_one_process(tmp_path):
                 assert got == pytest.approx(expected, abs=1.5 / 101)
             else:
                 assert got == pytest.approx(expected, rel=1e-4)
-        assert [e.value for e in two.Scalars(f"calibration/{name}/num_samples")] == [80.0] * 2
+        assert [e.value for e in two.Scalars(f"calibration/{name}/num_pairs")] == [80.0] * 2
         p_values = [e.value for e in one.Scalars(f"calibration/{name}/p_value")]
         assert min(p_values) > 0.05  # so their agreement is not that of two floors
         steps = [e.step for e in two.Images(f"calibration/{name}/history")]

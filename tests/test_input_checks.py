@@ -251,8 +251,8 @@ def test_check_event_size():
 METRICS = {
     "KCCSD": lambda obs: cl.KCCSD(num_null=50, base_points=8),
     "RankCalibration": lambda obs: cl.RankCalibration(num_posterior_samples=9),
-    "LC2STNF": lambda obs: cl.LC2STNF(observations=obs, num_null=3, num_eval=16),
-    "LC2ST": lambda obs: cl.LC2ST(observations=obs, num_null=3, num_eval=16),
+    "LC2STNF": lambda obs: cl.LC2STNF(observations=obs, num_null=3, num_posterior_samples=16),
+    "LC2ST": lambda obs: cl.LC2ST(observations=obs, num_null=3, num_posterior_samples=16),
     "TARP": lambda obs: cl.TARP(num_posterior_samples=9, num_null=20),
 }
 

@@ -1,6 +1,7 @@
 """L-C2ST and L-C2ST-NF: closed forms, level, power, null reuse, persistence, DDP, plots."""
 
 import io
+from types import SimpleNamespace
 
 import matplotlib
 import pytest
@@ -8,16 +9,15 @@ import torch
 
 import calib_lightning as cl
 from calib_lightning.baselines.c2st import oracle_c2st
-from calib_lightning.classifiers import MLPEnsemble
-from calib_lightning.functional.lc2st import (
+from calib_lightning.classifiers import (
+    LC2STNFNull,
+    MLPEnsemble,
     lc2st_nf_train,
-    lc2st_p_value,
     lc2st_probabilities,
-    lc2st_statistic,
     lc2st_train,
-    pp_band,
-    pp_ecdf,
 )
+from calib_lightning.functional.lc2st import lc2st_p_value, lc2st_statistic, pp_band, pp_ecdf
+from calib_lightning.metrics.lc2st import LC2STResult, ProbabilityMap
 from calib_lightning.plots import plot_pp, plot_probability_map
 from calib_lightning.posteriors import as_posterior
 from calib_lightning.tasks import GaussianToy
@@ -46,7 +46,7 @@ def test_statistic_p_value_and_pp_curves_closed_forms():
     expected = torch.tensor([[0, 0, 1, 1], [0, 0.5, 0.5, 1]], dtype=torch.float64)
     torch.testing.assert_close(pp_ecdf(proba, grid), expected)
     curves = torch.stack([torch.full((4,), v, dtype=torch.float64) for v in range(11)]) / 10
-    band = pp_band(curves, confidence=0.8)
+    band = pp_band(curves, level=0.2)
     torch.testing.assert_close(band[:, 0], torch.tensor([0.1, 0.9], dtype=torch.float64))
     with pytest.raises(ValueError, match="null_statistics must have shape"):
         lc2st_p_value(stat, null[:, :1].expand(3, 3))
@@ -54,13 +54,13 @@ def test_statistic_p_value_and_pp_curves_closed_forms():
 
 # -- level and power of L-C2ST-NF, many datasets in one batched fit ----------------------
 def _nf_rejections(
-    posteriors, num_sets, num_null, reps, n, seed, num_obs=5, num_eval=1000, **settings
+    posteriors, num_sets, num_null, reps, n, seed, num_obs=5, num_posterior_samples=1000, **settings
 ):
     """p-values of L-C2ST-NF for ``reps`` calibration datasets per set and posterior, with
     an independent null for each of ``num_sets`` calibration x-sets; one ensemble fit."""
     g = torch.Generator().manual_seed(seed)
     _, x_o = TOY.sample(num_obs, g)
-    eval_points = torch.randn(num_eval, 2, generator=g)
+    eval_points = torch.randn(num_posterior_samples, 2, generator=g)
     latents, xs = [], []
     for _ in range(num_sets):
         _, x = TOY.sample(n, g)
@@ -109,13 +109,13 @@ def test_nf_power_grows_with_calibration_size():
 
 # -- level and power of L-C2ST (permutation null) ----------------------------------------
 def _permutation_p_values(
-    posterior, num_sets, num_null, n, seed, num_obs=4, num_eval=1000, **settings
+    posterior, num_sets, num_null, n, seed, num_obs=4, num_posterior_samples=1000, **settings
 ):
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     _, x_o = TOY.sample(num_obs, g)
     post = as_posterior(posterior)
-    eval_theta = post.sample(x_o, num_eval).transpose(0, 1)  # (O, N_v, D)
+    eval_theta = post.sample(x_o, num_posterior_samples).transpose(0, 1)  # (O, N_v, D)
     thetas, xs = zip(*(TOY.sample(n, g) for _ in range(num_sets)), strict=True)
     theta, x = torch.stack(thetas), torch.stack(xs)  # (R, N, D), (R, N, X)
     drawn = torch.stack([post.sample(x[r], 1)[0] for r in range(num_sets)])
@@ -140,7 +140,7 @@ def test_permutation_level_and_power():
 
 
 # -- the metrics ------------------------------------------------------------------------
-FAST = {"num_null": 30, "num_eval": 1000}
+FAST = {"num_null": 30, "num_posterior_samples": 1000}
 
 
 def _data(n=400, seed=0, num_obs=3):
@@ -172,6 +172,12 @@ def test_nf_metric_outputs_and_the_sign_of_the_probability_map():
         posterior = TOY.posterior(variance_scale=scale)
         metric.update(posterior, theta, x)
         out = metric.compute()
+        assert isinstance(out, LC2STResult)
+        assert out.samples is None
+        assert list(out.scalars()) == [
+            "global_p_value", "statistic/0", "statistic/1", "statistic/2",
+            "p_value/0", "p_value/1", "p_value/2",
+        ]  # fmt: skip
         shapes = {k: tuple(v.shape) for k, v in out.items()}
         assert shapes == {
             "statistic": (3,),
@@ -183,16 +189,17 @@ def test_nf_metric_outputs_and_the_sign_of_the_probability_map():
             "pp_ecdf": (3, 101),
             "pp_band": (2, 3, 101),
         }
-        assert (out["p_value"] <= 1 / 31 + 1e-6).all()  # every observation rejected
-        assert ((out["probabilities"] >= 0) & (out["probabilities"] <= 1)).all()
+        assert (out.p_value <= 1 / 31 + 1e-6).all()  # every observation rejected
+        assert ((out.probabilities >= 0) & (out.probabilities <= 1)).all()
         torch.manual_seed(0)
-        drawn = metric.probability_map(posterior, 4000)
-        assert drawn["samples"].shape == (3, 4000, 2)
-        assert drawn["probabilities"].shape == (3, 4000)
-        radius = (drawn["samples"] - 0.8 * x_o[:, None]).norm(dim=-1)
+        drawn = metric.probability_map(posterior, num_posterior_samples=4000)
+        assert isinstance(drawn, ProbabilityMap)
+        assert drawn.samples.shape == (3, 4000, 2)
+        assert drawn.probabilities.shape == (3, 4000)
+        radius = (drawn.samples - 0.8 * x_o[:, None]).norm(dim=-1)
         inner = radius <= radius.quantile(0.25, dim=1, keepdim=True)
         outer = radius >= radius.quantile(0.95, dim=1, keepdim=True)
-        d = drawn["probabilities"] - 0.5
+        d = drawn.probabilities - 0.5
         # d > 1/2: too little estimator mass. Over-dispersed: too little at the centre,
         # too much in the far tails; under-dispersed the reverse.
         assert (centre_sign * (d * inner).sum(1) / inner.sum(1) > 0).all()
@@ -212,15 +219,15 @@ def test_null_is_trained_once_and_reused_for_other_posteriors_and_after_loading(
         metric.update(TOY.posterior(shift=0.5), theta[half], x[half])
     shifted = metric.compute()
     assert fit_log == [30, 1, 1]  # no retraining of the null
-    assert torch.equal(shifted["null_statistics"], exact["null_statistics"])
-    assert torch.equal(shifted["pp_band"], exact["pp_band"])
-    assert (shifted["statistic"] > 5 * exact["statistic"]).all()
-    torch.testing.assert_close(shifted["p_value"], torch.full((3,), 1 / 31))
+    assert torch.equal(shifted.null_statistics, exact.null_statistics)
+    assert torch.equal(shifted.pp_band, exact.pp_band)
+    assert (shifted.statistic > 5 * exact.statistic).all()
+    torch.testing.assert_close(shifted.p_value, torch.full((3,), 1 / 31))
 
     buffer.seek(0)
     fresh = cl.LC2STNF(observations=x_o, **FAST)
     fresh.load_state_dict(torch.load(buffer, weights_only=True))
-    assert fresh.null_fitted
+    assert fresh.null.fitted
     fresh.update(TOY.posterior(shift=0.5), theta, x)
     reloaded = fresh.compute()
     assert fit_log == [30, 1, 1, 1]
@@ -230,7 +237,7 @@ def test_null_is_trained_once_and_reused_for_other_posteriors_and_after_loading(
     assert int(metric.checks) == int(fresh.checks) == 2
     fresh.reset()
     fresh.update(TOY.posterior(shift=0.5), theta, x)
-    assert not torch.equal(fresh.compute()["statistic"], reloaded["statistic"])
+    assert not torch.equal(fresh.compute().statistic, reloaded.statistic)
 
 
 def test_null_refuses_other_calibration_x_and_can_be_refitted(fit_log):
@@ -241,18 +248,44 @@ def test_null_refuses_other_calibration_x_and_can_be_refitted(fit_log):
     metric.compute()
     metric.reset()
     metric.update(TOY.posterior(), other_theta, other_x)
-    with pytest.raises(ValueError, match=r"differ from the x the null classifiers.*fit_null"):
+    with pytest.raises(ValueError, match=r"differ from the x the null classifiers.*null\.fit"):
         metric.compute()
-    metric.fit_null(other_x, dim=2)
-    assert metric.compute()["p_value"].shape == (3,)
+    metric.null.fit(other_x, dim=2)
+    assert metric.compute().p_value.shape == (3,)
     other_settings = cl.LC2STNF(observations=x_o, classifier_kwargs={"patience": 5}, **FAST)
     other_settings.load_state_dict(metric.state_dict())
     other_settings.update(TOY.posterior(), other_theta, other_x)
     with pytest.raises(ValueError, match="trained with other classifier"):
         other_settings.compute()
-    metric.reset_null()
+    metric.null.reset()
     metric.compute()
     assert fit_log == [30, 1, 30, 1, 30, 1]
+
+
+def test_null_object_saves_loads_and_checks_its_fingerprint(tmp_path, fit_log):
+    theta, x, _, x_o = _data()
+    null = LC2STNFNull(num_null=30, num_posterior_samples=1000).fit(x.flip(0), dim=2)
+    null.save(tmp_path / "null.pt")
+    metric = cl.LC2STNF(observations=x_o, **FAST)
+    metric.null.load(tmp_path / "null.pt")  # a null trained elsewhere: no retraining
+    metric.update(TOY.posterior(shift=0.5), theta, x)
+    out = metric.compute()
+    assert fit_log == [30, 1]
+    statistics, ecdf = null.statistics(x_o, metric.pp_grid)
+    assert torch.equal(out.null_statistics, statistics)
+    assert ecdf.shape == (30, 3, 101)
+    # the same null as the one the metric trains itself (seed and data, not the row order)
+    trained = cl.LC2STNF(observations=x_o, **FAST)
+    trained.update(TOY.posterior(shift=0.5), theta, x)
+    assert torch.equal(trained.compute().null_statistics, statistics)
+    assert torch.equal(trained.null.x_fingerprint, null.x_fingerprint)
+    with pytest.raises(ValueError, match="differ from the x the null classifiers"):
+        null.check(x[1:], dim=2)
+    with pytest.raises(ValueError, match="trained for D = 2"):
+        null.check(x, dim=3)
+    other = LC2STNFNull(num_null=30, num_posterior_samples=500).load(tmp_path / "null.pt")
+    with pytest.raises(ValueError, match="trained with other classifier"):
+        other.check(x, dim=2)
 
 
 def test_set_observations_reuses_the_null_classifiers(fit_log):
@@ -263,8 +296,8 @@ def test_set_observations_reuses_the_null_classifiers(fit_log):
     metric.set_observations(x_o[:2].flip(0))
     second = metric.compute()
     assert fit_log == [30, 1, 1]
-    assert second["null_statistics"].shape == (30, 2)
-    torch.testing.assert_close(second["null_statistics"], first["null_statistics"][:, [1, 0]])
+    assert second.null_statistics.shape == (30, 2)
+    torch.testing.assert_close(second.null_statistics, first.null_statistics[:, [1, 0]])
 
 
 def test_nf_metric_under_ddp_equals_one_process():
@@ -289,32 +322,33 @@ def test_sklearn_classifiers_keep_their_null_statistics_in_the_state_dict(fit_lo
     from sklearn.linear_model import LogisticRegression
 
     theta, x, _, x_o = _data()
-    settings = {"num_null": 10, "num_eval": 500, "classifier": LogisticRegression()}
+    settings = {"num_null": 10, "num_posterior_samples": 500, "classifier": LogisticRegression()}
     metric = cl.LC2STNF(observations=x_o, **settings)
     metric.update(TOY.posterior(shift=1.0), theta, x)
     out = metric.compute()
     assert fit_log == []  # scikit-learn members, no MLP
-    assert (out["p_value"] == 1 / 11).all()
+    assert (out.p_value == 1 / 11).all()
     fresh = cl.LC2STNF(observations=x_o, **settings)
     fresh.load_state_dict(metric.state_dict())
     fresh.update(TOY.posterior(shift=1.0), theta, x)
-    torch.testing.assert_close(fresh.compute()["null_statistics"], out["null_statistics"])
+    torch.testing.assert_close(fresh.compute().null_statistics, out.null_statistics)
     with pytest.raises(ValueError, match="scikit-learn classifiers are not saved"):
-        fresh.set_observations(x_o)
+        fresh.set_observations(x_o[:2])  # new observations: the cache cannot serve them
+    fresh.set_observations(x_o)  # the cached ones: served without the classifiers
 
 
 def test_permutation_metric_fits_null_and_check_together(fit_log):
     theta, x, _, x_o = _data()
     results = {}
     for name, posterior in (("exact", TOY.posterior()), ("shifted", TOY.posterior(shift=0.8))):
-        metric = cl.LC2ST(observations=x_o, num_null=19, num_eval=500)
+        metric = cl.LC2ST(observations=x_o, num_null=19, num_posterior_samples=500)
         torch.manual_seed(0)
         metric.update(posterior, theta, x)
         results[name] = metric.compute()
     assert fit_log == [20, 20]  # (1 + H) classifiers per check, in one batched fit
-    assert results["shifted"]["samples"].shape == (3, 500, 2)
-    assert (results["shifted"]["p_value"] == 1 / 20).all()
-    assert (results["shifted"]["statistic"] > 5 * results["exact"]["statistic"]).all()
+    assert results["shifted"].samples.shape == (3, 500, 2)
+    assert (results["shifted"].p_value == 1 / 20).all()
+    assert (results["shifted"].statistic > 5 * results["exact"].statistic).all()
 
 
 def test_permutation_metric_ranks_agree_under_ddp():
@@ -322,12 +356,12 @@ def test_permutation_metric_ranks_agree_under_ddp():
 
     def shard(rank, world_size):
         torch.manual_seed(rank)
-        metric = cl.LC2ST(observations=x_o, num_null=9, num_eval=200)
+        metric = cl.LC2ST(observations=x_o, num_null=9, num_posterior_samples=200)
         metric.update(TOY.posterior(shift=0.5), theta[rank::world_size], x[rank::world_size])
         return metric.compute()
 
     first, second = run_distributed(shard, world_size=2)
-    assert first["samples"].shape == (3, 400, 2)  # both processes' evaluation draws
+    assert first.samples.shape == (3, 400, 2)  # both processes' evaluation draws
     for key in ("statistic", "p_value", "samples"):
         assert torch.equal(first[key], second[key]), key
 
@@ -336,17 +370,17 @@ def test_one_observation_keeps_its_axis_and_global_p_value_combines_the_observat
     theta, x, _, x_o = _data(n=200)
     for metric_type in (cl.LC2ST, cl.LC2STNF):
         torch.manual_seed(0)
-        single = metric_type(observations=x_o[:1], num_null=9, num_eval=200)
+        single = metric_type(observations=x_o[:1], num_null=9, num_posterior_samples=200)
         single.update(TOY.posterior(shift=0.3), theta, x)
         out = single.compute()
-        assert out["statistic"].shape == out["p_value"].shape == (1,)
-        assert out["global_p_value"].shape == ()
-        torch.testing.assert_close(out["global_p_value"], out["p_value"][0])
-    several = cl.LC2STNF(observations=x_o, num_null=9, num_eval=200)
+        assert out.statistic.shape == out.p_value.shape == (1,)
+        assert out.global_p_value.shape == ()
+        torch.testing.assert_close(out.global_p_value, out.p_value[0])
+    several = cl.LC2STNF(observations=x_o, num_null=9, num_posterior_samples=200)
     several.update(TOY.posterior(shift=0.3), theta, x)
     out = several.compute()
-    expected = cl.functional.combine_p_values(out["p_value"]).to(out["p_value"].dtype)
-    torch.testing.assert_close(out["global_p_value"], expected)
+    expected = cl.functional.combine_p_values(out.p_value).to(out.p_value.dtype)
+    torch.testing.assert_close(out.global_p_value, expected)
 
 
 def test_classifier_randomness_is_keyed_by_seed_check_and_data():
@@ -355,13 +389,13 @@ def test_classifier_randomness_is_keyed_by_seed_check_and_data():
     theta, x, _, x_o = _data(n=200)
     torch.manual_seed(3)
     other_theta = TOY.posterior()(x).sample()  # other parameters, same x (same null)
-    settings = {"num_null": 9, "num_eval": 200}
+    settings = {"num_null": 9, "num_posterior_samples": 200}
 
     def check(metric, theta, x):
         metric.reset()
         torch.manual_seed(0)
         metric.update(TOY.posterior(), theta, x)
-        return metric.compute()["statistic"]
+        return metric.compute().statistic
 
     first, again = cl.LC2ST(observations=x_o, **settings), cl.LC2ST(observations=x_o, **settings)
     statistic = check(first, theta, x)
@@ -407,16 +441,16 @@ def test_oracle_c2st_chance_for_equal_samples_and_high_for_shifted():
     g = torch.Generator().manual_seed(4)
     reference = torch.randn(3, 600, 2, generator=g)
     same = oracle_c2st(torch.randn(3, 600, 2, generator=g), reference)
-    assert same["accuracy"].shape == (3,)
-    assert ((same["accuracy"] - 0.5).abs() < 0.06).all()
-    assert (same["statistic"] < 0.01).all()
+    assert same.accuracy.shape == (3,)
+    assert ((same.accuracy - 0.5).abs() < 0.06).all()
+    assert (same.statistic < 0.01).all()
     moved = torch.randn(3, 600, 2, generator=g) + torch.tensor([1.5, 0.0])
     shifted = oracle_c2st(moved, reference)
     # Bayes accuracy of N(0, 1) vs N(1.5, 1): Phi(0.75) = 0.77
-    assert ((shifted["accuracy"] - 0.77).abs() < 0.05).all()
-    assert (shifted["statistic"] > 0.03).all()
+    assert ((shifted.accuracy - 0.77).abs() < 0.05).all()
+    assert (shifted.statistic > 0.03).all()
     sbibm = oracle_c2st(moved[:1, :300], reference[:1, :300], classifier="sbibm")
-    assert abs(float(sbibm["accuracy"][0]) - 0.77) < 0.07
+    assert abs(float(sbibm.accuracy[0]) - 0.77) < 0.07
 
 
 def test_oracle_c2st_is_balanced_for_samples_of_different_sizes():
@@ -425,11 +459,11 @@ def test_oracle_c2st_is_balanced_for_samples_of_different_sizes():
     g = torch.Generator().manual_seed(5)
     reference = torch.randn(4, 200, 2, generator=g)
     same = oracle_c2st(torch.randn(4, 800, 2, generator=g), reference)
-    assert ((same["accuracy"] - 0.5).abs() < 0.06).all(), same["accuracy"]
-    assert (same["statistic"] < 0.01).all()
+    assert ((same.accuracy - 0.5).abs() < 0.06).all(), same.accuracy
+    assert (same.statistic < 0.01).all()
     moved = torch.randn(4, 800, 2, generator=g) + torch.tensor([1.5, 0.0])
     shifted = oracle_c2st(moved, reference)
-    assert ((shifted["accuracy"] - 0.77).abs() < 0.06).all(), shifted["accuracy"]
+    assert ((shifted.accuracy - 0.77).abs() < 0.06).all(), shifted.accuracy
     with pytest.raises(ValueError, match="at least num_folds = 5 rows"):
         oracle_c2st(moved, reference[:, :4])
 
@@ -447,16 +481,16 @@ def test_plots_draw_the_pp_band_and_a_labelled_probability_map():
     assert all(": rejected" in t for t in titles)
     drawn = metric.probability_map(posterior, 3000)
     fig = plot_probability_map(
-        drawn["samples"][0],
-        drawn["probabilities"][0],
+        drawn.samples[0],
+        drawn.probabilities[0],
         truth=theta_o[0],
-        pp=(out["pp_grid"], out["pp_ecdf"][0], out["pp_band"][:, 0]),
+        pp=(out.pp_grid, out.pp_ecdf[0], out.pp_band[:, 0]),
     )
     labels = " ".join(t.get_text() for ax in fig.axes for t in ax.get_yticklabels())
     assert "too much mass" in labels
     assert "too little mass" in labels
     fig.savefig(io.BytesIO(), format="png")
     with pytest.raises(ValueError, match="samples must have shape"):
-        plot_probability_map(drawn["samples"][0], drawn["probabilities"][0, :10])
+        plot_probability_map(drawn.samples[0], drawn.probabilities[0, :10])
     with pytest.raises(ValueError, match="missing"):
-        plot_pp({"statistic": out["statistic"]})
+        plot_pp(SimpleNamespace(statistic=out.statistic))

@@ -17,6 +17,7 @@ import torch
 from scipy import stats
 
 import calib_lightning as cl
+from calib_lightning.metrics.lc2st import LC2STResult
 from calib_lightning.posteriors import as_posterior
 from calib_lightning.tasks import CorrelatedGaussianToy, GaussianToy
 
@@ -35,16 +36,16 @@ def _assert_level(p_values: torch.Tensor, global_p: torch.Tensor) -> None:
         assert ks > 0.01, f"{name}: KS p = {ks:.2g}, mean p = {float(p.mean()):.3f}"
 
 
-def _check(metric, model, theta: torch.Tensor, x: torch.Tensor) -> dict[str, torch.Tensor]:
+def _check(metric, model, theta: torch.Tensor, x: torch.Tensor) -> LC2STResult:
     metric.reset()
     metric.update(model.posterior(), theta, x)
     out = metric.compute()
-    assert out["p_value"].shape == (NUM_OBS,)
-    assert out["global_p_value"].shape == ()
+    assert out.p_value.shape == (NUM_OBS,)
+    assert out.global_p_value.shape == ()
     return out
 
 
-def _fresh_metrics(metric_type: type, model, g: torch.Generator) -> list[dict]:
+def _fresh_metrics(metric_type: type, model, g: torch.Generator) -> list[LC2STResult]:
     """A new metric (default arguments and seed) for each of ``REPS`` datasets."""
     out = []
     for _ in range(REPS):
@@ -53,10 +54,10 @@ def _fresh_metrics(metric_type: type, model, g: torch.Generator) -> list[dict]:
     return out
 
 
-def _stack(results: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+def _stack(results: list[LC2STResult]) -> tuple[torch.Tensor, torch.Tensor]:
     return (
-        torch.stack([r["p_value"] for r in results]),
-        torch.stack([r["global_p_value"] for r in results]),
+        torch.stack([r.p_value for r in results]),
+        torch.stack([r.global_p_value for r in results]),
     )
 
 

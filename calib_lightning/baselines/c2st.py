@@ -17,7 +17,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -25,7 +25,19 @@ from torch import Tensor
 from calib_lightning._checks import check_points, check_positive
 from calib_lightning.classifiers import make_ensemble
 
-__all__ = ["oracle_c2st"]
+__all__ = ["OracleC2ST", "oracle_c2st"]
+
+
+class OracleC2ST(NamedTuple):
+    r"""Result of :func:`oracle_c2st`, each field of shape ``(*)`` (the batch shape).
+
+    Attributes:
+        accuracy: held-out balanced accuracy, 0.5 when the samples are indistinguishable.
+        statistic: held-out balanced :math:`(d - \pi)^2`, 0 when they are.
+    """
+
+    accuracy: Tensor
+    statistic: Tensor
 
 
 def oracle_c2st(
@@ -36,7 +48,7 @@ def oracle_c2st(
     classifier: str | Any = "mlp",
     seed: int = 0,
     **classifier_kwargs: Any,
-) -> dict[str, Tensor]:
+) -> OracleC2ST:
     r"""Oracle C2ST between estimator samples and true posterior samples (benchmarks only).
 
     ``num_folds``-fold cross-validated classifiers (all folds of all batches in one
@@ -63,8 +75,8 @@ def oracle_c2st(
         classifier_kwargs: :class:`~calib_lightning.classifiers.MLPEnsemble` settings.
 
     Returns:
-        ``"accuracy"`` (held-out balanced accuracy, 0.5 when the samples are
-        indistinguishable) and ``"statistic"`` (held-out balanced
+        :class:`OracleC2ST`: ``accuracy`` (held-out balanced accuracy, 0.5 when the
+        samples are indistinguishable) and ``statistic`` (held-out balanced
         :math:`(d - \pi)^2`), each of shape ``(*)``.
 
     References:
@@ -128,7 +140,7 @@ def oracle_c2st(
                       + (values * ones).sum(-1) / ones.sum(-1))  # fmt: skip
 
     shape = (*batch, num_folds)
-    return {
-        "accuracy": balanced(correct).reshape(shape).mean(-1),
-        "statistic": balanced(squares).reshape(shape).mean(-1),
-    }
+    return OracleC2ST(
+        accuracy=balanced(correct).reshape(shape).mean(-1),
+        statistic=balanced(squares).reshape(shape).mean(-1),
+    )

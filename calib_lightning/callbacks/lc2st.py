@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -13,8 +14,9 @@ from calib_lightning._checks import check_positive
 from calib_lightning.baselines.c2st import oracle_c2st
 from calib_lightning.callbacks._plumbing import describe as _describe
 from calib_lightning.callbacks.base import CalibrationCallback
+from calib_lightning.evaluation import draws
 from calib_lightning.functional.reference import compare_to_reference
-from calib_lightning.metrics.lc2st import LC2STNF
+from calib_lightning.metrics.lc2st import LC2STNF, LC2STResult
 from calib_lightning.plots.lc2st import plot_pp, plot_probability_map
 from calib_lightning.posteriors import Posterior
 
@@ -32,7 +34,7 @@ class LC2STNFCallback(CalibrationCallback):
 
     Logs, under ``{prefix}/lc2st_nf/``, ``global_p_value`` (the verdict: the ``O``
     local tests combined into one p-value for "correct at every observation" that
-    keeps its level, when the metric reports it), and one entry per reference
+    keeps its level), and one entry per reference
     observation ``o``: ``p_value/<o>`` (small = the posterior at :math:`x_o` is wrong) and
     ``statistic/<o>`` (:math:`T(x_o)`, 0 when the classifier cannot tell the flow's
     latents from normal draws). Figures: ``pp`` (PP-plots with the null band),
@@ -45,7 +47,9 @@ class LC2STNFCallback(CalibrationCallback):
     ``frechet_distance``, ``density``, ``coverage`` and ``oracle_c2st`` (accuracy of a
     classifier between estimator and reference samples; 0.5 = indistinguishable).
     Samples for figures and reference scores are drawn under a fixed seed, so every
-    process computes the same values.
+    process computes the same values; they are in ``last_extras`` after a check
+    (:meth:`extra_results`), the metric's :class:`~calib_lightning.metrics.lc2st.LC2STResult`
+    in ``last_result``.
 
     Arguments:
         theta: calibration parameters ``(N, D)``.
@@ -53,11 +57,12 @@ class LC2STNFCallback(CalibrationCallback):
         observations: reference observations :math:`x_o`, ``(O, *X)``; may be omitted
             when ``metric`` is given.
         metric: a configured :class:`calib_lightning.LC2STNF`; default
-            ``LC2STNF(observations, num_null=100, num_eval=10_000)``.
+            ``LC2STNF(observations, num_null=100, num_posterior_samples=10_000)``.
         truths: parameters that generated the observations ``(O, D)``, drawn on the maps.
         reference_samples: exact posterior samples ``(S_ref, O, D)`` at the observations.
         labels: parameter names for the figures.
-        num_map_samples: posterior samples per observation for the probability maps.
+        map_num_posterior_samples: posterior samples per observation for the probability
+            maps.
         seed: seeds the samples drawn for figures and reference scores.
         **kwargs: :class:`~calib_lightning.callbacks.CalibrationCallback` arguments.
 
@@ -69,9 +74,6 @@ class LC2STNFCallback(CalibrationCallback):
     name: ClassVar[str] = "lc2st_nf"
     history_keys: ClassVar[tuple[str, ...]] = ("global_p_value", "p_value", "oracle_c2st")
     metric_type: ClassVar[type] = LC2STNF
-    scalar_keys: ClassVar[tuple[str, ...]] = (
-        "global_p_value", "statistic", "p_value", *_REFERENCE_KEYS, "oracle_c2st"
-    )  # fmt: skip
 
     def __init__(
         self,
@@ -83,7 +85,7 @@ class LC2STNFCallback(CalibrationCallback):
         truths: Tensor | None = None,
         reference_samples: Tensor | None = None,
         labels: list[str] | None = None,
-        num_map_samples: int = 2000,
+        map_num_posterior_samples: int = 2000,
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
@@ -112,11 +114,17 @@ class LC2STNFCallback(CalibrationCallback):
                     f"{name} must have shape {expected} with O = {num_obs} observations, "
                     f"got {_describe(value)}"
                 )
-        check_positive("num_map_samples", num_map_samples, integer=True)
+        check_positive("map_num_posterior_samples", map_num_posterior_samples, integer=True)
         self.truths, self.reference_samples, self.labels = truths, reference_samples, labels
-        self.num_map_samples, self.seed = num_map_samples, seed
+        self.map_num_posterior_samples, self.seed = map_num_posterior_samples, seed
 
     def extra_results(self, trainer: Trainer, posterior: Posterior) -> dict[str, Tensor]:
+        """Probability maps (rank zero, with figures) and reference scores, as tensors.
+
+        Keys: ``map_samples`` ``(O, S, D)`` and ``map_probabilities`` ``(O, S)`` (figures
+        only); with ``reference_samples``, ``mmd``, ``mmd_p_value``, ``frechet_distance``,
+        ``density``, ``coverage`` and ``oracle_c2st``, each ``(O,)`` (logged).
+        """
         draw_maps = self.log_figures and trainer.is_global_zero
         if not draw_maps and self.reference_samples is None:
             return {}
@@ -125,36 +133,38 @@ class LC2STNFCallback(CalibrationCallback):
         with torch.random.fork_rng(devices=[]):  # same draws on every process
             torch.manual_seed(self.seed)
             if draw_maps:
-                maps = self.metric.probability_map(posterior, self.num_map_samples)
-                out["map_samples"], out["map_probabilities"] = (
-                    maps["samples"],
-                    maps["probabilities"],
-                )
+                maps = self.metric.probability_map(posterior, self.map_num_posterior_samples)
+                out["map_samples"], out["map_probabilities"] = maps.samples, maps.probabilities
             if self.reference_samples is not None:
                 reference = self.reference_samples.to(observations)
-                samples = posterior.sample(observations, reference.shape[0])
+                samples = draws(posterior, observations, reference.shape[0])  # (S_ref, O, D)
                 scores = compare_to_reference(
-                    samples, observations, reference, vendi=False,
-                    generator=torch.Generator().manual_seed(self.seed),
+                    samples, observations=observations, reference_samples=reference,
+                    vendi=False, generator=torch.Generator().manual_seed(self.seed),
                 )  # fmt: skip
-                out.update({key: scores[key] for key in _REFERENCE_KEYS})
-                c2st = oracle_c2st(
+                out.update({key: _field(scores, key) for key in _REFERENCE_KEYS})
+                out["oracle_c2st"] = oracle_c2st(
                     samples.transpose(0, 1), reference.transpose(0, 1), seed=self.seed
-                )
-                out["oracle_c2st"] = c2st["accuracy"]
+                ).accuracy
         return out
 
-    def figures(self, result: dict[str, Tensor]) -> dict[str, Figure]:
+    def figures(self, result: LC2STResult) -> dict[str, Figure]:
         figures = super().figures(result)
-        figures["pp"] = plot_pp(result)
-        if "map_samples" in result:
-            for o, (samples, probs) in enumerate(
-                zip(result["map_samples"], result["map_probabilities"], strict=True)
-            ):
-                pp = (result["pp_grid"], result["pp_ecdf"][o], result["pp_band"][:, o])
+        figures["pp"] = plot_pp(result, level=self.level)
+        if "map_samples" in self.last_extras:
+            maps = zip(
+                self.last_extras["map_samples"], self.last_extras["map_probabilities"], strict=True
+            )
+            for o, (samples, probs) in enumerate(maps):
+                pp = (result.pp_grid, result.pp_ecdf[o], result.pp_band[:, o])
                 truth = None if self.truths is None else self.truths[o].cpu()
                 figures[f"probability_map/{o}"] = plot_probability_map(
                     samples, probs, labels=self.labels, truth=truth, pp=pp,
-                    title=f"observation {o}: p = {float(result['p_value'][o]):.3g}",
+                    title=f"observation {o}: p = {float(result.p_value[o]):.3g}",
                 )  # fmt: skip
         return figures
+
+
+def _field(scores: Any, key: str) -> Tensor:
+    """One score of :func:`compare_to_reference`'s result (a mapping or a typed result)."""
+    return scores[key] if isinstance(scores, Mapping) else getattr(scores, key)

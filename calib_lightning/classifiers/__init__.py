@@ -41,40 +41,26 @@ References:
 
 from __future__ import annotations
 
-from typing import Any
-
+from calib_lightning.classifiers._make import Ensemble, make_ensemble
+from calib_lightning.classifiers.lc2st_null import LC2STNFNull
+from calib_lightning.classifiers.local_c2st import (
+    lc2st_nf_null,
+    lc2st_nf_train,
+    lc2st_probabilities,
+    lc2st_train,
+)
 from calib_lightning.classifiers.mlp import MLPEnsemble
 from calib_lightning.classifiers.sklearn_ensemble import SklearnEnsemble, sbibm_mlp
 
-__all__ = ["MLPEnsemble", "SklearnEnsemble", "make_ensemble", "sbibm_mlp"]
-
-
-def make_ensemble(
-    classifier: str | Any = "mlp", num_members: int = 1, seed: int = 0, **kwargs: Any
-) -> MLPEnsemble | SklearnEnsemble:
-    """Build ``num_members`` classifiers from a short specification.
-
-    Arguments:
-        classifier: ``"mlp"`` (:class:`MLPEnsemble`, the fast default), ``"sbibm"``
-            (:func:`sbibm_mlp` members, the paper's reference), or an unfitted scikit-learn
-            classifier with ``predict_proba``.
-        num_members: ``K``.
-        seed: base seed.
-        kwargs: :class:`MLPEnsemble` hyperparameters (only with ``"mlp"``).
-    """
-    if isinstance(classifier, str):
-        if classifier == "mlp":
-            return MLPEnsemble(num_members, seed=seed, **kwargs)
-        if classifier == "sbibm" and not kwargs:
-            return SklearnEnsemble(sbibm_mlp, num_members, seed)
-    elif hasattr(classifier, "predict_proba") and not kwargs:
-        return SklearnEnsemble(classifier, num_members, seed)
-    if kwargs:
-        raise ValueError(
-            f"classifier_kwargs apply to classifier='mlp' only, got {sorted(kwargs)} with "
-            f"classifier={classifier!r:.60}"
-        )
-    raise ValueError(
-        "classifier must be 'mlp', 'sbibm' or a scikit-learn classifier with predict_proba, "
-        f"got {classifier!r:.60}"
-    )
+__all__ = [
+    "Ensemble",
+    "LC2STNFNull",
+    "MLPEnsemble",
+    "SklearnEnsemble",
+    "lc2st_nf_null",
+    "lc2st_nf_train",
+    "lc2st_probabilities",
+    "lc2st_train",
+    "make_ensemble",
+    "sbibm_mlp",
+]

@@ -55,9 +55,8 @@ class MLPEnsemble(nn.Module):
             ``10 * F`` units for ``F`` input features (sbibm's C2ST architecture).
         learning_rate: Adam step size.
         batch_size: rows per mini-batch. Early stopping ends training after a few epochs;
-            64 rows (rather than 256) give each member four times the Adam steps in them.
-            Measured on L-C2ST-NF (N = 300 pairs, D = 2, 200 datasets): power at 0.05
-            against twice the posterior variance 0.87 (0.67 with 256), same level and cost.
+            64 rows (rather than 256) give each member four times the Adam steps in them
+            (power measured in ``examples/benchmarks/README.md``).
         max_epochs: passes over the training rows at most.
         patience: epochs without improvement of the held-out loss before a member stops.
         validation_fraction: held-out share of each member's rows; ``0`` monitors the

@@ -23,12 +23,8 @@ from calib_lightning.functional.kccsd import (
     kccsd_matrix,
 )
 from calib_lightning.functional.lc2st import (
-    lc2st_nf_null,
-    lc2st_nf_train,
     lc2st_p_value,
-    lc2st_probabilities,
     lc2st_statistic,
-    lc2st_train,
     pp_band,
     pp_ecdf,
 )
@@ -93,12 +89,8 @@ __all__ = [
     "kccsd",
     "kccsd_matrix",
     "knn_sq_radii",
-    "lc2st_nf_null",
-    "lc2st_nf_train",
     "lc2st_p_value",
-    "lc2st_probabilities",
     "lc2st_statistic",
-    "lc2st_train",
     "marginal_ranks",
     "mmd",
     "monte_carlo_p_value",

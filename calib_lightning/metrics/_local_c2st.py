@@ -1,27 +1,14 @@
-r"""Machinery shared by the L-C2ST metrics: settings, per-check seeds, canonical order, output.
+r"""Machinery shared by the L-C2ST metrics: settings, per-check seeds, typed results.
 
-**Randomness.** A local C2ST p-value is valid when the observed statistic and the null
-statistics are exchangeable under :math:`H_0`. Each statistic depends on the data *and*
-on the classifier's own randomness :math:`\xi` (initialisation, validation split, batch
-order, class-0 normal draws). If the observed classifier's :math:`\xi` is the same at
-every check while the null classifiers' vary, the p-value is conditional on that one
-:math:`\xi` and not uniform over datasets: a classifier that happens to stop late
-overfits at every check and rejects too often, one that stops early never rejects. So
-every random stream of a check is seeded by
-
-.. math::
-    \mathrm{SeedSequence}(\text{seed}, \text{stream}, \text{check}, \mathrm{SHA256}(\text{data})),
-
-with ``check`` a counter in the ``state_dict`` advanced by every ``compute()`` (a
-resumed run continues the stream) and the digest of the data the classifiers are
-trained on. Two datasets never share classifier randomness, even through fresh
-metrics built with the same seed (one check per model, the common case), and the same
-data, seed and counter reproduce the same result.
+Every random stream of a check is keyed by the metric's ``seed``, a check counter
+(``checks``, in the ``state_dict``, advanced by every ``compute()``) and the digest of the
+data its classifiers are trained on (:mod:`calib_lightning.classifiers._seeds` says why:
+the observed and null statistics must be exchangeable under :math:`H_0` at every check).
 """
 
 from __future__ import annotations
 
-import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,48 +16,67 @@ import torch
 from torch import Tensor
 
 from calib_lightning._checks import check_matrix, check_positive, check_probability
-from calib_lightning._distributed import canonical_order
 from calib_lightning.classifiers import make_ensemble
+from calib_lightning.classifiers._seeds import digest_words, generator, stream_seed
 from calib_lightning.functional.combine import combine_p_values
 from calib_lightning.functional.lc2st import lc2st_p_value, lc2st_statistic, pp_band, pp_ecdf
 from calib_lightning.metrics._shapes import KeepShapes
+from calib_lightning.results import Result
 
-__all__ = [
-    "LocalC2ST",
-    "check_observations",
-    "digest_words",
-    "fingerprint",
-]
+__all__ = ["LC2STResult", "LocalC2ST", "ProbabilityMap", "check_observations"]
 
 
-def _stream_seed(seed: int, stream: int, *words: int) -> int:
-    """Independent 31-bit seeds for the random streams (data draws, classifiers), keyed by
-    ``words`` (check counter, data digest); 31 bits leave room for ``seed + k`` per member
-    (scikit-learn's ``random_state`` must stay below ``2**32``)."""
-    return int(np.random.SeedSequence([seed, stream, *words]).generate_state(1)[0]) >> 1
+@dataclass(eq=False)
+class LC2STResult(Result):
+    r"""Result of :class:`~calib_lightning.LC2STNF` and :class:`~calib_lightning.LC2ST`.
 
+    ``O`` reference observations, ``N_v`` evaluation points per observation, ``H`` null
+    trials, ``G = 101`` levels of the PP-curves.
 
-def _digest(data: bytes) -> Tensor:
-    return torch.frombuffer(bytearray(hashlib.sha256(data).digest()), dtype=torch.uint8).clone()
-
-
-def digest_words(*tensors: Tensor) -> list[int]:
-    """The SHA-256 digest of ``tensors`` (each ``(N, C)``, rows in canonical order) as 8
-    unsigned 32-bit words, to key the random streams of a check by its data."""
-    digest = b"".join(bytes(fingerprint(t).tolist()) for t in tensors)
-    digest = hashlib.sha256(digest).digest()
-    return [int.from_bytes(digest[i : i + 4], "little") for i in range(0, 32, 4)]
-
-
-def fingerprint(x: Tensor) -> Tensor:
-    """SHA-256 of the calibration observations (rows in canonical order), as 32 ``uint8``.
-
-    A function of the values alone: any dtype is read as float64, and ``-0.0`` as ``0.0``
-    (``x.round()`` and integer ``x`` give the same fingerprint).
+    Attributes:
+        statistic: :math:`T(x_o) = \frac{1}{N_v} \sum_j (d(\theta_j, x_o) - \frac12)^2`,
+            ``(O,)``.
+        p_value: :math:`(1 + \#\{T_h \ge T\}) / (1 + H)` per observation, ``(O,)``.
+        global_p_value: Cauchy combination of ``p_value`` (the verdict: calibrated at
+            every observation), ``()``.
+        probabilities: classifier outputs :math:`d(\theta_j, x_o)` at the evaluation
+            points, ``(O, N_v)``.
+        null_statistics: statistics of the null classifiers, ``(H, O)``.
+        pp_grid: levels :math:`\alpha` of the PP-curves, ``(G,)``.
+        pp_ecdf: empirical CDF of ``probabilities`` on ``pp_grid``, ``(O, G)``.
+        pp_band: pointwise band of the null classifiers' PP-curves covering
+            ``1 - level`` of them, lower and upper, ``(2, O, G)``.
+        samples: L-C2ST only: the evaluation draws
+            :math:`\theta_j \sim q(\cdot \mid x_o)`, ``(O, N_v, D)``; ``None`` for
+            L-C2ST-NF (its evaluation points are normal draws in the latent space).
     """
-    rows = x.detach().reshape(x.shape[0], -1).cpu().double() + 0.0  # -0.0 + 0.0 == +0.0
-    rows = rows[canonical_order(rows)].contiguous()
-    return _digest(str(tuple(rows.shape)).encode() + rows.numpy().tobytes())
+
+    logged = ("global_p_value", "statistic", "p_value")
+    verdict = "global_p_value"
+
+    statistic: Tensor
+    p_value: Tensor
+    global_p_value: Tensor
+    probabilities: Tensor
+    null_statistics: Tensor
+    pp_grid: Tensor
+    pp_ecdf: Tensor
+    pp_band: Tensor
+    samples: Tensor | None = None
+
+
+@dataclass(eq=False)
+class ProbabilityMap(Result):
+    r"""The classifier's :math:`d` on posterior draws at each reference observation
+    (:meth:`~calib_lightning.LC2STNF.probability_map`; the data of the paper's Figure 4).
+
+    Attributes:
+        samples: :math:`\theta_s \sim q(\cdot \mid x_o)`, ``(O, S, D)``.
+        probabilities: :math:`d` at the samples' latents, ``(O, S)``.
+    """
+
+    samples: Tensor
+    probabilities: Tensor
 
 
 def check_observations(observations: Tensor, features: int | None = None) -> Tensor:
@@ -94,12 +100,12 @@ class LocalC2ST(KeepShapes):
         self,
         observations: Tensor,
         num_null: int = 100,
-        num_eval: int = 10_000,
+        num_posterior_samples: int = 10_000,
         num_ensemble: int = 1,
         classifier: str | Any = "mlp",
         classifier_kwargs: dict[str, Any] | None = None,
-        max_samples: int = 100_000,
-        confidence: float = 0.95,
+        max_pairs: int = 100_000,
+        level: float = 0.05,
         seed: int | None = 0,
         **kwargs: Any,
     ) -> None:
@@ -111,15 +117,16 @@ class LocalC2ST(KeepShapes):
             raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
         for name, value in (
             ("num_null", num_null),
-            ("num_eval", num_eval),
+            ("num_posterior_samples", num_posterior_samples),
             ("num_ensemble", num_ensemble),
-            ("max_samples", max_samples),
+            ("max_pairs", max_pairs),
         ):
             check_positive(name, value, integer=True)
-        check_probability("confidence", confidence)
-        self.num_null, self.num_eval, self.num_ensemble = num_null, num_eval, num_ensemble
+        check_probability("level", level)
+        self.num_null, self.num_ensemble = num_null, num_ensemble
+        self.num_posterior_samples = num_posterior_samples
         self.classifier_spec, self.classifier_kwargs = classifier, dict(classifier_kwargs or {})
-        self.max_samples, self.confidence, self.seed = max_samples, confidence, seed
+        self.max_pairs, self.level, self.seed = max_pairs, level, seed
         make_ensemble(classifier, 1, **self.classifier_kwargs)  # validate the specification
         self.register_buffer("observations", observations.detach().clone())
         self.register_buffer(
@@ -130,27 +137,17 @@ class LocalC2ST(KeepShapes):
         self._warned = False
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
-        state_dict.setdefault(prefix + "checks", self.checks.clone())  # older checkpoints
+        if prefix + "observations" in state_dict:  # set_observations may have changed O
+            self.observations = torch.empty_like(state_dict[prefix + "observations"])
         super()._load_from_state_dict(state_dict, prefix, *args)
 
     def _ensemble(self, members: int, stream: int, key: list[int] | None = None) -> Any:
         """``members`` classifiers seeded by stream ``stream`` and the data key ``key``."""
-        return make_ensemble(
-            self.classifier_spec,
-            members,
-            _stream_seed(self.seed, stream, *(key or [])),
-            **self.classifier_kwargs,
-        )
+        seed = stream_seed(self.seed, stream, *(key or []))
+        return make_ensemble(self.classifier_spec, members, seed, **self.classifier_kwargs)
 
-    def settings_fingerprint(self) -> Tensor:
-        """SHA-256 of what a null must share with the check it serves: classifier settings,
-        ensemble size and evaluation points (not the seed)."""
-        kwargs = sorted(self.classifier_kwargs.items())
-        text = f"{self.classifier_spec!r}|{kwargs}|{self.num_ensemble}|{self.num_eval}"
-        return _digest(text.encode())
-
-    def _generator(self, stream: int, key: list[int] | None = None) -> torch.Generator:
-        return torch.Generator().manual_seed(_stream_seed(self.seed, stream, *(key or [])))
+    def _generator(self, stream: int, key: list[int]) -> torch.Generator:
+        return generator(self.seed, stream, *key)
 
     def _check_key(self, *data: Tensor) -> list[int]:
         """Key of this check's random streams: the counter and the digest of ``data``."""
@@ -180,18 +177,23 @@ class LocalC2ST(KeepShapes):
         self.update(*args, **kwargs)
 
     def _result(
-        self, probabilities: Tensor, null_statistics: Tensor, null_ecdf: Tensor
-    ) -> dict[str, Tensor]:
+        self,
+        probabilities: Tensor,
+        null_statistics: Tensor,
+        null_ecdf: Tensor,
+        samples: Tensor | None = None,
+    ) -> LC2STResult:
         statistic = lc2st_statistic(probabilities)
         p_value = lc2st_p_value(statistic, null_statistics)
         self.checks += 1  # the next check draws fresh classifier randomness
-        return {
-            "statistic": statistic,
-            "p_value": p_value,
-            "global_p_value": combine_p_values(p_value, dim=-1).to(p_value.dtype),
-            "probabilities": probabilities,
-            "null_statistics": null_statistics,
-            "pp_grid": self.pp_grid,
-            "pp_ecdf": pp_ecdf(probabilities, self.pp_grid),
-            "pp_band": pp_band(null_ecdf, self.confidence),
-        }
+        return LC2STResult(
+            statistic=statistic,
+            p_value=p_value,
+            global_p_value=combine_p_values(p_value, dim=-1).to(p_value.dtype),
+            probabilities=probabilities,
+            null_statistics=null_statistics,
+            pp_grid=self.pp_grid,
+            pp_ecdf=pp_ecdf(probabilities, self.pp_grid),
+            pp_band=pp_band(null_ecdf, self.level),
+            samples=samples,
+        )

@@ -10,9 +10,10 @@ r"""Figures of L-C2ST: PP-plots with the null band, classifier probabilities on 
   :math:`d = P(\text{true posterior} \mid \theta, x_o)`, bins with :math:`d < 1/2` (red)
   are where the estimator puts too much mass, :math:`d > 1/2` (blue) too little.
 
-Both take the dict of :meth:`calib_lightning.LC2STNF.compute` /
-:meth:`calib_lightning.LC2ST.compute` (and of ``LC2STNF.probability_map``) and return a
-:class:`matplotlib.figure.Figure`.
+:func:`plot_pp` takes the :class:`~calib_lightning.metrics.lc2st.LC2STResult` of
+:meth:`calib_lightning.LC2STNF.compute` / :meth:`calib_lightning.LC2ST.compute`,
+:func:`plot_probability_map` the tensors of one observation of
+``LC2STNF.probability_map``; both return a :class:`matplotlib.figure.Figure`.
 
 References:
     Linhart, Gramfort, Rodrigues. "L-C2ST: Local Diagnostics for Posterior
@@ -23,7 +24,8 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from matplotlib import colormaps
@@ -43,11 +45,13 @@ _CMAP = "RdBu"  # low d (estimator has too much mass) red, high d (too little) b
 _NULL_COLOR, _CURVE_COLOR = "0.8", "C0"
 
 
-def _get(result: Mapping[str, Tensor], *keys: str) -> list[np.ndarray]:
-    missing = [k for k in keys if k not in result]
+def _get(result: Any, *names: str) -> list[np.ndarray]:
+    missing = [n for n in names if not isinstance(getattr(result, n, None), Tensor)]
     if missing:
-        raise ValueError(f"result must be the dict of LC2STNF/LC2ST.compute(); missing {missing}")
-    return [result[k].detach().cpu().double().numpy() for k in keys]
+        raise ValueError(
+            f"result must be the LC2STResult of LC2STNF/LC2ST.compute(); missing {missing}"
+        )
+    return [getattr(result, n).detach().cpu().double().numpy() for n in names]
 
 
 def _pp_axes(ax: Axes, grid: np.ndarray, ecdf: np.ndarray, band: np.ndarray, title: str) -> None:
@@ -75,23 +79,24 @@ def _pp_axes(ax: Axes, grid: np.ndarray, ecdf: np.ndarray, band: np.ndarray, tit
 
 
 def plot_pp(
-    result: Mapping[str, Tensor],
+    result: Any,
     *,
     observations: Sequence[int] | None = None,
     names: Sequence[str] | None = None,
-    alpha: float = 0.05,
+    level: float = 0.05,
     panel_size: tuple[float, float] = (3.2, 3.0),
 ) -> Figure:
     r"""PP-plot per reference observation: ECDF of :math:`d(\theta_j, x_o)` and the null band.
 
     Arguments:
-        result: ``compute()`` dict (keys ``pp_grid``, ``pp_ecdf``, ``pp_band``,
-            ``statistic``, ``p_value``).
+        result: the :class:`~calib_lightning.metrics.lc2st.LC2STResult` of ``compute()``
+            (fields ``pp_grid``, ``pp_ecdf``, ``pp_band``, ``statistic``, ``p_value`` and
+            ``global_p_value``).
         observations: indices of the observations to draw (default: all).
         names: a title per drawn observation.
-        alpha: level at which a panel is marked "rejected" (each observation's test
+        level: test level at which a panel is marked "rejected" (each observation's test
             alone) and at which the title judges ``global_p_value``, the verdict over
-            all observations, when ``result`` has it.
+            all observations.
         panel_size: inches per panel.
     """
     grid, ecdf, band, stat, p = _get(
@@ -113,7 +118,7 @@ def plot_pp(
     fig = Figure(figsize=(panel_size[0] * cols, panel_size[1] * rows + 0.6), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, i, k in zip(axes, picks, range(len(picks)), strict=False):
-        verdict = "rejected" if p[i] <= alpha else "not rejected"
+        verdict = "rejected" if p[i] <= level else "not rejected"
         name = names[k] if names is not None else f"observation {i}"
         title = f"{name}: {verdict}\nT = {stat[i]:.2g}, {format_p_value(p[i], 3)}"
         _pp_axes(ax, grid, ecdf[i], band[:, i], title)
@@ -121,9 +126,10 @@ def plot_pp(
         ax.set_visible(False)
     axes[0].legend(loc="best", fontsize=7, framealpha=0.8)
     title = "Local PP-plots: a consistent posterior stays inside the grey band"
-    if "global_p_value" in result and num_obs > 1:  # one observation: its p is the verdict
-        global_p = float(result["global_p_value"])
-        verdict = "rejected" if global_p <= alpha else "not rejected"
+    global_p_value = getattr(result, "global_p_value", None)
+    if global_p_value is not None and num_obs > 1:  # one observation: its p is the verdict
+        global_p = float(global_p_value)
+        verdict = "rejected" if global_p <= level else "not rejected"
         title += (f"\nall observations together: global {format_p_value(global_p, 3)}, "
                   f"{verdict} (the verdict; each panel is one observation's test alone)")
     # wrap to the figure's width (about 0.075 inch per character at 10 pt)

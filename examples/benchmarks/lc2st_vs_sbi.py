@@ -7,8 +7,9 @@ evaluation points. Then a zuko neural spline flow trained briefly on Two Moons, 
 the oracle C2ST (exact reference samples) beside the local tests.
 
 Timed, wall clock and CPU, with torch and BLAS held to one thread for both libraries:
-* null training: ours ``LC2STNF.fit_null`` (one batched fit of the 100 classifiers, plus
-  their statistics at the 5 observations, cached); sbi ``train_under_null_hypothesis``;
+* null training: ours ``LC2STNFNull.fit`` (one batched fit of the 100 classifiers), plus
+  ``LC2STNFNull.statistics`` (their statistics at the 5 observations, cached); sbi
+  ``train_under_null_hypothesis``;
 * one L-C2ST-NF check (what a training callback pays per epoch): ours ``update`` (one
   inverse pass of the flow) + ``compute`` (one classifier, 5 observations, p-values);
   sbi: building ``LC2ST_NF`` (inverse passes) + ``train_on_observed_data`` + 5 ``p_value``;
@@ -52,8 +53,7 @@ from torch.distributions import MultivariateNormal
 
 import calib_lightning as cl
 from calib_lightning.baselines import oracle_c2st
-from calib_lightning.classifiers import MLPEnsemble
-from calib_lightning.functional import lc2st_nf_null
+from calib_lightning.classifiers import MLPEnsemble, lc2st_nf_null
 from calib_lightning.plots import plot_pp, plot_probability_map
 from calib_lightning.tasks import GaussianToy, TwoMoons
 from examples._smoke import add_smoke_argument, output_folder
@@ -72,13 +72,15 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
 
 
 def time_ours_null(row: dict, x: torch.Tensor, x_o: torch.Tensor) -> cl.LC2STNF:
-    """Time the null's batched fit alone, then the metric's fit_null (fit + statistics)."""
+    """Time the null's batched fit alone, then the metric's null: fit and statistics."""
     g = torch.Generator().manual_seed(0)
     _, row["ours_fit_wall"], row["ours_fit_cpu"] = timed(
         lambda: lc2st_nf_null(x, 2, NUM_NULL, MLPEnsemble(NUM_NULL), g)
     )
-    metric = cl.LC2STNF(x_o, num_null=NUM_NULL, num_eval=NUM_EVAL)
-    _, row["ours_null_wall"], row["ours_null_cpu"] = timed(lambda: metric.fit_null(x, dim=2))
+    metric = cl.LC2STNF(x_o, num_null=NUM_NULL, num_posterior_samples=NUM_EVAL)
+    _, row["ours_null_wall"], row["ours_null_cpu"] = timed(
+        lambda: metric.null.fit(x, dim=2).statistics(metric.flat_observations, metric.pp_grid)
+    )
     return metric
 
 
@@ -86,7 +88,7 @@ def warm_up() -> None:
     """First calls pay for lazy initialisation in torch and scikit-learn: not timed."""
     toy = GaussianToy(dim=2)
     theta, x = toy.sample(200, torch.Generator().manual_seed(0))
-    metric = cl.LC2STNF(x[:2], num_null=4, num_eval=100)
+    metric = cl.LC2STNF(x[:2], num_null=4, num_posterior_samples=100)
     ours_nf_check(metric, toy.posterior(), theta, x)
     test = sbi_nf(theta, x, toy.posterior())
     test.num_trials_null = 2
@@ -106,14 +108,16 @@ def ours_nf_check(metric: cl.LC2STNF, posterior: Any, theta: torch.Tensor, x: to
 
 def ours_nf_fixed_x(x_o, x, exact, posterior, reps, seed=0):
     """sbi's protocol: one null for the calibration x, reused by every repetition."""
-    base = cl.LC2STNF(x_o, num_null=NUM_NULL, num_eval=NUM_EVAL, seed=seed)
-    base.fit_null(x, dim=2)
+    base = cl.LC2STNF(x_o, num_null=NUM_NULL, num_posterior_samples=NUM_EVAL, seed=seed)
+    base.null.fit(x, dim=2)
     p_values = []
     for r in range(reps):
-        metric = cl.LC2STNF(x_o, num_null=NUM_NULL, num_eval=NUM_EVAL, seed=seed + 1 + r)
+        metric = cl.LC2STNF(
+            x_o, num_null=NUM_NULL, num_posterior_samples=NUM_EVAL, seed=seed + 1 + r
+        )
         metric.load_state_dict(base.state_dict())  # the null travels, no retraining
         theta = cl.as_posterior(exact).sample(x, 1)[0]  # true parameters given x
-        p_values += ours_nf_check(metric, posterior, theta, x)["p_value"].tolist()
+        p_values += ours_nf_check(metric, posterior, theta, x).p_value.tolist()
     return p_values
 
 
@@ -123,9 +127,9 @@ def ours_nf_fresh(sample, x_o, posteriors, reps, seed=0):
     g = torch.Generator().manual_seed(seed)
     for r in range(reps):
         theta, x = sample(g)
-        metric = cl.LC2STNF(x_o, num_null=NUM_NULL, num_eval=NUM_EVAL, seed=seed + r)
+        metric = cl.LC2STNF(x_o, num_null=NUM_NULL, num_posterior_samples=NUM_EVAL, seed=seed + r)
         for name, posterior in posteriors.items():
-            p_values[name] += ours_nf_check(metric, posterior, theta, x)["p_value"].tolist()
+            p_values[name] += ours_nf_check(metric, posterior, theta, x).p_value.tolist()
     return p_values
 
 
@@ -135,14 +139,14 @@ def ours_permutation(sample, x_o, posterior, reps, seed=0):
     for r in range(reps):
         theta, x = sample(g)
         torch.manual_seed(seed + r)
-        metric = cl.LC2ST(x_o, num_null=NUM_NULL, num_eval=NUM_EVAL, seed=seed + r)
+        metric = cl.LC2ST(x_o, num_null=NUM_NULL, num_posterior_samples=NUM_EVAL, seed=seed + r)
 
         def check(metric=metric, theta=theta, x=x):
             metric.update(posterior, theta, x)
             return metric.compute()
 
         out, wall, cpu = timed(check)
-        p_values += out["p_value"].tolist()
+        p_values += out.p_value.tolist()
         times.append((wall, cpu))
     return p_values, times
 
@@ -267,7 +271,7 @@ def two_moons_section(flow, ns, reps: int, sbi_reps: int, folder: Path) -> list[
     oracle = oracle_c2st(estimator, reference)
     rows = []
     for n in ns:
-        row: dict[str, Any] = {"n": n, "oracle_accuracy": oracle["accuracy"].tolist()}
+        row: dict[str, Any] = {"n": n, "oracle_accuracy": oracle.accuracy.tolist()}
         _, x = task.sample(n, torch.Generator().manual_seed(n))
         thetas = [
             task.reference_posterior_samples(x, 1, torch.Generator().manual_seed(r))[0]
@@ -276,13 +280,13 @@ def two_moons_section(flow, ns, reps: int, sbi_reps: int, folder: Path) -> list[
         base = time_ours_null(row, x, x_o)
         ours_p, check_times = [], []
         for r in range(reps):
-            metric = cl.LC2STNF(x_o, num_null=NUM_NULL, num_eval=NUM_EVAL, seed=1 + r)
+            metric = cl.LC2STNF(x_o, num_null=NUM_NULL, num_posterior_samples=NUM_EVAL, seed=1 + r)
             metric.load_state_dict(base.state_dict())
             result, wall, cpu = timed(
                 lambda m=metric, t=thetas[r], c=x: ours_nf_check(m, flow, t, c)
             )
             check_times.append((wall, cpu))
-            ours_p.append(result["p_value"])
+            ours_p.append(result.p_value)
             if r == 0 and n == ns[-1]:
                 save_figures(metric, result, flow, x_o, folder)
         row["ours_rate"] = torch.stack(ours_p).le(0.05).double().mean(0).tolist()
@@ -308,11 +312,11 @@ def save_figures(metric, result, flow, x_o, folder: Path) -> None:
     drawn = metric.probability_map(flow, 2 * NUM_EVAL)  # 20,000 draws in the full run
     where = [round(v, 2) for v in x_o[0].tolist()]
     fig = plot_probability_map(
-        drawn["samples"][0],
-        drawn["probabilities"][0],
+        drawn.samples[0],
+        drawn.probabilities[0],
         bins=40,
-        pp=(result["pp_grid"], result["pp_ecdf"][0], result["pp_band"][:, 0]),
-        title=f"Two Moons NSF at x_o = {where}: p = {float(result['p_value'][0]):.3f}\n"
+        pp=(result.pp_grid, result.pp_ecdf[0], result.pp_band[:, 0]),
+        title=f"Two Moons NSF at x_o = {where}: p = {float(result.p_value[0]):.3f}\n"
         "red: the flow puts too much mass there, blue: too little",
     )
     fig.savefig(folder / "lc2st_two_moons_map.png", dpi=90)

@@ -210,7 +210,7 @@ def _scalar(out: dict, key: str) -> float:
 def run_test(test: str, model, posterior, theta, x, observations, smoke: bool) -> dict:
     """Named p-values of one test on one calibration set (NaN: key not returned)."""
     small = {"num_posterior_samples": 100} if smoke else {}
-    local = {"num_null": 19, "num_eval": 500} if smoke else {}
+    local = {"num_null": 19, "num_posterior_samples": 500} if smoke else {}
     if test == "kccsd":
         out = cl.KCCSD(**({"num_null": 99} if smoke else {}))
         out.update(posterior, theta, x)
@@ -239,7 +239,7 @@ def run_test(test: str, model, posterior, theta, x, observations, smoke: bool) -
     metric = metric_cls(observations=observations, **local)
     metric.update(posterior, theta, x)
     out = metric.compute()
-    result = {f"p_value[obs {o}]": p for o, p in enumerate(out["p_value"].tolist())}
+    result = {f"p_value[obs {o}]": p for o, p in enumerate(out.p_value.tolist())}
     result["global_p_value"] = _scalar(out, "global_p_value")
     return result
 

@@ -138,7 +138,8 @@ class LC2STNFMethod:
     def fit_null(self, x_cal: torch.Tensor, x_obs: torch.Tensor) -> None:
         self.metric = cl.LC2STNF(observations=x_obs, num_null=self.num_null, seed=self.seed)
         start = time.perf_counter()
-        self.metric.fit_null(x_cal, dim=x_cal.shape[1])  # classifiers and their statistics
+        null = self.metric.null.fit(x_cal, dim=x_cal.shape[1])  # the classifiers, then
+        null.statistics(self.metric.flat_observations, self.metric.pp_grid)  # their statistics
         self.time_null = time.perf_counter() - start
 
     def statistic(self, posterior: object, theta: torch.Tensor, x: torch.Tensor,
@@ -146,10 +147,10 @@ class LC2STNFMethod:
         self.metric.reset()
         self.metric.update(posterior, theta, x)
         self._out = self.metric.compute()
-        return self._out["statistic"].numpy()
+        return self._out.statistic.numpy()
 
     def p_values(self, statistic: np.ndarray) -> np.ndarray:
-        return self._out["p_value"].numpy()
+        return self._out.p_value.numpy()
 
 
 class LocalDefect:
