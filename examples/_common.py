@@ -43,10 +43,19 @@ __all__ = [
 
 # sizes of the checks (KCCSD bootstrap draws, L-C2ST-NF null classifiers and evaluation
 # points, exact posterior samples at x_o) and of a --smoke run
-CHECKS = {"num_bootstrap": 500, "num_null": 100, "num_eval": 10_000, "num_reference": 1_000}
-SMOKE_CHECKS = {"num_bootstrap": 50, "num_null": 4, "num_eval": 200, "num_reference": 100}
-# --smoke: one epoch, one check with its TensorBoard figures; 2 reference observations
-# (with 1, LC2STNFCallback's PP-plot fails indexing a 0-d p-value)
+CHECKS = {
+    "kccsd_num_null": 500,
+    "lc2st_num_null": 100,
+    "num_posterior_samples": 10_000,
+    "num_reference": 1_000,
+}
+SMOKE_CHECKS = {
+    "kccsd_num_null": 50,
+    "lc2st_num_null": 4,
+    "num_posterior_samples": 200,
+    "num_reference": 100,
+}
+# --smoke: one epoch, one check with its figures; 2 reference observations
 SMOKE = {
     "epochs": 1, "num_simulations": 256, "num_validation": 128, "num_calibration": 64,
     "num_observations": 2, "every_n_epochs": 1, "batch_size": 128,
@@ -166,7 +175,7 @@ def calibration_callbacks(
             theta_cal,
             x_cal,
             every_n_epochs=every_n_epochs,
-            metric=cl.KCCSD(num_null=checks["num_bootstrap"], seed=0),
+            metric=cl.KCCSD(num_null=checks["kccsd_num_null"], seed=0),
             log_figures=log_figures,
         ),
         RankCalibrationCallback(
@@ -183,8 +192,8 @@ def calibration_callbacks(
             log_figures=log_figures,
             metric=cl.LC2STNF(
                 observations=x_o,
-                num_null=checks["num_null"],
-                num_posterior_samples=checks["num_eval"],
+                num_null=checks["lc2st_num_null"],
+                num_posterior_samples=checks["num_posterior_samples"],
             ),
             truths=theta_o,
             reference_samples=reference,
