@@ -60,7 +60,7 @@ from calib_lightning.results import Result
 __all__ = ["Recovery", "calibrated_z_score_std", "recovery", "recovery_from_moments"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)  # repr: Result's, with shapes instead of (N, D) values
 class Recovery(Result):
     r"""Recovery, z-scores and contraction of ``N`` pairs in ``D`` parameters (float64).
 
