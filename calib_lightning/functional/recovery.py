@@ -222,6 +222,8 @@ def recovery_from_moments(
     if bool((variance <= 0).any()):
         count = int((variance <= 0).sum())
         raise ValueError(f"variance must be positive, got {count} entries <= 0")
+    if num_draws is not None:
+        check_positive("num_draws", num_draws, integer=True)
     prior = _prior_variance(theta, prior_variance)
     truth = theta.double()
     anchor = truth[:1]
