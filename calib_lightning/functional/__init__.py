@@ -36,6 +36,12 @@ from calib_lightning.functional.ranks import (
     rank_histogram,
     sbc_ranks,
 )
+from calib_lightning.functional.recovery import (
+    Recovery,
+    calibrated_z_score_std,
+    recovery,
+    recovery_from_moments,
+)
 from calib_lightning.functional.reference import compare_to_reference
 from calib_lightning.functional.samples import (
     ball_counts,
@@ -69,10 +75,12 @@ from calib_lightning.functional.tarp import (
 __all__ = [
     "KCCSDTest",
     "PosteriorDraws",
+    "Recovery",
     "SymmetricBlocks",
     "ball_counts",
     "band_coverage",
     "bootstrap_p_value",
+    "calibrated_z_score_std",
     "combine_p_values",
     "compare_to_reference",
     "coverage_error",
@@ -102,6 +110,8 @@ __all__ = [
     "rank_calibration",
     "rank_ecdf",
     "rank_histogram",
+    "recovery",
+    "recovery_from_moments",
     "sbc_ranks",
     "sharpness",
     "simultaneous_band",

@@ -11,6 +11,7 @@ from calib_lightning.plots.ranks import (
     plot_rank_ecdf,
     plot_rank_histograms,
 )
+from calib_lightning.plots.recovery import plot_recovery, plot_z_score_contraction
 from calib_lightning.plots.tarp import plot_tarp
 
 __all__ = [
@@ -20,5 +21,7 @@ __all__ = [
     "plot_probability_map",
     "plot_rank_ecdf",
     "plot_rank_histograms",
+    "plot_recovery",
     "plot_tarp",
+    "plot_z_score_contraction",
 ]

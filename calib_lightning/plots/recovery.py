@@ -1,0 +1,290 @@
+r"""Figures of parameter recovery: posterior mean against truth, z-score against contraction.
+
+Both take a :class:`~calib_lightning.functional.recovery.Recovery` (or the tensors
+``(samples, theta)`` / ``(samples, theta, prior_variance)`` to compute one) and draw one
+panel per parameter, in a grid of at most ``max_columns`` columns, so that ``D = 50``
+parameters stay a bounded figure; ``parameters=`` picks the ones to draw.
+
+* :func:`plot_recovery`: posterior mean (with one posterior standard deviation as an
+  error bar) against the truth; on the diagonal = recovered, :math:`R^2` in each title;
+* :func:`plot_z_score_contraction`: posterior z-score against posterior contraction;
+  calibrated = a cloud of standard deviation 1 around 0 (95% inside the band
+  :math:`|z| \le 2`), sharp = far right.
+
+Directions read as in :mod:`calib_lightning.functional.recovery`: z-scores spread
+wider than 1 = over-confident (too narrow), narrower = under-confident (too wide);
+shifted up = the posterior sits too high, down = too low.
+
+References:
+    Schad, Betancourt, Vehtari. "Toward a principled Bayesian workflow in cognitive
+    science." Psychological Methods 26(1), 2021. Radev et al. "BayesFlow: Amortized
+    Bayesian workflows with neural networks." JOSS 8(89), 2023.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Sequence
+
+import torch
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator, MultipleLocator
+from torch import Tensor
+
+from calib_lightning.functional.recovery import Recovery, calibrated_z_score_std, recovery
+
+__all__ = ["plot_recovery", "plot_z_score_contraction"]
+
+_NOTE_SIZE = 8.0
+_POINT_COLOR = "tab:blue"
+_CLIP_COLOR = "tab:red"
+
+
+def _as_recovery(result_or_tensors: Recovery | Sequence[Tensor]) -> Recovery:
+    if isinstance(result_or_tensors, Recovery):
+        return result_or_tensors
+    if isinstance(result_or_tensors, Sequence) and 2 <= len(result_or_tensors) <= 3:
+        return recovery(*result_or_tensors)
+    raise ValueError(
+        "result_or_tensors must be a Recovery or a tuple (samples (S, N, D), theta (N, D)"
+        f"[, prior_variance (D,)]), got {type(result_or_tensors).__name__}"
+    )
+
+
+def _select(
+    d: int, parameters: Sequence[int] | None, labels: Sequence[str] | None
+) -> tuple[list[int], list[str]]:
+    if labels is not None and len(labels) != d:
+        raise ValueError(f"labels must name all D = {d} parameters, got {len(labels)} labels")
+    names = list(labels) if labels is not None else [f"θ{i + 1}" for i in range(d)]
+    chosen = list(range(d)) if parameters is None else [int(i) for i in parameters]
+    if not chosen or any(not -d <= i < d for i in chosen):
+        raise ValueError(
+            f"parameters must be a non-empty list of indices in [0, {d}), got {parameters}"
+        )
+    chosen = [i % d for i in chosen]
+    return chosen, [names[i] for i in chosen]
+
+
+def _grid(
+    count: int, max_columns: int, panel_size: tuple[float, float]
+) -> tuple[Figure, list[Axes]]:
+    if isinstance(max_columns, bool) or not isinstance(max_columns, int) or max_columns < 1:
+        raise ValueError(f"max_columns must be a positive integer, got {max_columns!r}")
+    cols = min(count, max_columns)
+    rows = math.ceil(count / cols)
+    width = max(panel_size[0] * cols, 5.0)  # room for the title and the reading note
+    fig = Figure(figsize=(width, panel_size[1] * rows + 1.0), layout="constrained")
+    axes = list(fig.subplots(rows, cols, squeeze=False).ravel())
+    for ax in axes[count:]:
+        ax.set_visible(False)
+    return fig, axes[:count]
+
+
+def _title(fig: Figure, heading: str, note: str) -> None:
+    """``heading`` on top; the reading ``note`` at the bottom, wrapped to the figure."""
+    fig.suptitle(heading, fontsize=_NOTE_SIZE + 2)
+    wrapped = textwrap.fill(note, width=int(fig.get_figwidth() * 14))  # ~14 chars/inch at 8 pt
+    fig.supxlabel(wrapped, fontsize=_NOTE_SIZE, color="0.2")
+
+
+def _outer_labels(axes: list[Axes], cols: int, xlabel: str, ylabel: str) -> None:
+    rows = math.ceil(len(axes) / cols)
+    for k, ax in enumerate(axes):
+        if k % cols == 0:
+            ax.set_ylabel(ylabel, fontsize=_NOTE_SIZE)
+        if k // cols == rows - 1 or k + cols >= len(axes):
+            ax.set_xlabel(xlabel, fontsize=_NOTE_SIZE)
+        ax.tick_params(labelsize=7)
+        for axis in (ax.xaxis, ax.yaxis):  # few round labels: readable, and a grid of
+            axis.set_major_locator(MaxNLocator(4, steps=[1, 2, 5, 10]))  # 50 lays out faster
+
+
+def _shown_pairs(n: int, max_points: int | None) -> Tensor:
+    if max_points is None or n <= max_points:
+        return torch.arange(n)
+    return torch.linspace(0, n - 1, max_points).round().long()
+
+
+def _offset(lo: float, hi: float) -> float:
+    """0, or a round number near the middle of ``[lo, hi]`` when the range is narrow next
+    to its distance from 0 (tick labels would need many digits)."""
+    span, middle = hi - lo, (hi + lo) / 2
+    if abs(middle) < 1e3 * max(span, 1e-300):
+        return 0.0
+    step = (
+        10.0 ** math.floor(math.log10(span))
+        if span > 0
+        else 10.0 ** math.floor(math.log10(abs(middle)))
+    )
+    return round(middle / step) * step
+
+
+def plot_recovery(
+    result_or_tensors: Recovery | Sequence[Tensor],
+    labels: Sequence[str] | None = None,
+    parameters: Sequence[int] | None = None,
+    max_columns: int = 6,
+    *,
+    max_points: int | None = 500,
+    panel_size: tuple[float, float] = (2.5, 2.5),
+) -> Figure:
+    r"""Posterior mean against the truth, one panel per parameter, with :math:`R^2`.
+
+    Each point is a calibration pair: the truth :math:`\theta^*_{ia}` on x, the
+    posterior mean :math:`\mu_{ia}` on y, with a bar of :math:`\pm \sigma_{ia}` (one
+    posterior standard deviation). Points on the dashed diagonal = recovered; a flat
+    cloud at the truths' mean = the posterior learned nothing about the parameter
+    (:math:`R^2 \approx 0`). The title gives
+    :math:`R^2 = 1 - \mathrm{SSE}/\mathrm{SST}` over all ``N`` pairs.
+
+    Arguments:
+        result_or_tensors: a :class:`~calib_lightning.functional.recovery.Recovery`, or
+            ``(samples (S, N, D), theta (N, D)[, prior_variance (D,)])``.
+        labels: names of all ``D`` parameters (default ``θ1 .. θD``).
+        parameters: indices of the parameters to draw (default all), in order.
+        max_columns: panels per row; more parameters wrap into rows.
+        max_points: pairs drawn per panel (evenly spaced; ``None`` for all); the
+            :math:`R^2` uses every pair.
+        panel_size: inches per panel.
+
+    Returns:
+        The figure (never shown; log it or save it).
+
+    Example:
+        >>> theta = torch.linspace(-1, 1, 20)[:, None].repeat(1, 3)
+        >>> g = torch.Generator().manual_seed(0)
+        >>> samples = theta + 0.1 * torch.randn(50, 20, 3, generator=g)
+        >>> fig = plot_recovery((samples, theta), labels=["a", "b", "c"], parameters=[2, 0])
+        >>> [ax.get_title().split()[0] for ax in fig.axes]
+        ['c', 'a']
+    """
+    out = _as_recovery(result_or_tensors)
+    n, d = out.theta.shape
+    chosen, names = _select(d, parameters, labels)
+    shown = _shown_pairs(n, max_points)
+    fig, axes = _grid(len(chosen), max_columns, panel_size)
+    truth, mean, std = (
+        t.detach().cpu()[shown] for t in (out.theta, out.posterior_mean, out.posterior_std)
+    )
+    for ax, a, name in zip(axes, chosen, names, strict=True):
+        x, y, s = truth[:, a].numpy(), mean[:, a].numpy(), std[:, a].numpy()
+        lo, hi = min(x.min(), y.min()), max(x.max(), y.max())
+        shift = _offset(lo, hi)  # far from 0: draw relative to a round number, say so
+        x, y, lo, hi = x - shift, y - shift, lo - shift, hi - shift
+        pad = 0.06 * (hi - lo) if hi > lo else 1.0
+        lo, hi = lo - pad, hi + pad
+        if shift:
+            ax.text(0.03, 0.97, f"both axes − {shift:g}", transform=ax.transAxes,
+                    va="top", fontsize=7, color="0.3")  # fmt: skip
+        ax.ticklabel_format(useOffset=False)
+        ax.vlines(x, y - s, y + s, color=_POINT_COLOR, alpha=0.25, lw=0.8, rasterized=True)
+        ax.scatter(x, y, s=5, color=_POINT_COLOR, alpha=0.8, lw=0, rasterized=True)
+        ax.plot([lo, hi], [lo, hi], color="0.25", ls="--", lw=0.9)
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_aspect("equal", adjustable="box")
+        ax.set_title(f"{name}   R² = {float(out.r_squared[a]):.3f}", fontsize=_NOTE_SIZE + 1)
+        ax.grid(alpha=0.25)
+    _outer_labels(axes, min(len(chosen), max_columns), "truth", "posterior mean")
+    count = f"N = {n} pairs" + (f", {len(shown)} shown" if len(shown) < n else "")
+    _title(
+        fig,
+        f"Parameter recovery ({count})",
+        "Posterior mean ± 1 posterior sd against the truth. On the dashed diagonal = "
+        "recovered; a flat cloud = no better than the prior. "
+        "R²\u00a0=\u00a01\u00a0−\u00a0SSE/SST: 1 perfect, 0 no better than the truths' mean.",
+    )
+    return fig
+
+
+def plot_z_score_contraction(
+    result_or_tensors: Recovery | Sequence[Tensor],
+    labels: Sequence[str] | None = None,
+    parameters: Sequence[int] | None = None,
+    max_columns: int = 6,
+    *,
+    max_points: int | None = 2000,
+    panel_size: tuple[float, float] = (2.5, 2.3),
+) -> Figure:
+    r"""Posterior z-score against posterior contraction, one panel per parameter.
+
+    Each point is a calibration pair: :math:`\kappa = 1 - \sigma^2 /
+    \mathrm{Var}_{\mathrm{prior}}` on x, :math:`z = (\mu - \theta^*) / \sigma` on y.
+    Calibrated: the z-scores spread with standard deviation about 1 around 0 (95% of
+    pairs in the grey band :math:`|z| \le 2`, dotted lines at :math:`\pm 3`); spread
+    wider = over-confident, narrower = under-confident; shifted up = posterior too
+    high, down = too low. Right = sharp (the data pin the parameter down), left = no
+    narrower than the prior. Each title gives the mean and standard deviation of the
+    z-scores and the mean contraction over all ``N`` pairs; points beyond the axis
+    are drawn on its edge as red triangles.
+
+    Arguments:
+        result_or_tensors: a :class:`~calib_lightning.functional.recovery.Recovery`, or
+            ``(samples (S, N, D), theta (N, D)[, prior_variance (D,)])``.
+        labels: names of all ``D`` parameters (default ``θ1 .. θD``).
+        parameters: indices of the parameters to draw (default all), in order.
+        max_columns: panels per row; more parameters wrap into rows.
+        max_points: pairs drawn per panel (evenly spaced; ``None`` for all); the
+            summaries use every pair.
+        panel_size: inches per panel.
+
+    Returns:
+        The figure (never shown; log it or save it).
+
+    Example:
+        >>> theta = torch.linspace(-1, 1, 20)[:, None].repeat(1, 2)
+        >>> g = torch.Generator().manual_seed(0)
+        >>> samples = theta + 0.1 * torch.randn(50, 20, 2, generator=g)
+        >>> fig = plot_z_score_contraction((samples, theta))
+        >>> [ax.get_xlabel() for ax in fig.axes]
+        ['posterior contraction', 'posterior contraction']
+    """
+    out = _as_recovery(result_or_tensors)
+    n, d = out.theta.shape
+    chosen, names = _select(d, parameters, labels)
+    shown = _shown_pairs(n, max_points)
+    fig, axes = _grid(len(chosen), max_columns, panel_size)
+    z_all, kappa_all = out.z_scores.detach().cpu(), out.contractions.detach().cpu()
+    for ax, a, name in zip(axes, chosen, names, strict=True):
+        z, kappa = z_all[shown, a], kappa_all[shown, a]
+        z_lim = max(4.0, 1.1 * float(z_all[:, a].abs().quantile(0.99)))
+        k_lo = max(min(-0.05, float(kappa_all[:, a].min()) - 0.05), -1.05)
+        ax.axhspan(-2, 2, color="0.88", lw=0)
+        for level in (-3, 3):
+            ax.axhline(level, color="0.45", ls=":", lw=0.8)
+        ax.axhline(0, color="0.3", lw=0.6)
+        inside = (z.abs() <= z_lim) & (kappa >= k_lo)
+        ax.scatter(kappa[inside], z[inside], s=5, color=_POINT_COLOR, alpha=0.5, lw=0,
+                   rasterized=True)  # fmt: skip
+        clipped_z, clipped_k = z[~inside].clamp(-z_lim, z_lim), kappa[~inside].clamp_min(k_lo)
+        markers = ["^" if v > 0 else "v" for v in z[~inside].tolist()]
+        for marker in set(markers):
+            pick = torch.tensor([m == marker for m in markers])
+            ax.scatter(clipped_k[pick], clipped_z[pick], s=12, marker=marker,
+                       color=_CLIP_COLOR, lw=0, clip_on=False)  # fmt: skip
+        ax.set_xlim(k_lo, 1.05)
+        ax.set_ylim(-z_lim, z_lim)
+        ax.set_title(
+            f"{name}   κ̄ = {float(out.contraction[a]):.2f}\n"
+            f"z: mean {float(out.z_score_mean[a]):+.2f}, sd {float(out.z_score_std[a]):.2f}",
+            fontsize=_NOTE_SIZE + 0.5,
+        )
+    _outer_labels(axes, min(len(chosen), max_columns), "posterior contraction", "posterior z-score")
+    for ax in axes:
+        ax.xaxis.set_major_locator(MultipleLocator(0.5))
+        ax.xaxis.set_minor_locator(MultipleLocator(0.25))
+        ax.yaxis.set_major_locator(MaxNLocator(5, integer=True, steps=[1, 2, 5, 10]))
+    reference = calibrated_z_score_std(out.num_draws) if (out.num_draws or 0) >= 4 else 1.0
+    draws = f", S = {out.num_draws} draws" if out.num_draws else ""
+    _title(
+        fig,
+        f"Posterior z-score against contraction (N = {n} pairs{draws})",
+        f"Calibrated: z sd ≈ {reference:.2f} and mean ≈ 0 (95% of points in the grey band). "
+        "sd > that: over-confident (too narrow); sd < that: under-confident (too wide). "
+        "Mean > 0: posterior too high; < 0: too low. Contraction near 1 = sharp, "
+        "near 0 = no narrower than the prior.",
+    )
+    return fig
