@@ -60,6 +60,8 @@ class Result(Mapping[str, Any]):
         missing = [n for n in names if n not in annotations]
         if missing:
             raise TypeError(f"{cls.__name__} declares logged/verdict fields {missing} it lacks")
+        if "__repr__" not in cls.__dict__:  # @dataclass keeps an existing one: shapes, not data
+            cls.__repr__ = Result.__repr__  # type: ignore[method-assign]
 
     def _names(self) -> list[str]:
         return [f.name for f in dataclasses.fields(self)]  # type: ignore[arg-type]

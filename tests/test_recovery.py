@@ -50,7 +50,7 @@ def test_closed_form_from_moments():
     torch.testing.assert_close(out.contraction, torch.tensor([0.875, -0.25], dtype=F64))
     torch.testing.assert_close(out.contractions[:, 1], torch.tensor([0.5, 0.5, -1, -1], dtype=F64))
     torch.testing.assert_close(out.posterior_std, variance.sqrt())
-    assert out.num_draws is None
+    assert out.num_posterior_samples is None
     assert isinstance(out, Recovery)
     assert sorted(out.scalars()) == sorted(
         f"{name}/{i}" for name in Recovery.logged for i in range(2)
@@ -73,7 +73,7 @@ def test_closed_form_from_two_draws():
     out = recovery(samples, theta)
     torch.testing.assert_close(out.posterior_mean, mean)
     torch.testing.assert_close(out.posterior_std**2, variance)
-    assert out.num_draws == 2
+    assert out.num_posterior_samples == 2
 
 
 def test_samples_path_equals_moments_path_and_streaming():
@@ -81,16 +81,18 @@ def test_samples_path_equals_moments_path_and_streaming():
     theta = torch.randn(30, 3, generator=g, dtype=F64)
     samples = theta + 0.3 + 0.7 * torch.randn(7, 30, 3, generator=g, dtype=F64)
     direct = recovery(samples, theta)
-    from_moments = recovery_from_moments(samples.mean(0), samples.var(0), theta, num_draws=7)
+    from_moments = recovery_from_moments(
+        samples.mean(0), samples.var(0), theta, num_posterior_samples=7
+    )
     # a metric that sees the draws in chunks keeps only per-pair moment states
     states = torch.stack([moments(chunk.transpose(0, 1)) for chunk in samples.split([3, 1, 3])])
     streamed = recovery_from_moments(*variance_from_moments(merge_moments(states)), theta)
     for other in (from_moments, streamed):
         for name in direct:
-            if name != "num_draws":
+            if name != "num_posterior_samples":
                 torch.testing.assert_close(other[name], direct[name], rtol=1e-12, atol=1e-12)
-    assert from_moments.num_draws == 7
-    assert streamed.num_draws is None
+    assert from_moments.num_posterior_samples == 7
+    assert streamed.num_posterior_samples is None
 
 
 def _toy(n, d, seed, variance_scale=1.0, shift=0.0):
@@ -156,9 +158,9 @@ def test_draws_inflate_the_z_score_std_as_predicted():
     # sd of one column's z sd: (sigma / 2) sqrt((2 + excess kurtosis 6 / (S - 5)) / N)
     error = expected / 2 * math.sqrt((2 + 6 / (s - 5)) / n)
     assert abs(float(out.z_score_std.mean()) - expected) < SIGMAS * error / math.sqrt(d)
-    assert out.num_draws == s
+    assert out.num_posterior_samples == s
     assert calibrated_z_score_std(None) == 1.0
-    with pytest.raises(ValueError, match="num_draws must be at least 4"):
+    with pytest.raises(ValueError, match="num_posterior_samples must be at least 4"):
         calibrated_z_score_std(3)
 
 

@@ -84,7 +84,7 @@ class Recovery(Result):
 
     Other:
         prior_variance: ``(D,)``, given or the variance of ``theta`` over its rows.
-        num_draws: ``S``, the draws per pair behind the moments, or ``None`` (exact
+        num_posterior_samples: ``S``, the draws per pair behind the moments, or ``None`` (exact
             moments or unknown).
     """
 
@@ -101,10 +101,10 @@ class Recovery(Result):
     contraction: Tensor
     rmse: Tensor
     prior_variance: Tensor
-    num_draws: int | None = None
+    num_posterior_samples: int | None = None
 
 
-def calibrated_z_score_std(num_draws: int | None) -> float:
+def calibrated_z_score_std(num_posterior_samples: int | None) -> float:
     r"""Standard deviation of the z-scores of a calibrated Gaussian posterior with ``S`` draws.
 
     The posterior mean and standard deviation estimated from ``S`` draws give
@@ -113,7 +113,7 @@ def calibrated_z_score_std(num_draws: int | None) -> float:
     otherwise); ``None`` (exact moments) gives 1.
 
     Arguments:
-        num_draws: ``S >= 4``, or ``None``.
+        num_posterior_samples: ``S >= 4``, or ``None``.
 
     Returns:
         The expected ``z_score_std`` under calibration.
@@ -122,12 +122,15 @@ def calibrated_z_score_std(num_draws: int | None) -> float:
         >>> round(calibrated_z_score_std(100), 4), calibrated_z_score_std(None)
         (1.0153, 1.0)
     """
-    if num_draws is None:
+    if num_posterior_samples is None:
         return 1.0
-    check_positive("num_draws", num_draws, integer=True)
-    if num_draws < 4:
-        raise ValueError(f"num_draws must be at least 4 for a finite z-score std, got {num_draws}")
-    s = float(num_draws)
+    check_positive("num_posterior_samples", num_posterior_samples, integer=True)
+    if num_posterior_samples < 4:
+        raise ValueError(
+            "num_posterior_samples must be at least 4 for a finite z-score std, "
+            f"got {num_posterior_samples}"
+        )
+    s = float(num_posterior_samples)
     return math.sqrt((1 + 1 / s) * (s - 1) / (s - 3))
 
 
@@ -182,7 +185,7 @@ def recovery_from_moments(
     theta: Tensor,
     prior_variance: Tensor | None = None,
     *,
-    num_draws: int | None = None,
+    num_posterior_samples: int | None = None,
 ) -> Recovery:
     r"""Recovery, z-scores and contraction from per-pair posterior moments.
 
@@ -202,8 +205,8 @@ def recovery_from_moments(
         theta: true parameters, ``(N, D)``, ``N >= 2``.
         prior_variance: ``(D,)``, positive; default: the unbiased variance of ``theta``
             over its ``N`` rows.
-        num_draws: ``S`` if the moments were estimated from ``S`` draws per pair (kept in
-            the result for :func:`calibrated_z_score_std`; the numbers do not change).
+        num_posterior_samples: ``S`` if the moments were estimated from ``S`` draws per
+            pair (kept in the result for :func:`calibrated_z_score_std`; the numbers do not change).
 
     Returns:
         :class:`Recovery`.
@@ -222,8 +225,8 @@ def recovery_from_moments(
     if bool((variance <= 0).any()):
         count = int((variance <= 0).sum())
         raise ValueError(f"variance must be positive, got {count} entries <= 0")
-    if num_draws is not None:
-        check_positive("num_draws", num_draws, integer=True)
+    if num_posterior_samples is not None:
+        check_positive("num_posterior_samples", num_posterior_samples, integer=True)
     prior = _prior_variance(theta, prior_variance)
     truth = theta.double()
     anchor = truth[:1]
@@ -249,7 +252,7 @@ def recovery_from_moments(
         contraction=contractions.mean(0),
         rmse=(sse / theta.shape[0]).sqrt(),
         prior_variance=prior,
-        num_draws=num_draws,
+        num_posterior_samples=num_posterior_samples,
     )
 
 
@@ -269,7 +272,7 @@ def recovery(samples: Tensor, theta: Tensor, prior_variance: Tensor | None = Non
         prior_variance: ``(D,)``; default: the variance of ``theta`` over its rows.
 
     Returns:
-        :class:`Recovery` with ``num_draws = S``.
+        :class:`Recovery` with ``num_posterior_samples = S``.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -299,4 +302,6 @@ def recovery(samples: Tensor, theta: Tensor, prior_variance: Tensor | None = Non
             f"samples must vary across the S draws of every pair, got identical draws in "
             f"{pairs.numel()} pairs (first: {pairs[:5].tolist()})"
         )
-    return recovery_from_moments(mean, variance, theta, prior_variance, num_draws=samples.shape[0])
+    return recovery_from_moments(
+        mean, variance, theta, prior_variance, num_posterior_samples=samples.shape[0]
+    )

@@ -277,8 +277,9 @@ def plot_z_score_contraction(
         ax.xaxis.set_major_locator(MultipleLocator(0.5))
         ax.xaxis.set_minor_locator(MultipleLocator(0.25))
         ax.yaxis.set_major_locator(MaxNLocator(5, integer=True, steps=[1, 2, 5, 10]))
-    reference = calibrated_z_score_std(out.num_draws) if (out.num_draws or 0) >= 4 else 1.0
-    draws = f", S = {out.num_draws} draws" if out.num_draws else ""
+    draws_per_pair = out.num_posterior_samples or 0
+    reference = calibrated_z_score_std(draws_per_pair) if draws_per_pair >= 4 else 1.0
+    draws = f", S = {out.num_posterior_samples} draws" if out.num_posterior_samples else ""
     _title(
         fig,
         f"Posterior z-score against contraction (N = {n} pairs{draws})",
