@@ -133,7 +133,7 @@ class LC2STNFCallback(CalibrationCallback):
                 reference = self.reference_samples.to(observations)
                 samples = posterior.sample(observations, reference.shape[0])
                 scores = compare_to_reference(
-                    samples, observations, reference, vendi=False,
+                    samples, reference, vendi=False,
                     generator=torch.Generator().manual_seed(self.seed),
                 )  # fmt: skip
                 out.update({key: scores[key] for key in _REFERENCE_KEYS})
