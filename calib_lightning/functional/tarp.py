@@ -55,6 +55,7 @@ from torch import Tensor
 from calib_lightning._checks import (
     check_choice,
     check_finite,
+    check_matrix,
     check_points,
     check_positive,
     check_probability,
@@ -323,7 +324,7 @@ def tarp(
         >>> out.p_value, out.coverage_error > 0  # too wide: rejected, positive error
         (tensor(0.0010, dtype=torch.float64), tensor(True))
     """
-    check_points("theta", theta, min_rows=2)
+    check_matrix("theta", theta, min_rows=2)
     check_choice("distance", distance, DISTANCES)
     n, d = theta.shape
     if samples.ndim != 3 or samples.shape[1:] != theta.shape:
