@@ -23,8 +23,6 @@ the posterior mean.
 References:
     Talts, Betancourt, Simpson, Vehtari, Gelman. "Validating Bayesian inference
     algorithms with simulation-based calibration." arXiv:1804.06788 (2018).
-    Handwritten notes "validation of SBI" (seed 004): rank histograms, ECDF - t
-    curves, joint calibration through energy ranks, calibrated-but-inaccurate.
 """
 
 from __future__ import annotations

@@ -66,7 +66,6 @@ References:
     Talts et al. "Validating Bayesian inference algorithms with simulation-based
     calibration." arXiv:1804.06788 (2018). Säilynoja, Bürkner, Vehtari. "Graphical
     test for discrete uniformity ..." Statistics and Computing 32, 32 (2022).
-    Seed 004 ("validation of SBI"): energy ranks, ECDF - t curves and their bands.
     Liu, Xie. "Cauchy Combination Test: A Powerful Test With Analytic p-Value
     Calculation Under Arbitrary Dependency Structures." JASA 115 (2020).
 """

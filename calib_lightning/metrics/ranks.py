@@ -163,8 +163,6 @@ class RankCalibration(KeepShapes):
         calibration." arXiv:1804.06788 (2018). Säilynoja, Bürkner, Vehtari. "Graphical
         test for discrete uniformity and its applications in goodness-of-fit evaluation
         and multiple sample comparison." Statistics and Computing 32 (2022).
-        Seed 004 ("validation of SBI"): energy ranks and the calibrated-but-inaccurate
-        caveat.
     """
 
     is_differentiable = False
