@@ -109,8 +109,8 @@ def main(argv: list[str] | None = None) -> None:
         out = ranks.compute()
         print(
             f"{name:24s} held-out NLL {float(nll):7.3f}   coverage error "
-            f"{float(out['coverage_error']):+.3f} (< 0: over-confident)   "
-            f"joint-rank p-value {float(out['p_value']):.3f}"
+            f"{float(out.coverage_error):+.3f} (< 0: over-confident)   "
+            f"joint-rank p-value {float(out.p_value):.3f}"
         )
 
 

@@ -62,16 +62,16 @@ def test_pointwise_band_formula():
 
 
 def test_simultaneous_band_covers_at_nominal_level_and_pointwise_does_not():
-    n, m, reps, alpha = 100, 49, 4000, 0.05
+    n, m, reps, level = 100, 49, 4000, 0.05
     levels, ecdf = _uniform_rank_ecdfs(reps, n, m, None, seed=1)
-    lower, upper, exact = simultaneous_band(levels, n, alpha)
+    lower, upper, exact = simultaneous_band(levels, n, level)
     deviation = ecdf - levels
     inside = ((deviation >= lower - 1e-12) & (deviation <= upper + 1e-12)).all(-1)
     mc = inside.double().mean().item()
     sd = math.sqrt(exact * (1 - exact) / reps)
-    assert 1 - alpha <= exact < 1 - alpha + 0.02  # as close to nominal as discreteness allows
+    assert 1 - level <= exact < 1 - level + 0.02  # as close to nominal as discreteness allows
     assert abs(mc - exact) < 4 * sd  # the exact recursion is right
-    half = pointwise_band(levels, n, alpha)
+    half = pointwise_band(levels, n, level)
     pointwise_inside = (deviation.abs() <= half).all(-1).double().mean().item()
     assert pointwise_inside < 0.8  # pointwise band: far below its nominal 0.95 as a whole
     assert mc - pointwise_inside > 0.15
@@ -87,16 +87,16 @@ def test_band_is_exact_for_discrete_ranks_with_coarse_grid():
 
 
 def test_ecdf_test_level_and_agreement_with_band():
-    n, m, reps, alpha = 60, 19, 1000, 0.05
+    n, m, reps, level = 60, 19, 1000, 0.05
     levels, ecdf = _uniform_rank_ecdfs(reps, n, m, None, seed=3)
     _, p = ecdf_test(ecdf, levels, n)
     p = p.numpy()
     grid = np.linspace(0, 1, 101)
     assert np.max((p[:, None] <= grid).mean(0) - grid) < 0.05  # valid (super-uniform)
-    assert 0.025 <= (p <= alpha).mean() <= 0.075
-    lower, upper, _ = simultaneous_band(levels, n, alpha)
+    assert 0.025 <= (p <= level).mean() <= 0.075
+    lower, upper, _ = simultaneous_band(levels, n, level)
     outside = ((ecdf - levels < lower - 1e-12) | (ecdf - levels > upper + 1e-12)).any(-1)
-    assert torch.equal(outside, torch.as_tensor(p < alpha))  # the band draws the test
+    assert torch.equal(outside, torch.as_tensor(p < level))  # the band draws the test
 
 
 def test_ecdf_test_rejects_skewed_ranks_and_reports_tiny_p_values():
@@ -112,7 +112,7 @@ def test_ecdf_test_rejects_skewed_ranks_and_reports_tiny_p_values():
 def test_band_arguments_are_checked():
     with pytest.raises(ValueError, match="levels must be"):
         simultaneous_band(torch.tensor([0.5, 0.4]), 10)
-    with pytest.raises(ValueError, match="alpha"):
-        simultaneous_band(torch.tensor([0.5]), 10, alpha=1.5)
+    with pytest.raises(ValueError, match="level"):
+        simultaneous_band(torch.tensor([0.5]), 10, level=1.5)
     with pytest.raises(ValueError, match="num_ranks"):
         pointwise_band(torch.tensor([0.5]), 0)

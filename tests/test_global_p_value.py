@@ -9,6 +9,7 @@ combination of the reported tests; analytic p-values never underflow to 0.
 """
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -59,9 +60,8 @@ def _global_p_values(model, posterior, reps, seed, **kwargs):
         metric.reset()
         metric.update(posterior, theta, x)
         results.append(metric.compute())
-    return {key: torch.stack([r[key] for r in results]) for key in
-            ("global_p_value", "p_value", "marginal_p_values", "ecdf_p_values",
-             "coverage_error")}  # fmt: skip
+    keys = ("global_p_value", "p_value", "marginal_p_values", "ecdf_p_values", "coverage_error")
+    return SimpleNamespace(**{key: torch.stack([getattr(r, key) for r in results]) for key in keys})
 
 
 def _assert_level(p_values, level=0.05):
@@ -80,12 +80,12 @@ def test_global_p_value_holds_its_level_on_calibrated_models(name):
     }[name]
     torch.manual_seed(0)  # the posterior draws
     out = _global_p_values(model, posterior, reps=REPS, seed=2)  # default arguments
-    p = out["global_p_value"]
+    p = out.global_p_value
     _assert_level(p)
     ks = stats.kstest(p.numpy(), "uniform")
     assert ks.pvalue > 1e-3, f"global p-values far from uniform: KS {ks.statistic:.3f}"
     # Holm on the same tests: valid too (conservative)
-    tests = torch.cat([out["marginal_p_values"], out["p_value"][:, None], out["ecdf_p_values"]], 1)
+    tests = torch.cat([out.marginal_p_values, out.p_value[:, None], out.ecdf_p_values], 1)
     holm = combine_p_values(tests, method="holm")
     assert float((holm < 0.05).double().mean()) <= stats.binom.ppf(0.995, REPS, 0.05) / REPS
     # judged one by one, the 12 tests flag a calibrated model far more often
@@ -102,19 +102,19 @@ def test_global_p_value_rejects_miscalibration_with_the_right_sign(variance_scal
     torch.manual_seed(2)
     post = toy.posterior(variance_scale=variance_scale, shift=shift)
     out = _global_p_values(toy, post, reps=20, seed=3)
-    assert float((out["global_p_value"] < 0.05).double().mean()) >= 0.9
-    assert sign * float(out["coverage_error"].mean()) > 0.01
+    assert float((out.global_p_value < 0.05).double().mean()) >= 0.9
+    assert sign * float(out.coverage_error.mean()) > 0.01
 
 
 def test_global_p_value_is_the_documented_combination_in_float64():
     counts = torch.tensor([[[30, 20, 10, 40], [25, 25, 25, 25], [10, 30, 30, 30]]])
     out = summarize_ranks(counts.repeat(2, 1, 1), num_bins=4)  # batch of 2, D = 2, N = 100
-    tests = torch.cat([out["marginal_p_values"], out["p_value"][:, None], out["ecdf_p_values"]], 1)
+    tests = torch.cat([out.marginal_p_values, out.p_value[:, None], out.ecdf_p_values], 1)
     assert tests.shape == (2, 6)
     p = tests[0].double().clamp(max=1 - 1e-3)  # the documented cap (flat row: p = 1)
     cauchy = 0.5 - math.atan(float(torch.tan((0.5 - p) * math.pi).mean())) / math.pi
-    assert float(out["global_p_value"][0]) == pytest.approx(cauchy, rel=1e-9)
-    holm = summarize_ranks(counts, num_bins=4, global_method="holm")["global_p_value"]
+    assert float(out.global_p_value[0]) == pytest.approx(cauchy, rel=1e-9)
+    holm = summarize_ranks(counts, num_bins=4, global_method="holm").global_p_value
     assert float(holm[0]) == pytest.approx(min(1.0, 6 * float(p.min())), rel=1e-12)
     metric = cl.RankCalibration(num_posterior_samples=50, global_method="holm")
     with pytest.raises(ValueError, match="global_method must be one of"):
@@ -126,8 +126,8 @@ def test_global_p_value_is_the_documented_combination_in_float64():
     torch.manual_seed(5)
     metric.update(toy.posterior(), theta, x)
     out = metric.compute()
-    tests = torch.cat([out["marginal_p_values"], out["p_value"][None], out["ecdf_p_values"]])
-    assert float(out["global_p_value"]) == pytest.approx(min(1.0, 6 * float(tests.min())))
+    tests = torch.cat([out.marginal_p_values, out.p_value[None], out.ecdf_p_values])
+    assert float(out.global_p_value) == pytest.approx(min(1.0, 6 * float(tests.min())))
 
 
 def test_analytic_p_values_never_underflow_to_zero():
@@ -141,7 +141,7 @@ def test_analytic_p_values_never_underflow_to_zero():
     out = summarize_ranks(counts)
     for key in ("p_value", "marginal_p_values", "ecdf_p_values", "global_p_value"):
         assert bool((out[key] > 0).all()), key
-    assert bool((out["global_p_value"] <= 2 * 2 * P_VALUE_FLOOR).all())
+    assert bool((out.global_p_value <= 2 * 2 * P_VALUE_FLOOR).all())
     # figures say so instead of printing 0
     assert "p < 2.2e-308" in plot_rank_histograms(out).axes[0].get_title()
     assert "global p < 2.2e-308" in plot_rank_ecdf(out)._suptitle.get_text()
@@ -160,9 +160,9 @@ def test_one_dimensional_outputs_keep_their_shapes():
     torch.manual_seed(7)
     metric.update(toy.posterior(), theta, x)
     out = metric.compute()
-    assert out["marginal_p_values"].shape == (1,)
-    assert out["marginal_statistics"].shape == (1,)
-    assert out["ecdf_p_values"].shape == (2,)
+    assert out.marginal_p_values.shape == (1,)
+    assert out.marginal_statistics.shape == (1,)
+    assert out.ecdf_p_values.shape == (2,)
     for key in ("global_p_value", "p_value", "coverage_error"):
         assert out[key].shape == (), key
     for key in ("contraction", "mean_squared_error", "posterior_variance", "prior_variance"):
@@ -170,7 +170,7 @@ def test_one_dimensional_outputs_keep_their_shapes():
     tarp = cl.TARP(num_posterior_samples=30)
     tarp.update(toy.posterior(), theta, x)
     result = tarp.compute()
-    for key in ("statistic", "p_value", "atc"):
+    for key in ("statistic", "p_value", "coverage_error"):
         assert result[key].shape == (), key
 
 
@@ -186,15 +186,15 @@ def test_figures_and_numbers_read_one_sign_convention(variance_scale, sign, word
     ranks = cl.RankCalibration()  # defaults
     ranks.update(post, theta, x)
     out = ranks.compute()
-    assert sign * float(out["coverage_error"]) > 0.05
-    joint = out["ecdf"][-1] - out["levels"]  # the joint curve is coverage minus level
+    assert sign * float(out.coverage_error) > 0.05
+    joint = out.ecdf[-1] - out.levels  # the joint curve is coverage minus level
     assert sign * float(joint.mean()) > 0.05
     assert f"{word}-confident" in plot_expected_coverage(out).axes[0].get_title()
     tarp = cl.TARP()
     tarp.update(post, theta, x)
     result = tarp.compute()
-    upper = result["alpha"] > 0.5
-    assert sign * float(result["atc"]) > 0
-    assert sign * float((result["ecp"] - result["alpha"])[upper].mean()) > 0
+    upper = result.credibility > 0.5
+    assert sign * float(result.coverage_error) > 0
+    assert sign * float((result.coverage - result.credibility)[upper].mean()) > 0
     note = " ".join(t.get_text() for t in plot_tarp(result).axes[0].texts)
     assert "below = over-confident" in note

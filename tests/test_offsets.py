@@ -41,7 +41,7 @@ def _contraction(offset, spread, dtype):
                       x[start : start + 500])
     out = metric.compute()
     exact_prior = ((theta.double() - theta.double()[0]).var(0))  # exact for these points
-    return out["contraction"], out["prior_variance"], exact_prior
+    return out.contraction, out.prior_variance, exact_prior
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,7 @@ def test_frechet_distance_does_not_depend_on_the_offset(offset, dtype, rtol):
         for start in range(0, 4000, 1000):
             metric.update(samples=samples[start : start + 1000],
                           reference=reference[start : start + 1000])
-        streamed = metric.compute()["frechet_distance"]
+        streamed = metric.compute().frechet_distance
         functional = frechet_distance(samples, reference).double()  # returned in dtype
         torch.testing.assert_close(streamed, functional, rtol=1e-9 if dtype == F64 else 1e-6,
                                    atol=0)

@@ -11,13 +11,13 @@ from calib_lightning._moments import split_moments
 from calib_lightning.functional import (
     energy_ranks,
     marginal_ranks,
-    posterior_ranks,
     rank_calibration,
     rank_histogram,
     sbc_ranks,
     summarize_ranks,
     uniformity_test,
 )
+from calib_lightning.metrics.ranks import posterior_ranks
 from calib_lightning.plots import plot_expected_coverage, plot_rank_ecdf, plot_rank_histograms
 from calib_lightning.posteriors import Posterior
 from calib_lightning.tasks import CorrelatedGaussianToy, GaussianToy
@@ -105,7 +105,7 @@ def test_discrete_posterior_with_ties_keeps_level():
         return Independent(Bernoulli(logits=x - 0.5), 1)
 
     out = _batched_check(posterior, theta, x, reps, m, seed=3)
-    for p in [*out["marginal_p_values"].T, out["p_value"]]:
+    for p in [*out.marginal_p_values.T, out.p_value]:
         _assert_level(p)
     strict = rank_histogram((_draw(posterior, x, m)[0] < theta).sum(0), m)  # (2, M + 1)
     assert bool((uniformity_test(strict)[1] < 1e-10).all())  # without tie-breaking: skewed
@@ -119,9 +119,9 @@ def test_level_with_exact_posterior_marginal_and_joint():
     toy = GaussianToy(dim=2)
     theta, x = toy.sample(reps * n, torch.Generator().manual_seed(4))
     out = _batched_check(toy.posterior(), theta, x, reps, m, seed=5)
-    for p in [*out["marginal_p_values"].T, out["p_value"], *out["ecdf_p_values"].T]:
+    for p in [*out.marginal_p_values.T, out.p_value, *out.ecdf_p_values.T]:
         _assert_level(p)
-    assert abs(out["coverage_error"].mean()) < 3 * 0.29 / (reps * n) ** 0.5
+    assert abs(out.coverage_error.mean()) < 3 * 0.29 / (reps * n) ** 0.5
 
 
 def test_level_when_pairs_far_outnumber_rank_values():
@@ -131,10 +131,10 @@ def test_level_when_pairs_far_outnumber_rank_values():
     toy = GaussianToy(dim=2)
     theta, x = toy.sample(reps * n, torch.Generator().manual_seed(6))
     out = _batched_check(toy.posterior(), theta, x, reps, m, seed=7)
-    _assert_level(out["p_value"])
-    _assert_level(out["marginal_p_values"][:, 0])
+    _assert_level(out.p_value)
+    _assert_level(out.marginal_p_values[:, 0])
     values = np.arange(m + 1)
-    ks = [stats.kstest(np.repeat(values, out["histogram"][r, -1].numpy()),
+    ks = [stats.kstest(np.repeat(values, out.histogram[r, -1].numpy()),
                        stats.uniform(0, m).cdf).pvalue for r in range(20)]  # fmt: skip
     assert np.mean(np.asarray(ks) < 0.05) > 0.9
 
@@ -150,12 +150,12 @@ def test_power_and_sign_of_coverage_error(variance_scale, shift, sign):
     theta, x = toy.sample(reps * n, torch.Generator().manual_seed(8))
     post = toy.posterior(variance_scale=variance_scale, shift=shift)
     out = _batched_check(post, theta, x, reps, m, seed=9)
-    assert bool((out["p_value"] < 1e-3).all())
-    assert bool((out["marginal_p_values"] < 1e-3).all())
-    assert bool((sign * out["coverage_error"] > 0.03).all())
+    assert bool((out.p_value < 1e-3).all())
+    assert bool((out.marginal_p_values < 1e-3).all())
+    assert bool((sign * out.coverage_error > 0.03).all())
     # the reading printed on the ECDF figure
-    deviation = out["ecdf"][:, :2] - out["levels"]
-    left, right = deviation[..., out["levels"] < 0.5], deviation[..., out["levels"] > 0.5]
+    deviation = out.ecdf[:, :2] - out.levels
+    left, right = deviation[..., out.levels < 0.5], deviation[..., out.levels > 0.5]
     if shift > 0:  # posterior too high: marginal ECDF - t above 0 throughout
         assert bool((deviation.mean(-1) > 0.05).all())
     else:  # too narrow: above 0 on the left, below on the right; too wide: the reverse
@@ -166,8 +166,8 @@ def test_power_and_sign_of_coverage_error(variance_scale, shift, sign):
     torch.manual_seed(10)
     metric.update(post, theta[:n], x[:n])
     result = metric.compute()
-    assert sign * float(result["coverage_error"]) > 0.03
-    assert bool(result["outside_band"].all())
+    assert sign * float(result.coverage_error) > 0.03
+    assert bool(result.outside_band.all())
 
 
 def test_wrong_correlation_is_caught_only_by_the_joint_rank():
@@ -176,10 +176,10 @@ def test_wrong_correlation_is_caught_only_by_the_joint_rank():
     theta, x = toy.sample(reps * n, torch.Generator().manual_seed(11))
     for correlation in (0.0, -toy.posterior_correlation):
         out = _batched_check(toy.posterior(correlation), theta, x, reps, m, seed=12)
-        assert (out["p_value"] < 0.05).float().mean() >= 0.8
-        assert (out["ecdf_p_values"][:, -1] < 0.05).float().mean() >= 0.9
-        assert (out["marginal_p_values"] < 0.05).float().mean() <= 0.2  # marginals are exact
-    assert bool((out["p_value"] < 1e-3).all())  # opposite correlation: always caught
+        assert (out.p_value < 0.05).float().mean() >= 0.8
+        assert (out.ecdf_p_values[:, -1] < 0.05).float().mean() >= 0.9
+        assert (out.marginal_p_values < 0.05).float().mean() <= 0.2  # marginals are exact
+    assert bool((out.p_value < 1e-3).all())  # opposite correlation: always caught
 
 
 def test_prior_is_calibrated_but_not_sharp():
@@ -194,14 +194,14 @@ def test_prior_is_calibrated_but_not_sharp():
     useless.update(prior, theta, x)
     exact.update(toy.posterior(), theta, x)
     out, ref = useless.compute(), exact.compute()
-    assert float(out["p_value"]) > 0.01
-    assert bool((out["marginal_p_values"] > 0.01).all())
-    assert bool((out["contraction"].abs() < 0.08).all())
-    assert torch.allclose(ref["contraction"], torch.full((2,), 0.8, dtype=torch.float64),
+    assert float(out.p_value) > 0.01
+    assert bool((out.marginal_p_values > 0.01).all())
+    assert bool((out.contraction.abs() < 0.08).all())
+    assert torch.allclose(ref.contraction, torch.full((2,), 0.8, dtype=torch.float64),
                           atol=0.04)  # fmt: skip
     # calibrated posteriors: MSE of the posterior mean matches the posterior variance
     for result in (out, ref):
-        ratio = result["mean_squared_error"] / result["posterior_variance"]
+        ratio = result.mean_squared_error / result.posterior_variance
         assert torch.allclose(ratio, torch.ones(2, dtype=torch.float64), atol=0.1)
 
 
@@ -259,12 +259,12 @@ def test_many_small_updates_equal_one_big_update():
     a, b = big.compute(), small.compute()
     for key in ("p_value", "marginal_p_values", "ecdf_p_values", "coverage_error", "ecdf"):
         assert torch.equal(a[key], b[key]), key
-    assert torch.allclose(a["contraction"], b["contraction"], rtol=1e-12)
+    assert torch.allclose(a.contraction, b.contraction, rtol=1e-12)
     # forward: the batch's own result, while the state accumulates; merge_state adds up
     stepped, merged = cl.RankCalibration(50), cl.RankCalibration(50)
     batch = stepped(post, theta[:300], x[:300])
-    assert int(batch["num_pairs"]) == 300
-    assert int(stepped(post, theta[300:], x[300:])["num_pairs"]) == 300
+    assert int(batch.num_pairs) == 300
+    assert int(stepped(post, theta[300:], x[300:]).num_pairs) == 300
     assert torch.equal(stepped.histogram, big.histogram)
     merged.merge_state(stepped)
     assert torch.equal(merged.histogram, big.histogram)
@@ -286,10 +286,10 @@ def test_two_process_ddp_equals_one_process():
         return metric.compute()
 
     for result in run_distributed(fn, world_size=2):
-        assert torch.equal(result["histogram"], expected["histogram"])
-        assert torch.equal(result["p_value"], expected["p_value"])
-        assert torch.allclose(result["contraction"], expected["contraction"], rtol=1e-12)
-        assert torch.allclose(result["mean_squared_error"], expected["mean_squared_error"],
+        assert torch.equal(result.histogram, expected.histogram)
+        assert torch.equal(result.p_value, expected.p_value)
+        assert torch.allclose(result.contraction, expected.contraction, rtol=1e-12)
+        assert torch.allclose(result.mean_squared_error, expected.mean_squared_error,
                               rtol=1e-10)  # fmt: skip
 
 
@@ -339,8 +339,8 @@ def test_bad_arguments():
     theta, x = toy.sample(10, torch.Generator().manual_seed(19))
     with pytest.raises(ValueError, match="num_posterior_samples must be >= 2"):
         cl.RankCalibration(1)
-    with pytest.raises(ValueError, match="alpha"):
-        cl.RankCalibration(10, alpha=0.0)
+    with pytest.raises(ValueError, match="level"):
+        cl.RankCalibration(10, level=0.0)
     metric = cl.RankCalibration(10)
     with (
         pytest.raises(ValueError, match="needs at least N >= 2"),
@@ -394,5 +394,5 @@ def test_figures_read_without_a_tutorial():
     texts = " ".join(t.get_text() for t in cov.axes[0].texts)
     assert "OVER-CONFIDENT" in texts
     assert "UNDER-CONFIDENT" in texts
-    with pytest.raises(ValueError, match="missing keys"):
-        plot_expected_coverage({"levels": out["levels"]})
+    with pytest.raises(ValueError, match="missing fields"):
+        plot_expected_coverage({"levels": out.levels})

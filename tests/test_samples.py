@@ -11,6 +11,7 @@ import pytest
 import scipy.linalg
 import torch
 
+from calib_lightning.evaluation import draws
 from calib_lightning.functional import (
     compare_to_reference,
     density_coverage,
@@ -260,15 +261,16 @@ def test_compare_to_reference_scores_per_observation():
     x_o = toy.sample(2, g)[1]
     reference = toy.posterior()(x_o).sample((300,))
     torch.manual_seed(0)
-    exact = compare_to_reference(toy.posterior(), x_o, reference, generator=g)
-    wide = compare_to_reference(toy.posterior(variance_scale=2.0), x_o, reference, generator=g)
+    exact = compare_to_reference(draws(toy.posterior(), x_o, 300), reference, generator=g)
+    wide = compare_to_reference(draws(toy.posterior(variance_scale=2.0), x_o, 300), reference,
+                                generator=g)
     assert all(v.shape == (2,) for v in exact.values())
     assert bool((wide["mmd_p_value"] <= 0.05).all())
     assert bool((wide["frechet_distance"] > exact["frechet_distance"]).all())
     assert bool((wide["vendi"] > wide["reference_vendi"]).all())
     assert bool((wide["density"] < exact["density"]).all())
     samples = toy.posterior()(x_o).sample((300,))
-    given = compare_to_reference(samples, x_o, reference, num_permutations=0, vendi=False)
+    given = compare_to_reference(samples, reference, num_permutations=0, vendi=False)
     one = mmd(samples[:, 1], reference[:, 1], num_permutations=0)["statistic"]
     assert float(given["mmd"][1]) == pytest.approx(float(one))
 
@@ -283,10 +285,10 @@ def test_frechet_metric_streams_exactly_and_keeps_the_reference():
     for chunk in x.split(100, dim=1):
         metric.update(samples=chunk)
     expected = frechet_distance(x, y)
-    assert torch.allclose(metric.compute()["frechet_distance"], expected, rtol=1e-9)
+    assert torch.allclose(metric.compute().frechet_distance, expected, rtol=1e-9)
     metric.reset()
     metric.update(samples=x)  # the reference survived reset
-    assert torch.allclose(metric.compute()["frechet_distance"], expected, rtol=1e-9)
+    assert torch.allclose(metric.compute().frechet_distance, expected, rtol=1e-9)
 
 
 def test_density_coverage_metric_streams_exactly():
@@ -297,7 +299,7 @@ def test_density_coverage_metric_streams_exactly():
         metric.update(chunk)
     out, expected = metric.compute(), density_coverage(fake, real, k=4)
     for key in ("density", "coverage"):
-        assert float(out[key]) == pytest.approx(float(expected[key]))
+        assert float(getattr(out, key)) == pytest.approx(float(expected[key]))
 
 
 def test_sample_metrics_under_ddp_equal_one_process():
@@ -309,14 +311,14 @@ def test_sample_metrics_under_ddp_equal_one_process():
         shard = fake[rank::world_size]
         frechet.update(samples=shard, reference=real[rank::world_size])
         dc.update(shard)
-        return frechet.compute()["frechet_distance"], dc.compute()
+        return frechet.compute().frechet_distance, dc.compute()
 
     results = run_distributed(fn, world_size=2)
     expected = density_coverage(fake, real)
     for frechet, dc in results:
         assert float(frechet) == pytest.approx(float(frechet_distance(fake, real)), rel=1e-6)
-        assert float(dc["density"]) == pytest.approx(float(expected["density"]))
-        assert float(dc["coverage"]) == pytest.approx(float(expected["coverage"]))
+        assert float(dc.density) == pytest.approx(float(expected["density"]))
+        assert float(dc.coverage) == pytest.approx(float(expected["coverage"]))
 
 
 # -- bad input ------------------------------------------------------------------------
@@ -345,8 +347,10 @@ def test_bad_input_raises_value_errors_naming_the_argument():
         (lambda: FrechetDistance(dim=2, batch_shape=(3,)).update(samples=x), "batch_shape"),
         (lambda: DensityCoverage(y, k=3).update(torch.randn(5, 3)), r"samples must have shape"),
         (lambda: DensityCoverage(y).compute(), "needs at least one sample"),
-        (lambda: compare_to_reference(lambda v: None, y, torch.randn(5, 3, 2)),
-         r"reference_samples must have shape \(S_ref, 12, D\)"),
+        (lambda: compare_to_reference(torch.randn(5, 12, 2), torch.randn(5, 3, 2)),
+         r"samples must have shape \(S, 3, 2\) like reference_samples"),
+        (lambda: compare_to_reference(torch.randn(5, 12, 2), y),
+         r"reference_samples must have shape \(S_ref, O, D\)"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=message):

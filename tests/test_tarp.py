@@ -4,6 +4,7 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
+from calib_lightning.evaluation import draws
 from calib_lightning.functional import (
     expected_coverage,
     tarp,
@@ -14,7 +15,7 @@ from calib_lightning.functional import (
     tarp_test,
     uniform_multinomial,
 )
-from calib_lightning.functional.tarp import _ks_atc
+from calib_lightning.functional.tarp import _ks_coverage_error
 from calib_lightning.metrics import TARP
 from calib_lightning.plots import plot_tarp
 from calib_lightning.tasks import GaussianToy
@@ -27,18 +28,18 @@ def gen(seed):
     return torch.Generator().manual_seed(seed)
 
 
-def toy_datasets(reps, n, num_samples, seed, variance_scale=1.0, shift=0.0, dim=2):
+def toy_datasets(reps, n, num_posterior_samples, seed, variance_scale=1.0, shift=0.0, dim=2):
     """``reps`` GaussianToy datasets at once: theta (reps, n, D), samples (S, reps, n, D)."""
     g = gen(seed)
     toy = GaussianToy(dim=dim)
     theta = torch.randn(reps, n, dim, generator=g)
     x = theta + toy.noise_std * torch.randn(reps, n, dim, generator=g)
     post_std = (toy.weight * toy.noise_std**2 * variance_scale) ** 0.5
-    eps = torch.randn(num_samples, reps, n, dim, generator=g)
+    eps = torch.randn(num_posterior_samples, reps, n, dim, generator=g)
     samples = toy.weight * x + shift + post_std * eps
     references = tarp_references(theta, generator=g)
     ranks = tarp_ranks(samples, theta, references, scale=tarp_fit_scale(theta))
-    return tarp_counts(ranks, num_samples), g
+    return tarp_counts(ranks, num_posterior_samples), g
 
 
 def test_ranks_equal_naive_definition():
@@ -79,65 +80,65 @@ def test_uniform_multinomial_has_multinomial_moments(cells):
         assert float(cov[off_diagonal].mean()) == pytest.approx(-n * p * p, rel=0.05)
 
 
-def test_statistic_atc_and_curve_are_exact_for_the_step_function():
+def test_statistic_coverage_error_and_curve_are_exact_for_the_step_function():
     counts = torch.tensor([[3, 0, 5, 1, 1], [0, 0, 10, 0, 0]])
-    statistic, atc = _ks_atc(counts)
+    statistic, error = _ks_coverage_error(counts)
     grid = torch.linspace(0, 1, 200_001, dtype=F64)
-    ecp = expected_coverage(counts, grid)
-    assert torch.allclose(ecp[:, 0], torch.zeros(2, dtype=F64))
-    assert torch.allclose(ecp[:, -1], torch.ones(2, dtype=F64))
-    dev = (ecp - grid).abs().amax(-1)
+    coverage = expected_coverage(counts, grid)
+    assert torch.allclose(coverage[:, 0], torch.zeros(2, dtype=F64))
+    assert torch.allclose(coverage[:, -1], torch.ones(2, dtype=F64))
+    dev = (coverage - grid).abs().amax(-1)
     assert bool((statistic >= dev - 1e-12).all())
     assert torch.allclose(statistic, dev, atol=1e-4)
     upper = grid >= 0.5
-    area = torch.trapezoid(ecp[:, upper] - grid[upper], grid[upper])
-    assert torch.allclose(atc, area, atol=1e-4)
+    area = torch.trapezoid(coverage[:, upper] - grid[upper], grid[upper])
+    assert torch.allclose(error, area, atol=1e-4)
     # a histogram concentrated on the middle rank: all c_i = 1/2
     assert float(statistic[1]) == pytest.approx(0.5)
-    assert float(atc[1]) == pytest.approx(0.5 * 1 - 0.375)
+    assert float(error[1]) == pytest.approx(0.5 * 1 - 0.375)
 
 
 def test_level_holds_over_many_datasets():
-    counts, g = toy_datasets(reps=300, n=1000, num_samples=30, seed=3)
+    counts, g = toy_datasets(reps=300, n=1000, num_posterior_samples=30, seed=3)
     out = tarp_test(counts, num_null=400, generator=g)
-    p = torch.sort(out["p_value"]).values
+    p = torch.sort(out.p_value).values
     rate = float((p <= 0.05).double().mean())
     grid = torch.linspace(0, 1, 101, dtype=F64)
     excess = float(((p[None] <= grid[:, None]).double().mean(1) - grid).max())
     assert 0.01 <= rate <= 0.10
     assert excess < 0.1
-    assert abs(float(out["atc"].mean())) < 0.003
+    assert abs(float(out.coverage_error.mean())) < 0.003
 
 
 @pytest.mark.parametrize(
-    ("variance_scale", "shift", "atc_sign"),
+    ("variance_scale", "shift", "error_sign"),
     [(2.0, 0.0, 1), (0.5, 0.0, -1), (1.0, 0.5, 0)],
     ids=["variance-x2", "variance-x0.5", "shifted"],
 )
-def test_power_at_n_1000_with_the_documented_atc_sign(variance_scale, shift, atc_sign):
-    counts, g = toy_datasets(reps=20, n=1000, num_samples=100, seed=4,
+def test_power_at_n_1000_with_the_documented_error_sign(variance_scale, shift, error_sign):
+    counts, g = toy_datasets(reps=20, n=1000, num_posterior_samples=100, seed=4,
                              variance_scale=variance_scale, shift=shift)
     out = tarp_test(counts, num_null=200, generator=g)
-    assert float((out["p_value"] <= 0.05).double().mean()) >= 0.95
-    assert bool((out["statistic"] > out["band"]).all())  # the curve leaves the band
-    if atc_sign:
-        assert bool((torch.sign(out["atc"]) == atc_sign).all())
+    assert float((out.p_value <= 0.05).double().mean()) >= 0.95
+    assert bool((out.statistic > out.band).all())  # the curve leaves the band
+    if error_sign:
+        assert bool((torch.sign(out.coverage_error) == error_sign).all())
 
 
-def test_functional_tarp_on_a_posterior_equals_given_samples():
+def test_functional_tarp_on_drawn_samples_equals_given_samples():
     toy, g = GaussianToy(dim=3), gen(5)
     theta, x = toy.sample(300, g)
     refs = tarp_references(theta, generator=g)
     torch.manual_seed(0)
-    drawn = tarp(toy.posterior(), theta, x, num_posterior_samples=50, references=refs,
-                 generator=gen(6), chunk_size=64)
+    drawn = tarp(draws(toy.posterior(), x, 50, chunk_size=64), theta, references=refs,
+                 generator=gen(6))  # fmt: skip
     torch.manual_seed(0)
     samples = torch.cat([toy.posterior()(x[s : s + 64]).sample((50,)) for s in range(0, 300, 64)],
                         1)
-    given = tarp(samples, theta, x, references=refs, generator=gen(6))
-    for key in ("statistic", "p_value", "atc", "ecp"):
-        assert torch.equal(drawn[key], given[key])
-    assert int(given["num_samples"]) == 300
+    given = tarp(samples, theta, references=refs, generator=gen(6))
+    for key in ("statistic", "p_value", "coverage_error", "coverage"):
+        assert torch.equal(getattr(drawn, key), getattr(given, key))
+    assert int(given.num_pairs) == 300
 
 
 def test_metric_streams_exactly_and_equals_the_functional_core():
@@ -158,7 +159,7 @@ def test_metric_streams_exactly_and_equals_the_functional_core():
     expected = tarp_counts(tarp_ranks(samples, theta, refs, scale=scale), 40)
     assert torch.equal(one.counts, expected)
     out = one.compute()
-    assert torch.equal(out["statistic"], tarp_test(expected, generator=gen(4))["statistic"])
+    assert torch.equal(out.statistic, tarp_test(expected, generator=gen(4)).statistic)
     # fitted coordinates: the scale and box of the pairs updated before the first compute
     fitted = TARP(num_posterior_samples=40)
     fitted.update(samples[:, :150], theta[:150], x[:150])
@@ -190,13 +191,13 @@ def test_metric_under_ddp_equals_one_process():
         single.update(samples[:, rows], theta[rows], x[rows])
     expected = single.compute()
     for out, scale, low, high in results:
-        for key in ("statistic", "p_value", "atc", "ecp", "num_samples"):
-            assert torch.equal(out[key], expected[key]), key
+        for key in ("statistic", "p_value", "coverage_error", "coverage", "num_pairs"):
+            assert torch.equal(getattr(out, key), getattr(expected, key)), key
         assert torch.allclose(scale.float(), theta.std(0), rtol=1e-5)
         assert torch.equal(low.float(), theta.amin(0))
         assert torch.equal(high.float(), theta.amax(0))
-    assert float(expected["p_value"]) <= 0.05
-    assert float(expected["atc"]) > 0
+    assert float(expected.p_value) <= 0.05
+    assert float(expected.coverage_error) > 0
 
 
 def _updated(metric, posterior, theta, x):
@@ -205,9 +206,9 @@ def _updated(metric, posterior, theta, x):
 
 
 def test_figure_shows_the_curve_and_band():
-    counts, g = toy_datasets(reps=1, n=500, num_samples=50, seed=9, variance_scale=2.0)
-    out = {k: (v[0] if v.ndim and k not in ("alpha", "level") else v)
-           for k, v in tarp_test(counts, num_null=100, generator=g).items()}
+    counts, g = toy_datasets(reps=1, n=500, num_posterior_samples=50, seed=9, variance_scale=2.0)
+    out = tarp_test(counts, num_null=100, generator=g)
+    out = out.apply(lambda v: v[0] if v.ndim and v is not out.credibility else v)
     fig = plot_tarp(out)
     assert isinstance(fig, Figure)
     (ax,) = fig.axes
@@ -217,8 +218,8 @@ def test_figure_shows_the_curve_and_band():
     assert "expected coverage" in labels
     with pytest.raises(ValueError, match="one curve"):
         plot_tarp(tarp_test(torch.cat([counts, counts]), num_null=10))
-    with pytest.raises(ValueError, match="must contain 'band'"):
-        plot_tarp({"alpha": out["alpha"], "ecp": out["ecp"]})
+    with pytest.raises(ValueError, match="must be a TARPResult"):
+        plot_tarp({"credibility": out.credibility, "coverage": out.coverage})
 
 
 @pytest.mark.filterwarnings("ignore:The ``compute`` method")
@@ -236,12 +237,12 @@ def test_bad_input_raises_value_errors_naming_the_argument():
         (lambda: tarp_test(torch.zeros(4, dtype=torch.long)), "at least one calibration pair"),
         (lambda: tarp_test(torch.ones(4), level=1.5), r"level must lie in \(0, 1\)"),
         (lambda: tarp_test(torch.ones(4), num_null=0), "num_null must be a positive integer"),
-        (lambda: tarp(toy.posterior(), nan, x), "theta must be finite"),
-        (lambda: tarp(toy.posterior(), theta[:1], x[:1]), "theta must have at least 2 rows"),
-        (lambda: tarp(toy.posterior(), theta, x[:9]), "x must have the same number of rows"),
-        (lambda: tarp(samples[:, :, :1], theta, x), r"posterior samples must have shape"),
-        (lambda: tarp(toy.posterior(), theta, x, scale=torch.ones(3)), r"scale must be a tensor"),
-        (lambda: tarp(toy.posterior(), theta, x, references=theta[:, :1]), "references must"),
+        (lambda: tarp(samples, nan), "theta must be finite"),
+        (lambda: tarp(samples[:, :1], theta[:1]), "theta must have at least 2 rows"),
+        (lambda: TARP().update(toy.posterior(), theta, x[:9]), "x must have the same number"),
+        (lambda: tarp(samples[:, :, :1], theta), r"samples must have shape"),
+        (lambda: tarp(samples, theta, scale=torch.ones(3)), r"scale must be a tensor"),
+        (lambda: tarp(samples, theta, references=theta[:, :1]), "references must"),
         (lambda: TARP(num_posterior_samples=0), "num_posterior_samples must be a positive"),
         (lambda: TARP(scale=-torch.ones(2)), "scale must be a positive tensor"),
         (lambda: TARP(reference_bounds=(torch.ones(2), torch.zeros(2))), "low <= high"),

@@ -139,8 +139,8 @@ class LC2STNFCallback(CalibrationCallback):
                 reference = self.reference_samples.to(observations)
                 samples = draws(posterior, observations, reference.shape[0])  # (S_ref, O, D)
                 scores = compare_to_reference(
-                    samples, observations=observations, reference_samples=reference,
-                    vendi=False, generator=torch.Generator().manual_seed(self.seed),
+                    samples, reference, vendi=False,
+                    generator=torch.Generator().manual_seed(self.seed),
                 )  # fmt: skip
                 out.update({key: _field(scores, key) for key in _REFERENCE_KEYS})
                 out["oracle_c2st"] = oracle_c2st(

@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from calib_lightning.callbacks.base import CalibrationCallback
-from calib_lightning.metrics.ranks import RankCalibration
+from calib_lightning.metrics.ranks import RankCalibration, RankCalibrationResult
 from calib_lightning.plots.ranks import (
     plot_expected_coverage,
     plot_rank_ecdf,
@@ -22,9 +22,10 @@ __all__ = ["RankCalibrationCallback"]
 class RankCalibrationCallback(CalibrationCallback):
     r"""Streaming SBC every ``every_n_epochs`` epochs: marginal and energy ranks, coverage.
 
-    Logs, under ``{prefix}/ranks/``: ``global_p_value`` (the verdict: every marginal
-    and joint test combined into one p-value that keeps its level; small means
-    miscalibrated somewhere), ``p_value`` (joint energy-rank uniformity),
+    Logs, under ``{prefix}/ranks/``, the ``logged`` fields of
+    :class:`~calib_lightning.functional.sbc.RankCalibrationResult`: ``global_p_value``
+    (the verdict: every marginal and joint test combined into one p-value that keeps
+    its level; small means miscalibrated somewhere), ``p_value`` (joint energy-rank uniformity),
     ``coverage_error`` (signed area of the expected-coverage curve:
     **negative = over-confident**, positive = under-confident; the convention of
     :mod:`calib_lightning.functional.sbc`),
@@ -58,10 +59,6 @@ class RankCalibrationCallback(CalibrationCallback):
     name: ClassVar[str] = "ranks"
     history_keys: ClassVar[tuple[str, ...]] = ("global_p_value", "p_value", "coverage_error")
     metric_type: ClassVar[type] = RankCalibration
-    scalar_keys: ClassVar[tuple[str, ...]] = (
-        "global_p_value", "p_value", "coverage_error", "num_pairs",
-        "marginal_p_values", "ecdf_p_values", "contraction", "mean_squared_error",
-    )  # fmt: skip
 
     def __init__(
         self,
@@ -78,16 +75,16 @@ class RankCalibrationCallback(CalibrationCallback):
         super().__init__(metric, theta, x, **kwargs)
         self.labels = labels
 
-    def figures(self, result: dict[str, Tensor]) -> dict[str, Figure]:
+    def figures(self, result: RankCalibrationResult) -> dict[str, Figure]:
         figures = super().figures(result)
         figures["ecdf"] = plot_rank_ecdf(result, labels=self.labels)
         figures["rank_histograms"] = plot_rank_histograms(result, labels=self.labels)
         figures["expected_coverage"] = plot_expected_coverage(result)
         return figures
 
-    def histograms(self, result: dict[str, Tensor]) -> dict[str, Tensor]:
+    def histograms(self, result: RankCalibrationResult) -> dict[str, Tensor]:
         """Raw ranks, expanded from the histogram counts (``D`` marginals, then the joint)."""
-        counts = result["histogram"]
+        counts = result.histogram
         values = torch.arange(counts.shape[1], dtype=torch.float32)
         names = [str(d) for d in range(counts.shape[0] - 1)] + ["joint"]
         return {

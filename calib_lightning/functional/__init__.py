@@ -30,9 +30,12 @@ from calib_lightning.functional.lc2st import (
 )
 from calib_lightning.functional.ranks import (
     PosteriorDraws,
+    RankSums,
+    RankWorkspace,
+    draw_moments,
     energy_ranks,
     marginal_ranks,
-    posterior_ranks,
+    rank_draw_chunk,
     rank_histogram,
     sbc_ranks,
 )
@@ -54,6 +57,9 @@ from calib_lightning.functional.samples import (
     vendi_score,
 )
 from calib_lightning.functional.sbc import (
+    RankCalibrationResult,
+    RankSummary,
+    Sharpness,
     coverage_error,
     default_num_bins,
     rank_calibration,
@@ -62,6 +68,7 @@ from calib_lightning.functional.sbc import (
     uniformity_test,
 )
 from calib_lightning.functional.tarp import (
+    TARPResult,
     expected_coverage,
     tarp,
     tarp_counts,
@@ -75,8 +82,14 @@ from calib_lightning.functional.tarp import (
 __all__ = [
     "KCCSDTest",
     "PosteriorDraws",
+    "RankCalibrationResult",
+    "RankSummary",
+    "RankSums",
+    "RankWorkspace",
     "Recovery",
+    "Sharpness",
     "SymmetricBlocks",
+    "TARPResult",
     "ball_counts",
     "band_coverage",
     "bootstrap_p_value",
@@ -86,6 +99,7 @@ __all__ = [
     "coverage_error",
     "default_num_bins",
     "density_coverage",
+    "draw_moments",
     "ecdf_levels",
     "ecdf_test",
     "energy_ranks",
@@ -103,11 +117,11 @@ __all__ = [
     "mmd",
     "monte_carlo_p_value",
     "pointwise_band",
-    "posterior_ranks",
     "pp_band",
     "pp_ecdf",
     "rademacher",
     "rank_calibration",
+    "rank_draw_chunk",
     "rank_ecdf",
     "rank_histogram",
     "recovery",

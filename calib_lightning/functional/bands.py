@@ -22,7 +22,7 @@ ever compared with integer ranks.
   probability computed exactly by the Markov recursion (Säilynoja et al., 2022).
 * :func:`ecdf_test`: the test the simultaneous band draws: the statistic is the
   smallest pointwise two-sided binomial tail probability along the curve, its
-  p-value is exact by the same recursion, and ``p < alpha`` exactly when the curve
+  p-value is exact by the same recursion, and ``p < level`` exactly when the curve
   leaves the simultaneous band.
 
 References:
@@ -126,7 +126,7 @@ def rank_ecdf(histogram: Tensor, cuts: Tensor) -> tuple[Tensor, Tensor]:
     return cuts.to(torch.float64) / m1, ecdf
 
 
-def pointwise_band(levels: Tensor, num_ranks: int, alpha: float = 0.05) -> Tensor:
+def pointwise_band(levels: Tensor, num_ranks: int, level: float = 0.05) -> Tensor:
     r"""Half-width of the pointwise band of :math:`F(t) - t`:
     :math:`z_{1 - \alpha/2} \sqrt{t (1 - t) / N}`.
 
@@ -136,7 +136,7 @@ def pointwise_band(levels: Tensor, num_ranks: int, alpha: float = 0.05) -> Tenso
     Arguments:
         levels: ``(K,)`` in ``(0, 1)``.
         num_ranks: ``N``.
-        alpha: ``1 -`` the pointwise level.
+        level: test level :math:`\alpha`; each point is covered w.p. ``1 - level``.
 
     Returns:
         ``(K,)`` half-widths.
@@ -146,9 +146,9 @@ def pointwise_band(levels: Tensor, num_ranks: int, alpha: float = 0.05) -> Tenso
         tensor([0.0980])
     """
     check_positive("num_ranks", num_ranks, integer=True)
-    check_probability("alpha", alpha)
+    check_probability("level", level)
     _check_levels(levels, increasing=False)
-    quantile = stats.norm.ppf(1 - alpha / 2)
+    quantile = stats.norm.ppf(1 - level / 2)
     return quantile * torch.sqrt(levels * (1 - levels) / num_ranks)
 
 
@@ -229,21 +229,21 @@ def _forward(levels: list[float], low: np.ndarray, high: np.ndarray, n: int) -> 
 
 
 @functools.lru_cache(maxsize=64)
-def _adjusted_gamma(levels: tuple[float, ...], n: int, alpha: float) -> tuple[float, float]:
-    """Largest pointwise level gamma whose band holds the whole curve w.p. >= 1 - alpha.
+def _adjusted_gamma(levels: tuple[float, ...], n: int, level: float) -> tuple[float, float]:
+    """Largest pointwise level gamma whose band holds the whole curve w.p. >= 1 - level.
 
     Coverage decreases in gamma (the bands are nested); try ``_CANDIDATES`` values at
-    once on a log grid between the Bonferroni ``alpha / K`` and ``alpha``, then refine
+    once on a log grid between the Bonferroni ``level / K`` and ``level``, then refine
     inside the bracket until both ends give the same integer band (finer steps cannot
     change the band) or the bracket is narrower than a factor ``1 + _PRECISION``.
     """
     z = torch.tensor(levels, dtype=torch.float64)
-    lo, hi = alpha / len(levels), alpha  # coverage(lo) >= 1 - alpha by Bonferroni
+    lo, hi = level / len(levels), level  # coverage(lo) >= 1 - level by Bonferroni
     while True:
         gammas = np.geomspace(lo, hi, _CANDIDATES)[:, None]
         lower, upper = _count_band(levels, n, gammas / 2, 1 - gammas / 2)
         coverage = band_coverage(z, lower, upper, n)
-        ok = (coverage >= 1 - alpha).nonzero().flatten()
+        ok = (coverage >= 1 - level).nonzero().flatten()
         last = int(ok[-1]) if ok.numel() else 0
         if last == _CANDIDATES - 1 or hi / lo < 1 + _PRECISION:
             return float(gammas[last, 0]), float(coverage[last])
@@ -253,7 +253,7 @@ def _adjusted_gamma(levels: tuple[float, ...], n: int, alpha: float) -> tuple[fl
 
 
 def simultaneous_band(
-    levels: Tensor, num_ranks: int, alpha: float = 0.05
+    levels: Tensor, num_ranks: int, level: float = 0.05
 ) -> tuple[Tensor, Tensor, float]:
     r"""Simultaneous :math:`1 - \alpha` band for :math:`F(z_k) - z_k` of ``N`` uniform ranks.
 
@@ -263,17 +263,18 @@ def simultaneous_band(
     (:func:`band_coverage`) that a calibrated curve stays inside at all ``K`` levels is
     at least :math:`1 - \alpha`; :math:`\gamma` is searched between the Bonferroni
     :math:`\alpha / K` and :math:`\alpha` on log grids, 32 candidates per recursion.
-    Results are cached per ``(levels, N, alpha)``.
+    Results are cached per ``(levels, N, level)``.
 
     Arguments:
         levels: ``(K,)`` increasing levels in ``(0, 1)`` (exact for ranks on ``0..M``
             when ``levels = c / (M + 1)``, see :func:`ecdf_levels`).
         num_ranks: ``N``.
-        alpha: ``1 -`` the simultaneous level.
+        level: test level :math:`\alpha`; the band covers the whole curve w.p.
+            ``>= 1 - level``.
 
     Returns:
         ``(lower, upper, coverage)``: bounds ``(K,)`` of :math:`F - z` and the exact
-        simultaneous coverage achieved (``>= 1 - alpha``).
+        simultaneous coverage achieved (``>= 1 - level``).
 
     Example:
         >>> z = torch.arange(1, 10, dtype=torch.float64) / 10
@@ -287,10 +288,10 @@ def simultaneous_band(
         Statistics and Computing 32, 32 (2022).
     """
     check_positive("num_ranks", num_ranks, integer=True)
-    check_probability("alpha", alpha)
+    check_probability("level", level)
     z = _check_levels(levels)
     key = tuple(z.tolist())
-    gamma, coverage = _adjusted_gamma(key, num_ranks, float(alpha))
+    gamma, coverage = _adjusted_gamma(key, num_ranks, float(level))
     lower, upper = _count_band(key, num_ranks, gamma / 2, 1 - gamma / 2)
     return lower.double() / num_ranks - z, upper.double() / num_ranks - z, coverage
 

@@ -23,8 +23,6 @@ the posterior mean.
 References:
     Talts, Betancourt, Simpson, Vehtari, Gelman. "Validating Bayesian inference
     algorithms with simulation-based calibration." arXiv:1804.06788 (2018).
-    Handwritten notes "validation of SBI" (seed 004): rank histograms, ECDF - t
-    curves, joint calibration through energy ranks, calibrated-but-inaccurate.
 """
 
 from __future__ import annotations
@@ -34,15 +32,17 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_pairs, check_positive
-from calib_lightning.posteriors import Posterior, as_posterior
+from calib_lightning._checks import check_positive
 
 __all__ = [
     "MOMENT_DRAWS",
     "PosteriorDraws",
+    "RankSums",
+    "RankWorkspace",
+    "draw_moments",
     "energy_ranks",
     "marginal_ranks",
-    "posterior_ranks",
+    "rank_draw_chunk",
     "rank_histogram",
     "sbc_ranks",
 ]
@@ -56,8 +56,8 @@ pair make their Monte Carlo error negligible; using all ``M`` would make the mom
 not the ranks, the main cost of the check when ``M`` is large."""
 
 
-class _Workspace:
-    """Reusable scratch tensors for the chunk loop of :func:`posterior_ranks`.
+class RankWorkspace:
+    """Reusable scratch tensors for a loop of :func:`rank_draw_chunk` calls.
 
     Fresh multi-megabyte temporaries per chunk cost more in page faults than the
     arithmetic on them (glibc returns large blocks to the system); reusing buffers keeps
@@ -219,8 +219,23 @@ def sbc_ranks(
     return torch.cat([marginal_ranks(samples, theta, generator=generator), joint[..., None]], -1)
 
 
+class RankSums(NamedTuple):
+    """What :func:`rank_draw_chunk` keeps of one chunk of draws, per pair.
+
+    Attributes:
+        below: ``(n, D + 1)`` int64 ranks counted in the chunk: marginal, then joint.
+        total: ``(n, D)`` float64 sum of :math:`\theta_k - \theta^*` over the chunk's
+            draws among the first ``moment_draws``.
+        total_sq: ``(n, D)`` float64 sum of its squares.
+    """
+
+    below: Tensor
+    total: Tensor
+    total_sq: Tensor
+
+
 class PosteriorDraws(NamedTuple):
-    """What :func:`posterior_ranks` keeps of the ``M`` draws per pair.
+    """What rank calibration keeps of the ``M`` draws per pair (:func:`draw_moments`).
 
     Attributes:
         ranks: ``(N, D + 1)`` marginal ranks and the joint energy rank (last column).
@@ -235,115 +250,74 @@ class PosteriorDraws(NamedTuple):
     variance: Tensor
 
 
-def posterior_ranks(
-    posterior: Posterior | object,
+def rank_draw_chunk(
     theta: Tensor,
-    x: Tensor,
-    num_posterior_samples: int,
+    log_prob_theta: Tensor,
+    samples: Tensor,
+    log_prob: Tensor,
     *,
-    max_chunk_elements: int = 2**20,
+    first_draw: int = 0,
+    moment_draws: int = MOMENT_DRAWS,
+    offset: int = 0,
     generator: torch.Generator | None = None,
-) -> PosteriorDraws:
-    r"""Draw ``M`` posterior samples per pair in chunks and reduce them to ranks and moments.
+    workspace: RankWorkspace | None = None,
+) -> RankSums:
+    r"""Reduce one chunk of posterior draws of ``n`` pairs to rank counts and moment sums.
 
-    Samples and their densities come from one ``posterior.sample_and_log_prob`` pass,
-    the truth's density from ``posterior.log_prob``. Memory is
-    ``O(max_chunk_elements)`` (the draws of one chunk, their log-densities and two
-    scratch buffers of the same size) plus the ``(N, D + 1)`` outputs: pairs are taken
-    ``max(1, max_chunk_elements // (M D))`` at a time, and if one pair's ``M D``
-    exceeds the bound its draws are split too (ranks and sums add up over chunks).
-    Besides sampling, the cost is a few passes over the draws (difference to the truth,
-    summed signs, a test for ties); the sharpness moments use the first
-    ``min(M, MOMENT_DRAWS)`` draws of each pair.
+    The streaming form of :func:`sbc_ranks`: ranks and sums of chunks of draws of the
+    same pairs add up. Besides the draws, the cost is a few passes over them
+    (difference to the truth, summed signs, a test for ties); finiteness is checked
+    lazily (element by element only when a tie, a non-finite moment or log-density
+    shows), and a failure names the pairs.
 
     Arguments:
-        posterior: anything :func:`calib_lightning.as_posterior` accepts.
-        theta: true parameters ``(N, D)``.
-        x: observations ``(N, *X)``.
-        num_posterior_samples: ``M >= 2``.
-        max_chunk_elements: bound on ``samples_per_chunk * pairs_per_chunk * D``.
-        generator: for tie-breaking (sampling uses the posterior's own randomness).
+        theta: true parameters ``(n, D)``.
+        log_prob_theta: :math:`\log q(\theta^* \mid x)`, ``(n,)``; ``-inf`` allowed.
+        samples: draws ``(s, n, D)``.
+        log_prob: their log-densities ``(s, n)``.
+        first_draw: index of the chunk's first draw among the pair's ``M``.
+        moment_draws: draws with index below it enter the moment sums.
+        offset: index of the first pair, for error messages.
+        generator: for tie-breaking (CPU).
+        workspace: reusable scratch buffers (:class:`RankWorkspace`).
 
     Returns:
-        :class:`PosteriorDraws`.
-
-    Raises:
-        ValueError: for bad shapes, non-finite ``theta``/``x``, or non-finite posterior
-            samples/log-densities (naming how many pairs were affected).
+        :class:`RankSums`.
     """
-    posterior = as_posterior(posterior)
-    check_pairs(theta, x)
-    check_positive("num_posterior_samples", num_posterior_samples, integer=True)
-    check_positive("max_chunk_elements", max_chunk_elements, integer=True)
-    if num_posterior_samples < 2:
-        raise ValueError(f"num_posterior_samples must be >= 2, got {num_posterior_samples}")
-    n, d, m = theta.shape[0], theta.shape[1], num_posterior_samples
-    rows = max(1, max_chunk_elements // (m * d))
-    draws = max(1, min(m, max_chunk_elements // d))
-    head = min(m, MOMENT_DRAWS)
-    work = _Workspace()
-    theta = theta.detach()
-    with torch.no_grad():
-        chunks = [
-            _rank_chunk(
-                posterior, theta[s : s + rows], x[s : s + rows], m, draws, head, s, work, generator
-            )
-            for s in range(0, n, rows)
-        ]
-    return PosteriorDraws(*(torch.cat(parts) for parts in zip(*chunks, strict=True)))
-
-
-def _rank_chunk(
-    posterior: Posterior,
-    th: Tensor,
-    xc: Tensor,
-    m: int,
-    draws: int,
-    head: int,
-    start: int,
-    work: _Workspace,
-    generator: torch.Generator | None,
-) -> PosteriorDraws:
-    """:func:`posterior_ranks` for one chunk of pairs (``start`` is its first index)."""
-    n, d = th.shape
-    log_prob_theta = posterior.log_prob(th, xc)
-    _check_log_prob_theta(log_prob_theta, start)
-    below = torch.zeros(n, d + 1, dtype=torch.long, device=th.device)
-    total = torch.zeros(n, d, dtype=torch.float64, device=th.device)
+    work = RankWorkspace() if workspace is None else workspace
+    n, d = theta.shape
+    if first_draw == 0:
+        _check_log_prob_theta(log_prob_theta, offset)
+    total = torch.zeros(n, d, dtype=torch.float64, device=theta.device)
     total_sq = torch.zeros_like(total)
-    for done in range(0, m, draws):
-        take = min(draws, m - done)
-        samples, log_prob = posterior.sample_and_log_prob(xc, take)
-        if samples.shape != (take, n, d) or log_prob.shape != (take, n):
-            raise ValueError(
-                f"posterior.sample_and_log_prob must return shapes (S, N, D) = {(take, n, d)} "
-                f"and (S, N) = {(take, n)}, got {tuple(samples.shape)} and "
-                f"{tuple(log_prob.shape)}"
-            )
-        dtype = torch.promote_types(samples.dtype, th.dtype)
-        diff = torch.sub(samples, th, out=work("diff", samples, dtype))
-        if done < head:  # moments from the first `head` draws, in float64
-            first = diff[: head - done]
-            first = work("head", first, torch.float64).copy_(first)
-            total += first.sum(0)
-            total_sq += first.square_().sum(0)
-        marginal, zeros = _count_below(diff, generator)  # overwrites diff
-        dtype = torch.promote_types(log_prob.dtype, log_prob_theta.dtype)
-        energy = torch.sub(log_prob_theta, log_prob, out=work("energy", log_prob, dtype))
-        joint, energy_zeros = _count_below(energy, generator)
-        # A NaN draw looks like a tie to the counts; an infinite one shows in the moments
-        # or its log-density. Only then check element by element, to name the pairs.
-        if (
-            zeros
-            or energy_zeros
-            or not bool(total_sq.isfinite().all() and log_prob.sum(0).isfinite().all())
-        ):
-            _check_draws(samples, log_prob, log_prob_theta, start)
-        below[:, :d] += marginal
-        below[:, d] += joint
-    mean_error = total / head
-    variance = ((total_sq - head * mean_error**2) / (head - 1)).clamp_min(0.0)
-    return PosteriorDraws(below, mean_error, variance)
+    dtype = torch.promote_types(samples.dtype, theta.dtype)
+    diff = torch.sub(samples, theta, out=work("diff", samples, dtype))
+    if first_draw < moment_draws:  # moments from the first draws, in float64
+        first = diff[: moment_draws - first_draw]
+        first = work("head", first, torch.float64).copy_(first)
+        total += first.sum(0)
+        total_sq += first.square_().sum(0)
+    marginal, zeros = _count_below(diff, generator)  # overwrites diff
+    dtype = torch.promote_types(log_prob.dtype, log_prob_theta.dtype)
+    energy = torch.sub(log_prob_theta, log_prob, out=work("energy", log_prob, dtype))
+    joint, energy_zeros = _count_below(energy, generator)
+    # A NaN draw looks like a tie to the counts; an infinite one shows in the moments
+    # or its log-density. Only then check element by element, to name the pairs.
+    if (
+        zeros
+        or energy_zeros
+        or not bool(total_sq.isfinite().all() and log_prob.sum(0).isfinite().all())
+    ):
+        _check_draws(samples, log_prob, log_prob_theta, offset)
+    return RankSums(torch.cat([marginal, joint[:, None]], -1), total, total_sq)
+
+
+def draw_moments(total: Tensor, total_sq: Tensor, num_draws: int) -> tuple[Tensor, Tensor]:
+    """Mean error and unbiased variance ``(n, D)`` from the sums of :class:`RankSums`
+    over ``num_draws >= 2`` draws."""
+    mean_error = total / num_draws
+    variance = ((total_sq - num_draws * mean_error**2) / (num_draws - 1)).clamp_min(0.0)
+    return mean_error, variance
 
 
 def rank_histogram(ranks: Tensor, num_posterior_samples: int) -> Tensor:

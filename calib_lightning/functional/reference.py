@@ -1,10 +1,10 @@
-r"""Compare a posterior with reference posterior samples at given observations.
+r"""Compare posterior samples with reference posterior samples at given observations.
 
 The entry point for benchmarks and callbacks that hold reference samples (exact
-samplers of benchmark tasks, long MCMC runs) at a few observations :math:`x_o`:
-one call draws the approximation's samples at every :math:`x_o` and returns every
-sample-based score of :mod:`calib_lightning.functional.samples`, one value per
-observation.
+samplers of benchmark tasks, long MCMC runs) at a few observations :math:`x_o`: given
+the approximation's samples at every :math:`x_o` (drawn by the caller, e.g. with
+:func:`calib_lightning.evaluation.draws`), one call returns every sample-based score of
+:mod:`calib_lightning.functional.samples`, one value per observation.
 """
 
 from __future__ import annotations
@@ -12,27 +12,23 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_finite, check_positive
-from calib_lightning.evaluation import checked_samples
+from calib_lightning._checks import check_finite
 from calib_lightning.functional.samples import density_coverage, frechet_distance, mmd, vendi_score
 from calib_lightning.kernels import median_bandwidth
-from calib_lightning.posteriors import Posterior, as_posterior
 
 __all__ = ["compare_to_reference"]
 
 
 def compare_to_reference(
-    posterior: Posterior | object | Tensor,
-    observations: Tensor,
+    samples: Tensor,
     reference_samples: Tensor,
     *,
-    num_posterior_samples: int | None = None,
     num_permutations: int = 200,
     k: int = 5,
     vendi: bool = True,
     generator: torch.Generator | None = None,
 ) -> dict[str, Tensor]:
-    r"""Sample-based scores of ``posterior`` against reference samples, per observation.
+    r"""Sample-based scores of posterior samples against reference samples, per observation.
 
     For each observation :math:`x_o` (a loop, so memory is that of one comparison):
     :func:`~calib_lightning.functional.mmd` (statistic, permutation p-value, median
@@ -43,19 +39,18 @@ def compare_to_reference(
     shows as a lower or higher diversity than the reference's.
 
     Arguments:
-        posterior: anything :func:`calib_lightning.as_posterior` accepts, or samples
-            ``(S, K, D)`` already drawn at ``observations``.
-        observations: :math:`x_o`, shape ``(K, *X)``.
-        reference_samples: ``(S_ref, K, D)``, the layout of ``Posterior.sample`` and of
-            :meth:`calib_lightning.tasks.SBITask.reference_posterior_samples`.
-        num_posterior_samples: ``S`` to draw; default ``S_ref``.
+        samples: posterior samples ``(S, O, D)`` at the ``O`` observations, the layout
+            of ``Posterior.sample`` and :func:`calib_lightning.evaluation.draws`.
+        reference_samples: ``(S_ref, O, D)``, the same layout (e.g.
+            :meth:`calib_lightning.tasks.SBITask.reference_posterior_samples`).
         num_permutations: permutations of the MMD test (``0``: no p-value).
         k: neighbour of density and coverage.
         vendi: also compute Vendi scores (one ``(S, S)`` eigendecomposition each).
         generator: random generator for the permutations.
 
     Returns:
-        dict of ``(K,)`` tensors: ``mmd``, ``mmd_p_value``, ``mmd_bandwidth``,
+        A dict of per-observation ``(O,)`` tensors (a flat table of scores, one row per
+        observation): ``mmd``, ``mmd_p_value``, ``mmd_bandwidth``,
         ``frechet_distance``, ``density``, ``coverage`` and, if ``vendi``, ``vendi``,
         ``reference_vendi``, ``vendi_bandwidth``.
 
@@ -64,38 +59,22 @@ def compare_to_reference(
         >>> toy, g = GaussianToy(dim=2), torch.Generator().manual_seed(0)
         >>> x_o = toy.sample(3, g)[1]
         >>> reference = toy.posterior()(x_o).sample((500,))
-        >>> out = compare_to_reference(toy.posterior(variance_scale=2.0), x_o, reference,
-        ...                            generator=g)
+        >>> samples = toy.posterior(variance_scale=2.0)(x_o).sample((500,))
+        >>> out = compare_to_reference(samples, reference, generator=g)
         >>> out["mmd_p_value"] < 0.05, out["vendi"] > out["reference_vendi"]
         (tensor([True, True, True]), tensor([True, True, True]))
     """
-    if not isinstance(observations, Tensor) or observations.ndim < 2:
-        shape = tuple(observations.shape) if isinstance(observations, Tensor) else observations
-        raise ValueError(f"observations must have shape (K, X), got {shape}")
-    check_finite("observations", observations)
-    num_obs = observations.shape[0]
-    if not isinstance(reference_samples, Tensor) or reference_samples.ndim != 3 \
-            or reference_samples.shape[1] != num_obs:
+    if not isinstance(reference_samples, Tensor) or reference_samples.ndim != 3:
         shape = tuple(reference_samples.shape) if isinstance(reference_samples, Tensor) else None
-        raise ValueError(
-            f"reference_samples must have shape (S_ref, {num_obs}, D), one column per "
-            f"observation, got {shape}"
-        )
+        raise ValueError(f"reference_samples must have shape (S_ref, O, D), got {shape}")
+    num_obs, dim = reference_samples.shape[1:]
     check_finite("reference_samples", reference_samples.transpose(0, 1))
-    if isinstance(posterior, Tensor):
-        samples = posterior
-        if samples.ndim != 3 or samples.shape[1:] != (num_obs, reference_samples.shape[2]):
-            raise ValueError(
-                f"posterior samples must have shape (S, {num_obs}, {reference_samples.shape[2]}),"
-                f" got {tuple(samples.shape)}"
-            )
-    else:
-        size = num_posterior_samples
-        if size is None:
-            size = reference_samples.shape[0]
-        check_positive("num_posterior_samples", size, integer=True)
-        samples = as_posterior(posterior).sample(observations, size)
-    checked_samples(samples)
+    if not isinstance(samples, Tensor) or samples.ndim != 3 or samples.shape[1:] != (num_obs, dim):
+        shape = tuple(samples.shape) if isinstance(samples, Tensor) else type(samples).__name__
+        raise ValueError(
+            f"samples must have shape (S, {num_obs}, {dim}) like reference_samples, got {shape}"
+        )
+    check_finite("posterior samples", samples.transpose(0, 1))
     samples = samples.to(reference_samples.dtype)
     rows: dict[str, list[Tensor]] = {}
     for o in range(num_obs):

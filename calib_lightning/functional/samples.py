@@ -1,4 +1,4 @@
-r"""Sample-based comparison of posterior approximations (seed 004, cases 1 and 2).
+r"""Sample-based comparison of posterior approximations with reference samples.
 
 When reference samples exist (benchmark tasks, long MCMC runs) the approximation's
 samples :math:`Y_{1..n}` are compared with the reference samples :math:`X_{1..m}`:
@@ -6,15 +6,13 @@ samples :math:`Y_{1..n}` are compared with the reference samples :math:`X_{1..m}
 * :func:`mmd`: unbiased :math:`\mathrm{MMD}^2` with an RBF kernel and a permutation test;
 * :func:`frechet_distance`: the Frechet (2-Wasserstein) distance between Gaussian fits,
   the FID computed on parameters instead of network features;
-* :func:`density_coverage`: the k-NN fidelity and diversity scores of Naeem et al. (2020).
-
-Without reference samples, :func:`vendi_score` measures the diversity of one set.
+* :func:`density_coverage`: the k-NN fidelity and diversity scores of Naeem et al. (2020);
+* :func:`vendi_score`: the diversity of one set (needs no reference).
 
 Every function takes sets of shape ``(*, n, D)``: the points are on axis ``-2`` and
 optional leading dimensions ``(*)`` batch many comparisons (observations, repeated
-datasets) into one call. Posterior samples come as ``(S, K, D)`` from
-:meth:`~calib_lightning.posteriors.Posterior.sample`; transpose them to ``(K, S, D)``
-to compare per observation, or use :func:`calib_lightning.functional.compare_to_reference`.
+datasets) into one call. Posterior samples ``(S, K, D)`` are transposed to ``(K, S, D)``
+to compare per observation (:func:`calib_lightning.functional.compare_to_reference`).
 """
 
 from __future__ import annotations

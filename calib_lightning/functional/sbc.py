@@ -36,10 +36,10 @@ among the draws of one parameter (rank = number of draws below the truth), so it
 read by its shape: above 0 on the left and below on the right (a U-shaped
 histogram) = too narrow, over-confident; the reverse (a hump) = too wide,
 under-confident; above 0 throughout = the posterior sits too high (its draws exceed
-the truth), below throughout = too low. TARP's ``ecp`` (random-reference balls,
+the truth), below throughout = too low. TARP's ``coverage`` (random-reference balls,
 :mod:`calib_lightning.functional.tarp`) behaves like a marginal curve along a random
 direction: a dispersion error makes it S-shaped, so it is read on its upper half,
-:math:`c > 1/2`, where it follows the coverage convention (``atc``, its area there:
+:math:`c > 1/2`, where it follows the coverage convention (its ``coverage_error``, the area there:
 negative = over-confident, positive = under-confident); on the lower half it mirrors.
 
 **Global p-value.** ``global_p_value`` tests "calibrated everywhere tested": the
@@ -66,7 +66,6 @@ References:
     Talts et al. "Validating Bayesian inference algorithms with simulation-based
     calibration." arXiv:1804.06788 (2018). Säilynoja, Bürkner, Vehtari. "Graphical
     test for discrete uniformity ..." Statistics and Computing 32, 32 (2022).
-    Seed 004 ("validation of SBI"): energy ranks, ECDF - t curves and their bands.
     Liu, Xie. "Cauchy Combination Test: A Powerful Test With Analytic p-Value
     Calculation Under Arbitrary Dependency Structures." JASA 115 (2020).
 """
@@ -77,6 +76,7 @@ import torch
 from torch import Tensor
 
 from calib_lightning._checks import check_positive, check_probability
+from calib_lightning.functional._rank_results import RankCalibrationResult, RankSummary, Sharpness
 from calib_lightning.functional.bands import (
     P_VALUE_FLOOR,
     ecdf_levels,
@@ -89,6 +89,9 @@ from calib_lightning.functional.combine import COMBINATION_METHODS, combine_p_va
 from calib_lightning.functional.ranks import _check_counts, rank_histogram, sbc_ranks
 
 __all__ = [
+    "RankCalibrationResult",
+    "RankSummary",
+    "Sharpness",
     "coverage_error",
     "default_num_bins",
     "rank_calibration",
@@ -152,7 +155,7 @@ def uniformity_test(histogram: Tensor, num_bins: int | None = None) -> tuple[Ten
 
 def sharpness(
     mean_error_sq: Tensor, variance: Tensor, prior_variance: Tensor, num_draws: int
-) -> dict[str, Tensor]:
+) -> Sharpness:
     r"""Contraction and posterior-mean error from per-dimension averages.
 
     .. math::
@@ -172,15 +175,15 @@ def sharpness(
         num_draws: ``S``, the draws per pair behind the moments.
 
     Returns:
-        Dict with ``contraction``, ``mean_squared_error``, ``posterior_variance``,
-        ``prior_variance``, each ``(D,)``.
+        :class:`Sharpness`: ``contraction``, ``mean_squared_error``,
+        ``posterior_variance``, ``prior_variance``, each ``(D,)``.
     """
-    return {
-        "contraction": 1 - variance / prior_variance,
-        "mean_squared_error": mean_error_sq - variance / num_draws,
-        "posterior_variance": variance,
-        "prior_variance": prior_variance,
-    }
+    return Sharpness(
+        contraction=1 - variance / prior_variance,
+        mean_squared_error=mean_error_sq - variance / num_draws,
+        posterior_variance=variance,
+        prior_variance=prior_variance,
+    )
 
 
 def coverage_error(histogram: Tensor) -> Tensor:
@@ -211,47 +214,39 @@ def coverage_error(histogram: Tensor) -> Tensor:
 def summarize_ranks(
     histogram: Tensor,
     *,
-    alpha: float = 0.05,
+    level: float = 0.05,
     num_bins: int | None = None,
     num_ecdf_points: int | None = 100,
     global_method: str = "cauchy",
-) -> dict[str, Tensor]:
+) -> RankSummary:
     r"""Tests, curves and coverage from rank counts ``(*, D + 1, M + 1)`` (joint row last).
 
     Arguments:
         histogram: counts of each rank value, the same number ``N`` of pairs in every
             row; rows ``0..D-1`` marginal, row ``D`` the joint energy rank.
-        alpha: level of the bands.
+        level: test level of the bands.
         num_bins: chi-square bins (default ``min(M + 1, 20, max(2, N // 5))``).
         num_ecdf_points: ``K`` levels of the ECDF curves (at most ``M``).
         global_method: ``"cauchy"`` or ``"holm"``, how ``global_p_value`` combines the
             ``2 (D + 1)`` tests (see the module docstring).
 
     Returns:
-        Dict of tensors (``*`` the leading batch shape):
-
-        * ``p_value``, ``statistic`` ``(*)``: chi-square test of discrete uniformity
-          (:func:`~calib_lightning.functional.ranks.uniformity_test`) of the joint rank;
-        * ``marginal_p_values``, ``marginal_statistics`` ``(*, D)``: same per dimension;
-        * ``ecdf_p_values`` ``(*, D + 1)``: exact p-values of the simultaneous-band test
-          (:func:`~calib_lightning.functional.bands.ecdf_test`), dims then joint;
-        * ``global_p_value`` ``(*)``: all ``2 (D + 1)`` p-values above combined by
-          ``global_method`` (H0: every rank is uniform; the check's verdict);
-        * ``coverage_error`` ``(*)``: negative = over-confident, positive =
-          under-confident (:func:`coverage_error`);
-        * ``levels`` ``(K,)``, ``ecdf`` ``(*, D + 1, K)``, ``coverage`` ``(*, K)``
-          (the joint ECDF: coverage of the level-``c`` HPD region);
-        * ``simultaneous_band``, ``pointwise_band`` ``(2, K)``: lower and upper bounds
-          of ``ECDF - t``; ``band_coverage``: exact simultaneous coverage achieved;
-        * ``histogram``, ``num_bins``, ``num_pairs``, ``alpha`` (for the plots).
+        :class:`RankSummary` (``*`` the leading batch shape): the chi-square tests
+        (:func:`uniformity_test`) of the joint rank (``p_value``, ``statistic`` ``(*)``)
+        and per dimension (``marginal_p_values``, ``marginal_statistics`` ``(*, D)``),
+        the exact band tests (:func:`~calib_lightning.functional.bands.ecdf_test`,
+        ``ecdf_p_values`` ``(*, D + 1)``), all ``2 (D + 1)`` combined by
+        ``global_method`` (``global_p_value``, the verdict), ``coverage_error``
+        (:func:`coverage_error`), the curves and bands, and ``histogram``,
+        ``num_bins``, ``num_pairs``, ``level`` for the plots.
 
     Example:
         >>> counts = torch.full((3, 10), 30)  # D = 2, M = 9, N = 300, perfectly flat
         >>> out = summarize_ranks(counts)
-        >>> float(out["p_value"]), float(out["coverage_error"])
+        >>> float(out.p_value), float(out.coverage_error)
         (1.0, 0.0)
     """
-    check_probability("alpha", alpha)
+    check_probability("level", level)
     if global_method not in COMBINATION_METHODS:
         raise ValueError(
             f"global_method must be one of {COMBINATION_METHODS}, got {global_method!r}"
@@ -275,30 +270,30 @@ def summarize_ranks(
     cuts = ecdf_levels(m, num_ecdf_points)
     levels, ecdf = rank_ecdf(histogram, cuts)
     _, ecdf_p = ecdf_test(ecdf, levels, n)
-    lower, upper, achieved = simultaneous_band(levels, n, alpha)
-    half = pointwise_band(levels, n, alpha)
+    lower, upper, achieved = simultaneous_band(levels, n, level)
+    half = pointwise_band(levels, n, level)
     device = histogram.device
-    return {
-        "p_value": p_value[..., -1],
-        "statistic": statistic[..., -1],
-        "marginal_p_values": p_value[..., :-1],
-        "marginal_statistics": statistic[..., :-1],
-        "ecdf_p_values": ecdf_p,
-        "global_p_value": combine_p_values(
+    return RankSummary(
+        p_value=p_value[..., -1],
+        statistic=statistic[..., -1],
+        marginal_p_values=p_value[..., :-1],
+        marginal_statistics=statistic[..., :-1],
+        ecdf_p_values=ecdf_p,
+        global_p_value=combine_p_values(
             torch.cat([p_value, ecdf_p.to(p_value)], -1), method=global_method
         ).clamp_min(P_VALUE_FLOOR),
-        "coverage_error": coverage_error(histogram[..., -1, :]),
-        "levels": levels.to(device),
-        "ecdf": ecdf,
-        "coverage": ecdf[..., -1, :],
-        "simultaneous_band": torch.stack([lower, upper]).to(device),
-        "pointwise_band": torch.stack([-half, half]).to(device),
-        "band_coverage": torch.tensor(achieved, dtype=torch.float64, device=device),
-        "histogram": histogram,
-        "num_bins": torch.tensor(num_bins, device=device),
-        "num_pairs": torch.tensor(n, device=device),
-        "alpha": torch.tensor(alpha, dtype=torch.float64, device=device),
-    }
+        coverage_error=coverage_error(histogram[..., -1, :]),
+        levels=levels.to(device),
+        ecdf=ecdf,
+        coverage=ecdf[..., -1, :],
+        simultaneous_band=torch.stack([lower, upper]).to(device),
+        pointwise_band=torch.stack([-half, half]).to(device),
+        band_coverage=torch.tensor(achieved, dtype=torch.float64, device=device),
+        histogram=histogram,
+        num_bins=torch.tensor(num_bins, device=device),
+        num_pairs=torch.tensor(n, device=device),
+        level=torch.tensor(level, dtype=torch.float64, device=device),
+    )
 
 
 def rank_calibration(
@@ -307,12 +302,12 @@ def rank_calibration(
     theta: Tensor,
     log_prob_theta: Tensor,
     *,
-    alpha: float = 0.05,
+    level: float = 0.05,
     num_bins: int | None = None,
     num_ecdf_points: int | None = 100,
     global_method: str = "cauchy",
     generator: torch.Generator | None = None,
-) -> dict[str, Tensor]:
+) -> RankCalibrationResult:
     r"""Full rank-calibration check from posterior samples the caller already has.
 
     Arguments:
@@ -320,12 +315,12 @@ def rank_calibration(
         log_prob_samples: their log-densities ``(M, *, N)``.
         theta: true parameters ``(*, N, D)``.
         log_prob_theta: their log-densities ``(*, N)`` (``-inf`` allowed).
-        alpha, num_bins, num_ecdf_points, global_method: as in :func:`summarize_ranks`.
+        level, num_bins, num_ecdf_points, global_method: as in :func:`summarize_ranks`.
         generator: for tie-breaking.
 
     Returns:
-        :func:`summarize_ranks`'s dict plus the sharpness of
-        :func:`~calib_lightning.functional.ranks.sharpness` (``contraction``,
+        :class:`RankCalibrationResult`: :func:`summarize_ranks`'s fields, where the
+        ECDFs leave their band, and the :func:`sharpness` (``contraction``,
         ``mean_squared_error``, ``posterior_variance``, ``prior_variance``, each
         ``(*, D)``; the prior variance is that of ``theta`` over its ``N`` rows).
 
@@ -336,7 +331,7 @@ def rank_calibration(
         >>> samples = torch.randn(100, 500, 2, generator=g)
         >>> out = rank_calibration(samples, prior.log_prob(samples).sum(-1),
         ...                        theta, prior.log_prob(theta).sum(-1), generator=g)
-        >>> bool(out["p_value"] > 0.01), bool(out["contraction"].abs().max() < 0.2)
+        >>> bool(out.p_value > 0.01), bool(out.contraction.abs().max() < 0.2)
         (True, True)
     """
     m = samples.shape[0]
@@ -350,13 +345,13 @@ def rank_calibration(
             f"theta must have N >= 2 rows in shape (*, N, D), got {tuple(theta.shape)}"
         )
     ranks = sbc_ranks(samples, log_prob_samples, theta, log_prob_theta, generator=generator)
-    out = summarize_ranks(
-        rank_histogram(ranks, m), alpha=alpha, num_bins=num_bins,
+    summary = summarize_ranks(
+        rank_histogram(ranks, m), level=level, num_bins=num_bins,
         num_ecdf_points=num_ecdf_points, global_method=global_method,
     )  # fmt: skip
     diff = (samples - theta).double()
     mean_error = diff.mean(0)
     variance = diff.var(0)  # unbiased, over the M draws
     prior_variance = theta.double().var(-2)
-    out.update(sharpness((mean_error**2).mean(-2), variance.mean(-2), prior_variance, m))
-    return out
+    sharp = sharpness((mean_error**2).mean(-2), variance.mean(-2), prior_variance, m)
+    return RankCalibrationResult.from_summary(summary, sharp)

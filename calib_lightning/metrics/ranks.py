@@ -16,13 +16,74 @@ from calib_lightning._moments import (
     moments,
     variance_from_moments,
 )
+from calib_lightning.evaluation import draw_chunks
 from calib_lightning.functional.combine import COMBINATION_METHODS
-from calib_lightning.functional.ranks import MOMENT_DRAWS, posterior_ranks, rank_histogram
-from calib_lightning.functional.sbc import sharpness, summarize_ranks
+from calib_lightning.functional.ranks import (
+    MOMENT_DRAWS,
+    PosteriorDraws,
+    RankWorkspace,
+    draw_moments,
+    rank_draw_chunk,
+    rank_histogram,
+)
+from calib_lightning.functional.sbc import RankCalibrationResult, sharpness, summarize_ranks
 from calib_lightning.metrics._shapes import KeepShapes
 from calib_lightning.posteriors import Posterior
 
-__all__ = ["RankCalibration"]
+__all__ = ["RankCalibration", "RankCalibrationResult", "posterior_ranks"]
+
+
+def posterior_ranks(
+    posterior: Posterior | object,
+    theta: Tensor,
+    x: Tensor,
+    num_posterior_samples: int,
+    *,
+    max_chunk_elements: int = 2**20,
+    generator: torch.Generator | None = None,
+) -> PosteriorDraws:
+    r"""Draw ``M`` posterior samples per pair in chunks and reduce them to ranks and moments.
+
+    The chunks come from :func:`calib_lightning.evaluation.draw_chunks` (memory
+    ``O(max_chunk_elements)``: one chunk of draws, their log-densities and two scratch
+    buffers of its size, plus the ``(N, D + 1)`` outputs); each is reduced by
+    :func:`~calib_lightning.functional.ranks.rank_draw_chunk` and the sums of a block of
+    pairs add up over its chunks. The sharpness moments use the first
+    ``min(M, MOMENT_DRAWS)`` draws of each pair.
+
+    Arguments:
+        posterior: anything :func:`calib_lightning.as_posterior` accepts.
+        theta: true parameters ``(N, D)``.
+        x: observations ``(N, *X)``.
+        num_posterior_samples: ``M >= 2``.
+        max_chunk_elements: bound on ``samples_per_chunk * pairs_per_chunk * D``.
+        generator: for tie-breaking (sampling uses the posterior's own randomness).
+
+    Returns:
+        :class:`~calib_lightning.functional.ranks.PosteriorDraws`.
+
+    Raises:
+        ValueError: for bad shapes, non-finite ``theta``/``x``, or non-finite posterior
+            samples/log-densities (naming how many pairs were affected).
+    """
+    if num_posterior_samples < 2:
+        raise ValueError(f"num_posterior_samples must be >= 2, got {num_posterior_samples}")
+    head = min(num_posterior_samples, MOMENT_DRAWS)
+    work = RankWorkspace()
+    blocks: list[list[Tensor]] = []
+    for chunk in draw_chunks(posterior, theta, x, num_posterior_samples,
+                             max_chunk_elements=max_chunk_elements):  # fmt: skip
+        sums = rank_draw_chunk(
+            chunk.theta, chunk.log_prob_theta, chunk.samples, chunk.log_prob,
+            first_draw=chunk.first_draw, moment_draws=head, offset=chunk.start,
+            generator=generator, workspace=work,
+        )  # fmt: skip
+        if chunk.first_draw == 0:
+            blocks.append(list(sums))
+        else:
+            blocks[-1] = [a + b for a, b in zip(blocks[-1], sums, strict=True)]
+    ranks, total, total_sq = (torch.cat(parts) for parts in zip(*blocks, strict=True))
+    return PosteriorDraws(ranks, *draw_moments(total, total_sq, head))
 
 
 class RankCalibration(KeepShapes):
@@ -40,7 +101,7 @@ class RankCalibration(KeepShapes):
     and ``M``, unlike comparing integer ranks with a continuous uniform).
     ``ecdf_p_values`` (dims, then joint) are exact p-values of the simultaneous ECDF
     band test of Säilynoja et al. (2022): a curve leaves the plotted band exactly
-    when its p-value falls below ``alpha``. ``global_p_value`` combines all
+    when its p-value falls below ``level``. ``global_p_value`` combines all
     ``2 (D + 1)`` of them (Cauchy combination by default, ``global_method="holm"``
     for Holm's bound) into one p-value for "calibrated everywhere tested" that keeps
     its level although the tests share data: judge the check by it, and read the
@@ -75,11 +136,11 @@ class RankCalibration(KeepShapes):
         num_dims: ``D``; if given, states are allocated at construction; otherwise at
             the first update (under DDP a process that saw no data takes the others'
             ``D`` when the states are synced).
-        alpha: level of the bands and of ``outside_band``.
+        level: test level of the bands and of ``outside_band``.
         num_bins: chi-square bins; default ``min(M + 1, 20, max(2, N // 5))``.
         num_ecdf_points: levels ``K`` of the ECDF curves (at most ``M``).
         max_chunk_elements: memory bound of ``update`` (see
-            :func:`~calib_lightning.functional.ranks.posterior_ranks`).
+            :func:`posterior_ranks`).
         global_method: ``"cauchy"`` (default) or ``"holm"``: how ``global_p_value``
             combines the tests.
 
@@ -92,9 +153,9 @@ class RankCalibration(KeepShapes):
         ...     theta, x = toy.sample(250, torch.Generator().manual_seed(seed))
         ...     metric.update(toy.posterior(), theta, x)
         >>> out = metric.compute()
-        >>> int(out["num_pairs"]), out["histogram"].shape
+        >>> int(out.num_pairs), out.histogram.shape
         (1000, torch.Size([3, 100]))
-        >>> bool(out["global_p_value"] > 0.01), round(float(out["contraction"].mean()), 1)
+        >>> bool(out.global_p_value > 0.01), round(float(out.contraction.mean()), 1)
         (True, 0.8)
 
     References:
@@ -102,8 +163,6 @@ class RankCalibration(KeepShapes):
         calibration." arXiv:1804.06788 (2018). Säilynoja, Bürkner, Vehtari. "Graphical
         test for discrete uniformity and its applications in goodness-of-fit evaluation
         and multiple sample comparison." Statistics and Computing 32 (2022).
-        Seed 004 ("validation of SBI"): energy ranks and the calibrated-but-inaccurate
-        caveat.
     """
 
     is_differentiable = False
@@ -118,7 +177,7 @@ class RankCalibration(KeepShapes):
         self,
         num_posterior_samples: int = 1000,
         num_dims: int | None = None,
-        alpha: float = 0.05,
+        level: float = 0.05,
         num_bins: int | None = None,
         num_ecdf_points: int | None = 100,
         max_chunk_elements: int = 2**20,
@@ -131,7 +190,7 @@ class RankCalibration(KeepShapes):
             raise ValueError(f"num_posterior_samples must be >= 2, got {num_posterior_samples}")
         if num_dims is not None:
             check_positive("num_dims", num_dims, integer=True)
-        check_probability("alpha", alpha)
+        check_probability("level", level)
         if num_bins is not None:
             check_positive("num_bins", num_bins, integer=True)
             if num_bins < 2:
@@ -142,7 +201,7 @@ class RankCalibration(KeepShapes):
         check_choice("global_method", global_method, COMBINATION_METHODS)
         self.global_method = global_method
         self.num_posterior_samples, self.num_dims = num_posterior_samples, num_dims
-        self.alpha, self.num_bins, self.num_ecdf_points = alpha, num_bins, num_ecdf_points
+        self.level, self.num_bins, self.num_ecdf_points = level, num_bins, num_ecdf_points
         self.max_chunk_elements = max_chunk_elements
         histogram, theta_moments, posterior_sums = self._zero_states(num_dims or 0)
         self.add_state("histogram", histogram, dist_reduce_fx="sum")
@@ -172,6 +231,8 @@ class RankCalibration(KeepShapes):
                 f"updates, got D = {d}"
             )
 
+    # torchmetrics has no public hook to allocate lazily shaped states before a merge or
+    # a gather: these two overrides are the only place where an empty side can be shaped.
     def _reduce_states(self, incoming_state: dict[str, Any]) -> None:
         """Merge states like torchmetrics, where one side may be not yet allocated (empty)."""
         incoming = dict(incoming_state)
@@ -209,31 +270,28 @@ class RankCalibration(KeepShapes):
         sums = torch.stack([draws.variance.sum(0), (draws.mean_error**2).sum(0)])
         self.posterior_sums += sums.to(self.posterior_sums.device)
 
-    def compute(self) -> dict[str, Tensor]:
+    def compute(self) -> RankCalibrationResult:
         """p-values, coverage error, sharpness and the curves (see the class docstring).
 
-        Keys: those of :func:`~calib_lightning.functional.sbc.summarize_ranks` (among
-        them ``global_p_value`` ``()``, the verdict, and ``marginal_p_values`` ``(D,)``,
-        ``ecdf_p_values`` ``(D + 1,)``, also for ``D = 1``), plus
-        ``outside_band`` ``(D + 1,)`` (the ECDF leaves the simultaneous band), and
-        ``contraction``, ``mean_squared_error``, ``posterior_variance``,
-        ``prior_variance`` ``(D,)``.
+        Returns:
+            :class:`~calib_lightning.functional.sbc.RankCalibrationResult`: the fields of
+            :func:`~calib_lightning.functional.sbc.summarize_ranks` (among them
+            ``global_p_value`` ``()``, the verdict, and ``marginal_p_values`` ``(D,)``,
+            ``ecdf_p_values`` ``(D + 1,)``, also for ``D = 1``), ``outside_band``
+            ``(D + 1,)`` (the ECDF leaves the simultaneous band), and ``contraction``,
+            ``mean_squared_error``, ``posterior_variance``, ``prior_variance`` ``(D,)``.
         """
         n = int(self.histogram[0].sum()) if self.histogram.numel() else 0
         if n < 2:
             raise ValueError(
                 f"RankCalibration.compute() needs at least N >= 2 calibration pairs, got N = {n}"
             )
-        out = summarize_ranks(
-            self.histogram, alpha=self.alpha, num_bins=self.num_bins,
+        summary = summarize_ranks(
+            self.histogram, level=self.level, num_bins=self.num_bins,
             num_ecdf_points=self.num_ecdf_points, global_method=self.global_method,
         )  # fmt: skip
-        simultaneous = out["simultaneous_band"].to(out["ecdf"])
-        deviation = out["ecdf"] - out["levels"]
-        out["outside_band"] = ((deviation < simultaneous[0] - 1e-12)
-                               | (deviation > simultaneous[1] + 1e-12)).any(-1)  # fmt: skip
         variance, error_sq = self.posterior_sums
         prior_variance = variance_from_moments(self.theta_moments)[1]
         draws = min(self.num_posterior_samples, MOMENT_DRAWS)
-        out.update(sharpness(error_sq / n, variance / n, prior_variance, draws))
-        return out
+        sharp = sharpness(error_sq / n, variance / n, prior_variance, draws)
+        return RankCalibrationResult.from_summary(summary, sharp)

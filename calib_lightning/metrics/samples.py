@@ -12,6 +12,7 @@ need all points at once: call :func:`calib_lightning.functional.mmd` and
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,8 +31,38 @@ from calib_lightning.functional.samples import (
     frechet_distance_from_moments,
     knn_sq_radii,
 )
+from calib_lightning.results import Result
 
-__all__ = ["DensityCoverage", "FrechetDistance"]
+__all__ = ["DensityCoverage", "DensityCoverageResult", "FrechetDistance", "FrechetDistanceResult"]
+
+
+@dataclass(eq=False)
+class FrechetDistanceResult(Result):
+    """What :class:`FrechetDistance` returns.
+
+    Attributes:
+        frechet_distance: ``batch_shape`` squared Frechet distance between the Gaussian
+            fits of the samples and of the reference.
+    """
+
+    logged = ("frechet_distance",)
+
+    frechet_distance: Tensor
+
+
+@dataclass(eq=False)
+class DensityCoverageResult(Result):
+    """What :class:`DensityCoverage` returns, each of the reference's batch shape ``(*)``.
+
+    Attributes:
+        density: ``(*)`` hits per sample over ``k`` (1 in expectation for equal sets).
+        coverage: ``(*)`` fraction of reference balls hit at least once.
+    """
+
+    logged = ("density", "coverage")
+
+    density: Tensor
+    coverage: Tensor
 
 
 class FrechetDistance(Metric):
@@ -59,7 +90,7 @@ class FrechetDistance(Metric):
         >>> for _ in range(10):
         ...     metric.update(samples=torch.randn(10_000, 2, generator=g) + 1.0,
         ...                   reference=torch.randn(10_000, 2, generator=g))
-        >>> metric.compute()["frechet_distance"]  # exact: 2 * 1^2 = 2
+        >>> metric.compute().frechet_distance  # exact: 2 * 1^2 = 2
         tensor(1.9771, dtype=torch.float64)
 
     References:
@@ -71,6 +102,8 @@ class FrechetDistance(Metric):
     higher_is_better = False
     full_state_update = False
 
+    samples_moments: Tensor
+    reference_moments: Tensor
     _SETS = ("samples", "reference")
 
     def __init__(
@@ -116,16 +149,16 @@ class FrechetDistance(Metric):
             )
         return variance_from_moments(state, covariance=True)
 
-    def compute(self) -> dict[str, Tensor]:
+    def compute(self) -> FrechetDistanceResult:
         """``frechet_distance`` of shape ``batch_shape``."""
         distance = frechet_distance_from_moments(*self._moments("samples"),
                                                  *self._moments("reference"))
-        return {"frechet_distance": distance}
+        return FrechetDistanceResult(frechet_distance=distance)
 
     def reset(self) -> None:
         kept = {}
         if not self.reset_reference:
-            kept = {k: getattr(self, k).clone() for k in self._defaults if k.startswith("ref")}
+            kept = {"reference_moments": self.reference_moments.clone()}
         super().reset()
         for key, value in kept.items():
             setattr(self, key, value)
@@ -151,7 +184,7 @@ class DensityCoverage(Metric):
         >>> for _ in range(4):
         ...     metric.update(torch.randn(250, 2, generator=g))
         >>> out = metric.compute()  # expected: density 1, coverage 1 - 2**-5 = 0.97
-        >>> out["density"], out["coverage"]
+        >>> out.density, out.coverage
         (tensor(1.0088), tensor(0.9710))
 
     References:
@@ -194,11 +227,11 @@ class DensityCoverage(Metric):
                                    self.block_size).to(self.counts.device)
         self.num_samples += samples.shape[-2]
 
-    def compute(self) -> dict[str, Tensor]:
+    def compute(self) -> DensityCoverageResult:
         """``density`` and ``coverage``, each of the reference's batch shape."""
         if bool((self.num_samples == 0).any()):
             raise ValueError("DensityCoverage.compute() needs at least one sample, got none")
         dtype = self.reference.dtype
         density = self.counts.sum(-1).to(dtype) / (self.k * self.num_samples.to(dtype))
         coverage = (self.counts > 0).to(dtype).mean(-1)
-        return {"density": density, "coverage": coverage}
+        return DensityCoverageResult(density=density, coverage=coverage)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -17,20 +18,35 @@ from calib_lightning._checks import (
     check_positive,
     check_probability,
 )
+from calib_lightning._chunks import row_blocks
 from calib_lightning._distributed import canonical_order, shape_empty_list_states
-from calib_lightning._moments import moments, std_from_moments
-from calib_lightning.evaluation import check_event_size
+from calib_lightning.evaluation import check_event_size, checked_samples, draws
 from calib_lightning.functional.tarp import (
     DISTANCES,
+    TARPResult,
     _check_scale,
-    _sample_chunks,
     tarp_counts,
+    tarp_fit_scale,
     tarp_ranks,
     tarp_test,
 )
 from calib_lightning.posteriors import Posterior
 
-__all__ = ["TARP"]
+__all__ = ["TARP", "TARPResult"]
+
+
+def _sample_chunks(
+    posterior: Posterior | object | Tensor, x: Tensor, num_posterior_samples: int, chunk_size: int
+) -> Iterator[tuple[slice, Tensor]]:
+    """``(rows, samples)``: finite posterior draws ``(S, rows, D)`` at ``x[rows]``,
+    ``chunk_size`` pairs at a time (:func:`calib_lightning.evaluation.draws`); a tensor of
+    samples ``(S, N, D)`` is one chunk."""
+    if isinstance(posterior, Tensor):
+        checked_samples(posterior)
+        yield slice(0, x.shape[0]), posterior
+        return
+    for rows in row_blocks(x.shape[0], chunk_size):
+        yield rows, draws(posterior, x[rows], num_posterior_samples)
 
 
 class TARP(Metric):
@@ -39,7 +55,8 @@ class TARP(Metric):
     ``update(posterior, theta, x)`` draws ``S`` posterior samples per pair and one
     reference point per pair, and adds the pair's TARP rank to a histogram;
     ``compute()`` returns the sup-deviation statistic of the expected-coverage curve,
-    its p-value under :math:`H_0`: "the posterior is calibrated", the ATC and the curve
+    its p-value under :math:`H_0`: "the posterior is calibrated", the coverage error (the
+ATC of Lemos et al.) and the curve
     (see :mod:`calib_lightning.functional.tarp` for the math and why the level holds).
 
     The state is the rank histogram, ``S + 1`` integers summed over batches and
@@ -85,7 +102,7 @@ class TARP(Metric):
         ...     theta, x = toy.sample(250, g)
         ...     metric.update(toy.posterior(variance_scale=0.5), theta, x)
         >>> out = metric.compute()
-        >>> int(out["num_samples"]), bool(out["p_value"] < 0.01), bool(out["atc"] < 0)
+        >>> int(out.num_pairs), bool(out.p_value < 0.01), bool(out.coverage_error < 0)
         (1000, True, True)
 
     References:
@@ -162,7 +179,7 @@ class TARP(Metric):
             )
         theta = theta.detach().double()
         if self.scale.numel() == 0:
-            self.scale = std_from_moments(moments(theta)).to(self.counts.device)
+            self.scale = tarp_fit_scale(theta).to(self.counts.device)
         if self.low.numel() == 0:
             low, high = theta.amin(0), theta.amax(0)
             self.low, self.high = low.to(self.counts.device), high.to(self.counts.device)
@@ -228,7 +245,8 @@ class TARP(Metric):
         self._generator = None
 
     def _sync_dist(self, dist_sync_fn: Any = gather_all_tensors, process_group: Any = None) -> None:
-        # a process without pending pairs must gather (0, ...) tensors of the right dtype
+        # a process without pending pairs must gather (0, ...) tensors of the right dtype;
+        # torchmetrics has no public hook before its gather, so this override stays
         shape_empty_list_states(self, ("pending_theta", "pending_samples"),
                                 process_group or self.process_group)
         super()._sync_dist(dist_sync_fn, process_group)
@@ -249,12 +267,13 @@ class TARP(Metric):
         generator = torch.Generator().manual_seed(self.seed + 2)
         return self._counts(samples, theta, self._references(len(theta), theta, generator))
 
-    def compute(self) -> dict[str, Tensor]:
-        """Statistic, p-value, ATC, band, the curve (``alpha``, ``ecp``) and ``num_samples``.
+    def compute(self) -> TARPResult:
+        """Statistic, p-value, coverage error, band, the curve (``credibility``,
+        ``coverage``) and ``num_pairs``, as a :class:`~calib_lightning.functional.tarp.TARPResult`.
 
         TARP runs one test, so ``p_value`` is its verdict (no ``global_p_value``); it is a
-        Monte Carlo p-value, never below ``1 / (num_null + 1)``. ``atc`` follows the
-        package's sign convention on the upper half of the curve (negative =
+        Monte Carlo p-value, never below ``1 / (num_null + 1)``. ``coverage_error`` follows
+        the package's sign convention on the upper half of the curve (negative =
         over-confident; ``Reading the sign`` in :mod:`calib_lightning.functional.sbc`).
         """
         counts = self.counts

@@ -24,13 +24,13 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from matplotlib.figure import Figure
 from scipy import stats
 from torch import Tensor
 
-from calib_lightning.functional.sbc import _binned_counts
+from calib_lightning.functional.sbc import RankSummary, _binned_counts
 from calib_lightning.plots._format import format_p_value
 
 __all__ = ["plot_expected_coverage", "plot_rank_ecdf", "plot_rank_histograms"]
@@ -40,13 +40,14 @@ _BAND_COLOR, _POINTWISE_COLOR = "0.82", "0.35"
 _NOTE = {"fontsize": 7.5, "color": "0.2", "va": "top"}
 
 
-def _get(result: Mapping[str, Tensor], *keys: str) -> list[Tensor]:
-    missing = [k for k in keys if k not in result]
+def _get(result: RankSummary, *names: str) -> list[Tensor]:
+    missing = [n for n in names if not isinstance(getattr(result, n, None), Tensor)]
     if missing:
         raise ValueError(
-            f"result must be the dict of RankCalibration.compute(); missing keys {missing}"
+            "result must be a RankSummary (summarize_ranks, rank_calibration, "
+            f"RankCalibration.compute()); missing fields {missing}"
         )
-    return [result[k].detach().cpu() for k in keys]
+    return [getattr(result, n).detach().cpu() for n in names]
 
 
 def _labels(labels: Sequence[str] | None, d: int) -> list[str]:
@@ -58,7 +59,7 @@ def _labels(labels: Sequence[str] | None, d: int) -> list[str]:
 
 
 def plot_rank_histograms(
-    result: Mapping[str, Tensor],
+    result: RankSummary,
     *,
     labels: Sequence[str] | None = None,
     panel_size: tuple[float, float] = (3.0, 2.6),
@@ -72,8 +73,9 @@ def plot_rank_histograms(
     differ by one rank value), so calibration is the dashed line at 1.
 
     Arguments:
-        result: ``RankCalibration.compute()``'s dict (``histogram``, ``num_bins``,
-            ``alpha``, ``p_value``, ``marginal_p_values``).
+        result: a :class:`~calib_lightning.functional.sbc.RankSummary`, e.g.
+            ``RankCalibration.compute()`` (fields ``histogram``, ``num_bins``,
+            ``level``, ``p_value``, ``marginal_p_values``).
         labels: names of the ``D`` dimensions.
         panel_size: inches per panel.
 
@@ -87,18 +89,18 @@ def plot_rank_histograms(
         >>> [ax.get_title().split(" ")[0] for ax in fig.axes]
         ['θ1', 'θ2', 'joint']
     """
-    hist, num_bins, alpha, p, marginal_p = _get(
-        result, "histogram", "num_bins", "alpha", "p_value", "marginal_p_values"
+    hist, num_bins, test_level, p, marginal_p = _get(
+        result, "histogram", "num_bins", "level", "p_value", "marginal_p_values"
     )
     if hist.ndim != 2:
-        raise ValueError(f"result['histogram'] must be (D + 1, M + 1), got {tuple(hist.shape)}")
+        raise ValueError(f"result.histogram must be (D + 1, M + 1), got {tuple(hist.shape)}")
     d, m1, b = hist.shape[0] - 1, hist.shape[1], int(num_bins)
     names = [*_labels(labels, d), _JOINT]
     p_values = [*marginal_p.tolist(), float(p)]
     counts, edges = _binned_counts(hist, b)
     n = int(hist[0].sum())
     prob = ((edges[1:] - edges[:-1]) / m1).numpy()
-    level = float(alpha) / b
+    level = float(test_level) / b
     low, high = stats.binom.ppf(level / 2, n, prob), stats.binom.ppf(1 - level / 2, n, prob)
     left = (edges[:-1] / m1).numpy()
     width = ((edges[1:] - edges[:-1]) / m1).numpy()
@@ -121,7 +123,7 @@ def plot_rank_histograms(
     fig.suptitle(
         f"Rank histograms ({b} bins, N = {n}): flat at 1 = calibrated\n"
         f"a calibrated posterior keeps all bars in the grey band with prob. ≥ "
-        f"{1 - float(alpha):.0%}; red bars lie outside",
+        f"{1 - float(test_level):.0%}; red bars lie outside",
         fontsize=10,
     )
     fig.text(0.01, 0.0,
@@ -135,7 +137,7 @@ def plot_rank_histograms(
 
 
 def plot_rank_ecdf(
-    result: Mapping[str, Tensor],
+    result: RankSummary,
     *,
     labels: Sequence[str] | None = None,
     figsize: tuple[float, float] = (10.0, 4.2),
@@ -149,20 +151,21 @@ def plot_rank_ecdf(
     alone; a calibrated curve crosses them often).
 
     Arguments:
-        result: ``RankCalibration.compute()``'s dict (``levels``, ``ecdf``,
-            ``simultaneous_band``, ``pointwise_band``, ``alpha``, ``ecdf_p_values``).
+        result: a :class:`~calib_lightning.functional.sbc.RankSummary`, e.g.
+            ``RankCalibration.compute()`` (fields ``levels``, ``ecdf``,
+            ``simultaneous_band``, ``pointwise_band``, ``level``, ``ecdf_p_values``).
         labels: names of the ``D`` dimensions.
         figsize: figure size in inches.
 
     Returns:
         The figure.
     """
-    t, ecdf, simultaneous, pointwise, alpha, ecdf_p = _get(
-        result, "levels", "ecdf", "simultaneous_band", "pointwise_band", "alpha",
+    t, ecdf, simultaneous, pointwise, test_level, ecdf_p = _get(
+        result, "levels", "ecdf", "simultaneous_band", "pointwise_band", "level",
         "ecdf_p_values",
     )  # fmt: skip
     if ecdf.ndim != 2:
-        raise ValueError(f"result['ecdf'] must be (D + 1, K), got {tuple(ecdf.shape)}")
+        raise ValueError(f"result.ecdf must be (D + 1, K), got {tuple(ecdf.shape)}")
     d = ecdf.shape[0] - 1
     names = _labels(labels, d)
     t, dev = t.numpy(), (ecdf - t).numpy()
@@ -170,7 +173,7 @@ def plot_rank_ecdf(
     tt = [0.0, *t, 1.0]
     fig = Figure(figsize=figsize, layout="constrained")
     axes = fig.subplots(1, 2, sharey=True)
-    level = round(100 * (1 - float(alpha)))
+    level = round(100 * (1 - float(test_level)))
     for ax in axes:
         ax.fill_between(tt, [0, *simultaneous[0].numpy(), 0], [0, *simultaneous[1].numpy(), 0],
                         color=_BAND_COLOR, lw=0, label=f"{level}% simultaneous band")  # fmt: skip
@@ -207,14 +210,15 @@ def plot_rank_ecdf(
     top = max(abs(dev).max(), float(simultaneous.abs().max()))
     axes[0].set_ylim(-1.25 * top, 1.9 * top)
     title = "ECDF − t: inside the grey band everywhere = calibrated"
-    if "global_p_value" in result:
-        title += f"   (all tests combined: global {format_p_value(result['global_p_value'])})"
+    global_p_value = getattr(result, "global_p_value", None)
+    if global_p_value is not None:
+        title += f"   (all tests combined: global {format_p_value(global_p_value)})"
     fig.suptitle(title, fontsize=10)
     return fig
 
 
 def plot_expected_coverage(
-    result: Mapping[str, Tensor], *, figsize: tuple[float, float] = (4.8, 4.6)
+    result: RankSummary, *, figsize: tuple[float, float] = (4.8, 4.6)
 ) -> Figure:
     r"""Coverage of highest-density credible regions against their credibility level.
 
@@ -228,18 +232,19 @@ def plot_expected_coverage(
     uniformly too narrow or too wide).
 
     Arguments:
-        result: ``RankCalibration.compute()``'s dict (``levels``, ``coverage``,
-            ``simultaneous_band``, ``coverage_error``, ``alpha``).
+        result: a :class:`~calib_lightning.functional.sbc.RankSummary`, e.g.
+            ``RankCalibration.compute()`` (fields ``levels``, ``coverage``,
+            ``simultaneous_band``, ``coverage_error``, ``level``).
         figsize: figure size in inches.
 
     Returns:
         The figure.
     """
-    t, coverage, simultaneous, error, alpha = _get(
-        result, "levels", "coverage", "simultaneous_band", "coverage_error", "alpha"
+    t, coverage, simultaneous, error, level = _get(
+        result, "levels", "coverage", "simultaneous_band", "coverage_error", "level"
     )
     if coverage.ndim != 1:
-        raise ValueError(f"result['coverage'] must be (K,), got {tuple(coverage.shape)}")
+        raise ValueError(f"result.coverage must be (K,), got {tuple(coverage.shape)}")
     tt = [0.0, *t.numpy(), 1.0]
     fig = Figure(figsize=figsize, layout="constrained")
     ax = fig.subplots()
@@ -247,7 +252,7 @@ def plot_expected_coverage(
     ax.fill_between([0, 1], [0, 0], [0, 1], color="tab:red", alpha=0.06, lw=0)
     ax.fill_between(tt, [0, *(t + simultaneous[0]).numpy(), 1],
                     [0, *(t + simultaneous[1]).numpy(), 1], color=_BAND_COLOR, lw=0,
-                    label=f"{round(100 * (1 - float(alpha)))}% band if calibrated")  # fmt: skip
+                    label=f"{round(100 * (1 - float(level)))}% band if calibrated")  # fmt: skip
     ax.plot([0, 1], [0, 1], color="0.3", lw=0.8, ls="--")
     ax.plot(tt, [0, *coverage.numpy(), 1], color="k", lw=1.6,
             label=f"observed (signed area {float(error):+.3f})")  # fmt: skip

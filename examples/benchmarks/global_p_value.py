@@ -65,9 +65,9 @@ def checks(model, posterior, reps: int, seed: int) -> tuple[torch.Tensor, torch.
         metric.reset()
         metric.update(posterior, theta, x)
         out = metric.compute()
-        global_p.append(out["global_p_value"])
-        single.append(torch.cat([out["marginal_p_values"], out["p_value"][None],
-                                 out["ecdf_p_values"]]))  # fmt: skip
+        global_p.append(out.global_p_value)
+        single.append(torch.cat([out.marginal_p_values, out.p_value[None],
+                                 out.ecdf_p_values]))  # fmt: skip
     return torch.stack(global_p), torch.stack(single)
 
 

@@ -227,9 +227,9 @@ def run_test(test: str, model, posterior, theta, x, observations, smoke: bool) -
         out = metric.compute()
         result = {"p_value": _scalar(out, "p_value")}
         if test == "ranks":
-            for d, p in enumerate(out["marginal_p_values"].tolist()):
+            for d, p in enumerate(out.marginal_p_values.tolist()):
                 result[f"marginal_p_values[{d}]"] = p
-            ecdf = out["ecdf_p_values"].tolist()
+            ecdf = out.ecdf_p_values.tolist()
             for d, p in enumerate(ecdf[:-1]):
                 result[f"ecdf_p_values[{d}]"] = p
             result["ecdf_p_values[joint]"] = ecdf[-1]

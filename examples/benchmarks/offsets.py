@@ -52,7 +52,7 @@ def contraction(offset: float, spread: float = 0.01, n: int = 2000) -> list[floa
     for start in range(0, n, 500):
         metric.update(posterior(offset, spread), theta[start : start + 500],
                       x[start : start + 500])
-    return metric.compute()["contraction"].tolist()
+    return metric.compute().contraction.tolist()
 
 
 def frechet(offset: float) -> tuple[float, float]:
@@ -62,7 +62,7 @@ def frechet(offset: float) -> tuple[float, float]:
     metric = FrechetDistance(dim=2)
     for start in range(0, 4000, 1000):
         metric.update(samples=a[start : start + 1000], reference=b[start : start + 1000])
-    return float(metric.compute()["frechet_distance"]), float(frechet_distance(a, b))
+    return float(metric.compute().frechet_distance), float(frechet_distance(a, b))
 
 
 def mmd_power(

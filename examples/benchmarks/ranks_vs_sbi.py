@@ -217,9 +217,9 @@ def write(speed, detect, args, flow_row) -> None:
                 f"| {fmt(sbi['ks'])} | {fmt(sbi['c2st_ranks'])} | {fmt(sbi['c2st_dap'])} "
                 f"| {fmt(sbi['cov_ks'])} |")  # fmt: skip
         lines.append(
-            f"| {n} | {name} | {fmt(out['p_value'])} | {fmt(out['marginal_p_values'])} "
-            f"| {fmt(out['ecdf_p_values'])} | {float(out['coverage_error']):+.3f} "
-            f"| {fmt(out['contraction'])} {tail}"
+            f"| {n} | {name} | {fmt(out.p_value)} | {fmt(out.marginal_p_values)} "
+            f"| {fmt(out.ecdf_p_values)} | {float(out.coverage_error):+.3f} "
+            f"| {fmt(out.contraction)} {tail}"
         )
     (args.results / "ranks_vs_sbi.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

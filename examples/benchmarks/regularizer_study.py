@@ -196,9 +196,9 @@ def evaluate(flow: nn.Module, task: object, seed: int) -> dict:
     out = ranks.compute()
     result = {
         "nll": nll,
-        "coverage_error": float(out["coverage_error"]),
-        "p_value": float(out["p_value"]),
-        "contraction": float(out["contraction"].mean()),
+        "coverage_error": float(out.coverage_error),
+        "p_value": float(out.p_value),
+        "contraction": float(out.contraction.mean()),
     }
     try:
         reference = task.reference_posterior_samples(

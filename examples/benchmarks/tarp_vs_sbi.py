@@ -65,10 +65,10 @@ def main(argv: list[str] | None = None) -> None:
             t_sample += time.perf_counter() - start
 
             start = time.perf_counter()
-            out = tarp(samples, theta, x, generator=g)
+            out = tarp(samples, theta, generator=g)
             t_ours += time.perf_counter() - start
-            ours_reject.append(float(out["p_value"]) <= 0.05)
-            ours_atc.append(float(out["atc"]))
+            ours_reject.append(float(out.p_value) <= 0.05)
+            ours_atc.append(float(out.coverage_error))
 
             start = time.perf_counter()
             ecp, alpha = _run_tarp(samples, theta, get_tarp_references(theta),
