@@ -312,11 +312,14 @@ def rank_draw_chunk(
     return RankSums(torch.cat([marginal, joint[:, None]], -1), total, total_sq)
 
 
-def draw_moments(total: Tensor, total_sq: Tensor, num_draws: int) -> tuple[Tensor, Tensor]:
+def draw_moments(
+    total: Tensor, total_sq: Tensor, num_posterior_samples: int
+) -> tuple[Tensor, Tensor]:
     """Mean error and unbiased variance ``(n, D)`` from the sums of :class:`RankSums`
-    over ``num_draws >= 2`` draws."""
-    mean_error = total / num_draws
-    variance = ((total_sq - num_draws * mean_error**2) / (num_draws - 1)).clamp_min(0.0)
+    over ``num_posterior_samples >= 2`` draws."""
+    m = num_posterior_samples
+    mean_error = total / m
+    variance = ((total_sq - m * mean_error**2) / (m - 1)).clamp_min(0.0)
     return mean_error, variance
 
 

@@ -154,7 +154,7 @@ def uniformity_test(histogram: Tensor, num_bins: int | None = None) -> tuple[Ten
 
 
 def sharpness(
-    mean_error_sq: Tensor, variance: Tensor, prior_variance: Tensor, num_draws: int
+    mean_error_sq: Tensor, variance: Tensor, prior_variance: Tensor, num_posterior_samples: int
 ) -> Sharpness:
     r"""Contraction and posterior-mean error from per-dimension averages.
 
@@ -172,7 +172,7 @@ def sharpness(
         mean_error_sq: mean over pairs of :math:`(\hat\mu - \theta^*)^2`, ``(D,)``.
         variance: mean over pairs of the posterior variance, ``(D,)``.
         prior_variance: variance of the calibration parameters, ``(D,)``.
-        num_draws: ``S``, the draws per pair behind the moments.
+        num_posterior_samples: ``S``, the draws per pair behind the moments.
 
     Returns:
         :class:`Sharpness`: ``contraction``, ``mean_squared_error``,
@@ -180,7 +180,7 @@ def sharpness(
     """
     return Sharpness(
         contraction=1 - variance / prior_variance,
-        mean_squared_error=mean_error_sq - variance / num_draws,
+        mean_squared_error=mean_error_sq - variance / num_posterior_samples,
         posterior_variance=variance,
         prior_variance=prior_variance,
     )

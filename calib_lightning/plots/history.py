@@ -96,7 +96,7 @@ def plot_history(
                 ax.axhline(level, color="tab:red", ls="--", lw=1, label=f"level {level:g}")
         else:
             ax.axhline(0.0, color="0.6", ls=":", lw=1)
-            if name.split("/")[0] in ("coverage_error", "atc"):  # the package's sign convention
+            if name.split("/")[0] in ("coverage_error",):  # the package's sign convention
                 ax.text(0.98, 0.04, "< 0: over-confident\n> 0: under-confident",
                         transform=ax.transAxes, ha="right", va="bottom", fontsize="small",
                         color="0.3")  # fmt: skip
