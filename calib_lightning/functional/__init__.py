@@ -33,6 +33,12 @@ from calib_lightning.functional.lc2st import (
     pp_band,
     pp_ecdf,
 )
+from calib_lightning.functional.misspecification import (
+    conformal_p_value,
+    knn_distance,
+    misspecification_scores,
+    standardization,
+)
 from calib_lightning.functional.ranks import (
     PosteriorDraws,
     energy_ranks,
@@ -79,6 +85,7 @@ __all__ = [
     "bootstrap_p_value",
     "combine_p_values",
     "compare_to_reference",
+    "conformal_p_value",
     "coverage_error",
     "default_num_bins",
     "density_coverage",
@@ -93,6 +100,7 @@ __all__ = [
     "kccsd",
     "kccsd_matrix",
     "kccsd_test",
+    "knn_distance",
     "knn_sq_radii",
     "lc2st_nf_null",
     "lc2st_nf_train",
@@ -101,6 +109,7 @@ __all__ = [
     "lc2st_statistic",
     "lc2st_train",
     "marginal_ranks",
+    "misspecification_scores",
     "mmd",
     "monte_carlo_p_value",
     "pointwise_band",
@@ -115,6 +124,7 @@ __all__ = [
     "sbc_ranks",
     "sharpness",
     "simultaneous_band",
+    "standardization",
     "summarize_ranks",
     "tarp",
     "tarp_counts",
