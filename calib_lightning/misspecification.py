@@ -161,8 +161,8 @@ def misspecification_test(
             ``(n, *X)`` to features ``(n, F)`` (``(n, *F)`` is flattened), such as the
             posterior's embedding net. It is applied in chunks of ``batch_size`` without
             gradients and, if an :class:`torch.nn.Module`, in eval mode (so batch norm
-            and dropout make the features of a point independent of its batch); its
-            training mode is restored afterwards.
+            and dropout make the features of a point independent of its batch); every
+            submodule's training mode is restored afterwards.
         k: the neighbour whose distance is the score, ``1 <= k <= N_fit``.
         fit_fraction: share of the simulations in the fit set, in ``(0, 1)``.
         standardize: standardize the features with the fit set (a constant feature
@@ -230,15 +230,17 @@ def misspecification_test(
 
     generator = None if seed is None else torch.Generator().manual_seed(seed)
     order = torch.randperm(num, generator=generator).to(x.device)
-    was_training = isinstance(embedding, nn.Module) and embedding.training
-    if isinstance(embedding, nn.Module):
-        embedding.eval()
+    modes = (
+        [(m, m.training) for m in embedding.modules()] if isinstance(embedding, nn.Module) else []
+    )
+    for module, _ in modes:
+        module.eval()
     try:
         features = _features(embedding, "x", x, batch_size)[order]
         observed = _features(embedding, "observations", observations, batch_size)
     finally:
-        if was_training:
-            embedding.train()  # type: ignore[union-attr]
+        for module, training in modes:  # every submodule back to its own mode
+            module.train(training)
     score, calibration_scores = misspecification_scores(
         observed,
         features[:num_fit],

@@ -173,8 +173,9 @@ def test_module_embedding_runs_in_eval_mode_without_gradients():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten())
     x, x_o = blob_images(200, g), blob_images(3, g)
+    net[1].eval()  # a frozen batch norm inside a training model
     first = cl.misspecification_test(x_o, x, net, batch_size=7)
-    assert net.training  # restored
+    assert [m.training for m in net] == [True, False, True]  # every mode restored
     # eval mode: a point's features do not depend on its batch
     assert torch.equal(first.p_value, cl.misspecification_test(x_o, x, net).p_value)
     assert not first.calibration_scores.requires_grad
