@@ -18,6 +18,7 @@ from calib_lightning.metrics import (
     FrechetDistance,
     RankCalibration,
 )
+from calib_lightning.misspecification import MisspecificationResult, misspecification_test
 from calib_lightning.posteriors import Posterior, as_posterior
 
 # Lightning and matplotlib load on first use, so `import calib_lightning` stays light.
@@ -43,6 +44,7 @@ __all__ = [
     "KCCSDCallback",
     "KCCSDLoss",
     "LC2STNFCallback",
+    "MisspecificationResult",
     "Posterior",
     "RankCalibration",
     "RankCalibrationCallback",
@@ -56,6 +58,7 @@ __all__ = [
     "functional",
     "kernels",
     "losses",
+    "misspecification_test",
     "plots",
     "tasks",
 ]

@@ -28,6 +28,12 @@ from calib_lightning.functional.lc2st import (
     pp_band,
     pp_ecdf,
 )
+from calib_lightning.functional.misspecification import (
+    conformal_p_value,
+    knn_distance,
+    misspecification_scores,
+    standardization,
+)
 from calib_lightning.functional.ranks import (
     PosteriorDraws,
     RankSums,
@@ -96,6 +102,7 @@ __all__ = [
     "calibrated_z_score_std",
     "combine_p_values",
     "compare_to_reference",
+    "conformal_p_value",
     "coverage_error",
     "default_num_bins",
     "density_coverage",
@@ -110,10 +117,13 @@ __all__ = [
     "gaussian_moments",
     "kccsd",
     "kccsd_matrix",
+    "kccsd_test",
+    "knn_distance",
     "knn_sq_radii",
     "lc2st_p_value",
     "lc2st_statistic",
     "marginal_ranks",
+    "misspecification_scores",
     "mmd",
     "monte_carlo_p_value",
     "pointwise_band",
@@ -129,6 +139,7 @@ __all__ = [
     "sbc_ranks",
     "sharpness",
     "simultaneous_band",
+    "standardization",
     "summarize_ranks",
     "tarp",
     "tarp_counts",

@@ -6,6 +6,7 @@ Every function returns a :class:`matplotlib.figure.Figure` and never calls
 
 from calib_lightning.plots.history import plot_history
 from calib_lightning.plots.lc2st import plot_pp, plot_probability_map
+from calib_lightning.plots.misspecification import plot_misspecification
 from calib_lightning.plots.ranks import (
     plot_expected_coverage,
     plot_rank_ecdf,
@@ -17,6 +18,7 @@ from calib_lightning.plots.tarp import plot_tarp
 __all__ = [
     "plot_expected_coverage",
     "plot_history",
+    "plot_misspecification",
     "plot_pp",
     "plot_probability_map",
     "plot_rank_ecdf",
