@@ -41,6 +41,13 @@ def overall_p_value(checks: Mapping[str, Any]) -> float:
     return float(combine_p_values(torch.tensor(values, dtype=torch.float64), dim=0))
 
 
+def _observations(indices: list[int]) -> str:
+    """``observation 2`` or ``observations 0, 1 and 3``."""
+    if len(indices) == 1:
+        return f"observation {indices[0]}"
+    return f"observations {', '.join(map(str, indices[:-1]))} and {indices[-1]}"
+
+
 def _name(labels: Sequence[str] | None, d: int) -> str:
     return f"{labels[d]}" if labels is not None else f"parameter {d}"
 
@@ -69,8 +76,8 @@ def verdict_sentence(
     if misspec is not None:
         outside = [o for o, p in enumerate(misspec.p_value.tolist()) if p < level]
         if outside:
-            which = ", ".join(str(o) for o in outside)
-            parts.append(f"observation {which} looks outside the simulator")
+            verb = "looks" if len(outside) == 1 else "look"
+            parts.append(f"{_observations(outside)} {verb} outside the simulator")
     overall = overall_p_value(checks)
     if math.isnan(overall):
         head = "no calibration check ran"
@@ -93,6 +100,6 @@ def verdict_sentence(
         if local is not None:
             wrong = [o for o, p in enumerate(local.p_value.tolist()) if p < level]
             if wrong:
-                failures.append(f"wrong at observation {', '.join(map(str, wrong))}")
+                failures.append(f"wrong at {_observations(wrong)}")
         head = "miscalibrated: " + ("; ".join(failures) if failures else "see the table")
     return "; ".join([head, *parts]) + "."
