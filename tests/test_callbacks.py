@@ -268,6 +268,36 @@ def test_without_tensorboard_figures_are_png_files_and_scalars_are_logged(tmp_pa
         )
 
 
+def test_every_callback_writes_its_figures_as_png_files_with_a_csv_logger(tmp_path):
+    from calib_lightning.callbacks import LC2STNFCallback, RankCalibrationCallback
+
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(200, torch.Generator().manual_seed(7))
+    callbacks = [
+        KCCSDCallback(theta, x, metric=metric()),
+        RankCalibrationCallback(theta, x, metric=cl.RankCalibration(20, num_dims=2)),
+        LC2STNFCallback(theta, x, metric=lc2st_metric(x[:2]), map_num_posterior_samples=200),
+    ]
+    logger = CSVLogger(tmp_path, name="csv", version=0)
+    train = loader(*toy.sample(32, torch.Generator().manual_seed(8)))
+    trainer(max_epochs=2, logger=logger, callbacks=callbacks).fit(FixedPosterior(0.0), train)
+    expected = {
+        "kccsd": {"history"},
+        "ranks": {"history", "ecdf", "rank_histograms", "expected_coverage", "recovery",
+                  "z_score_contraction"},
+        "lc2st_nf": {"history", "pp", "probability_map/0", "probability_map/1"},
+    }  # fmt: skip
+    root = Path(logger.log_dir, "calibration")
+    for name, figures in expected.items():
+        written = {
+            str(p.parent.relative_to(root / name)): p.name
+            for p in (root / name).rglob("*.png")
+        }
+        assert set(written) == figures, name
+        pngs = sorted((root / name / "history").glob("*.png"))
+        assert [p.name for p in pngs] == ["epoch=0000.png", "epoch=0001.png"]
+
+
 def test_mlflow_receives_the_figures_as_run_artifacts(tmp_path, data, monkeypatch):
     pytest.importorskip("mlflow")
     from lightning.pytorch.loggers import MLFlowLogger
@@ -532,8 +562,12 @@ def test_rank_callback_logs_scalars_figures_and_rank_histograms(tmp_path, shift)
         | {f"ecdf_p_values/{d}" for d in (0, 1, 2)}
     )
     assert set(acc.Tags()["scalars"]) - {"epoch"} == {f"calibration/ranks/{k}" for k in expected}
-    figures = {"history", "ecdf", "rank_histograms", "expected_coverage"}
+    figures = {"history", "ecdf", "rank_histograms", "expected_coverage", "recovery",
+               "z_score_contraction"}
     assert set(acc.Tags()["images"]) == {f"calibration/ranks/{f}" for f in figures}
+    kept = callback.last_result  # every pair's posterior moments, for the recovery plots
+    assert kept.pair_theta.shape == kept.pair_mean.shape == kept.pair_variance.shape == (400, 2)
+    torch.testing.assert_close(kept.pair_theta, theta.double())
     assert set(acc.Tags()["histograms"]) == {
         f"calibration/ranks/rank/{r}" for r in ("0", "1", "joint")
     }
@@ -574,7 +608,7 @@ def test_lc2st_nf_callback_logs_per_observation_tests_maps_and_reference_scores(
 
     acc = events(logger.log_dir)
     keys = ("statistic", "p_value", "mmd", "mmd_p_value", "frechet_distance", "density",
-            "coverage", "oracle_c2st")  # fmt: skip
+            "coverage", "oracle_c2st", "misspecification_p_value")  # fmt: skip
     expected = {f"calibration/lc2st_nf/{k}/{o}" for k in keys for o in (0, 1)}
     expected.add("calibration/lc2st_nf/global_p_value")  # the O local tests combined
     assert set(acc.Tags()["scalars"]) - {"epoch"} == expected
@@ -585,6 +619,11 @@ def test_lc2st_nf_callback_logs_per_observation_tests_maps_and_reference_scores(
         assert callback.history[f"p_value/{o}"][0] > 0.05
         assert callback.history[f"mmd_p_value/{o}"][0] > 0.01
         assert 0.4 < callback.history[f"oracle_c2st/{o}"][0] < 0.6
+    # simulator outputs: not flagged as misspecified; the p-value equals the function's
+    expected_p = cl.misspecification_test(x_o, x).p_value
+    logged = [callback.history[f"misspecification_p_value/{o}"][0] for o in (0, 1)]
+    assert logged == pytest.approx(expected_p.tolist())
+    assert min(logged) > 0.05
 
 
 def test_lc2st_nf_callback_resume_does_not_retrain_the_null(tmp_path, data, monkeypatch):

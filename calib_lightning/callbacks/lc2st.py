@@ -17,6 +17,7 @@ from calib_lightning.callbacks.base import CalibrationCallback
 from calib_lightning.evaluation import draws
 from calib_lightning.functional.reference import compare_to_reference
 from calib_lightning.metrics.lc2st import LC2STNF, LC2STResult
+from calib_lightning.misspecification import misspecification_test
 from calib_lightning.plots.lc2st import plot_pp, plot_probability_map
 from calib_lightning.posteriors import Posterior
 
@@ -46,6 +47,13 @@ class LC2STNFCallback(CalibrationCallback):
     benchmark task or MCMC) it also logs, per observation, ``mmd``, ``mmd_p_value``,
     ``frechet_distance``, ``density``, ``coverage`` and ``oracle_c2st`` (accuracy of a
     classifier between estimator and reference samples; 0.5 = indistinguishable).
+
+    With ``misspecification=True`` (default) it also logs
+    ``misspecification_p_value/<o>``: does :math:`x_o` look like an output of the
+    simulator, judged against the calibration ``x``
+    (:func:`calib_lightning.misspecification_test`; computed once, since neither
+    changes while training). A small value warns that no calibration check on
+    simulations vouches for the posterior at that observation.
     Samples for figures and reference scores are drawn under a fixed seed, so every
     process computes the same values; they are in ``last_extras`` after a check
     (:meth:`extra_results`), the metric's :class:`~calib_lightning.metrics.lc2st.LC2STResult`
@@ -64,6 +72,8 @@ class LC2STNFCallback(CalibrationCallback):
         map_num_posterior_samples: posterior samples per observation for the probability
             maps.
         seed: seeds the samples drawn for figures and reference scores.
+        misspecification: test each observation against the calibration ``x``
+            (needs ``x`` as a tensor).
         **kwargs: :class:`~calib_lightning.callbacks.CalibrationCallback` arguments.
 
     References:
@@ -87,6 +97,7 @@ class LC2STNFCallback(CalibrationCallback):
         labels: list[str] | None = None,
         map_num_posterior_samples: int = 2000,
         seed: int = 0,
+        misspecification: bool = True,
         **kwargs: Any,
     ) -> None:
         if metric is None:
@@ -117,18 +128,27 @@ class LC2STNFCallback(CalibrationCallback):
         check_positive("map_num_posterior_samples", map_num_posterior_samples, integer=True)
         self.truths, self.reference_samples, self.labels = truths, reference_samples, labels
         self.map_num_posterior_samples, self.seed = map_num_posterior_samples, seed
+        self.misspecification = misspecification and self.x is not None
+        self._misspecification: Tensor | None = None
 
     def extra_results(self, trainer: Trainer, posterior: Posterior) -> dict[str, Tensor]:
         """Probability maps (rank zero, with figures) and reference scores, as tensors.
 
-        Keys: ``map_samples`` ``(O, S, D)`` and ``map_probabilities`` ``(O, S)`` (figures
-        only); with ``reference_samples``, ``mmd``, ``mmd_p_value``, ``frechet_distance``,
+        Keys: ``misspecification_p_value`` ``(O,)`` (logged); ``map_samples``
+        ``(O, S, D)`` and ``map_probabilities`` ``(O, S)`` (figures only); with
+        ``reference_samples``, ``mmd``, ``mmd_p_value``, ``frechet_distance``,
         ``density``, ``coverage`` and ``oracle_c2st``, each ``(O,)`` (logged).
         """
         draw_maps = self.log_figures and trainer.is_global_zero
-        if not draw_maps and self.reference_samples is None:
-            return {}
         out: dict[str, Tensor] = {}
+        if self.misspecification:
+            if self._misspecification is None:  # observations and x never change
+                test = misspecification_test(self.metric.observations.cpu(), self.x.cpu(),
+                                             seed=self.seed)  # fmt: skip
+                self._misspecification = test.p_value
+            out["misspecification_p_value"] = self._misspecification
+        if not draw_maps and self.reference_samples is None:
+            return out
         observations = self.metric.observations
         with torch.random.fork_rng(devices=[]):  # same draws on every process
             torch.manual_seed(self.seed)

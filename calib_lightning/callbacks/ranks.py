@@ -9,12 +9,15 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from calib_lightning.callbacks.base import CalibrationCallback
+from calib_lightning.functional.ranks import MOMENT_DRAWS
+from calib_lightning.functional.recovery import recovery_from_moments
 from calib_lightning.metrics.ranks import RankCalibration, RankCalibrationResult
 from calib_lightning.plots.ranks import (
     plot_expected_coverage,
     plot_rank_ecdf,
     plot_rank_histograms,
 )
+from calib_lightning.plots.recovery import plot_recovery, plot_z_score_contraction
 
 __all__ = ["RankCalibrationCallback"]
 
@@ -33,8 +36,11 @@ class RankCalibrationCallback(CalibrationCallback):
     ``ecdf_p_values`` entry is the joint rank), ``contraction/<d>`` (1 - posterior
     variance / prior variance: 0 for a posterior no sharper than the prior) and
     ``mean_squared_error/<d>`` of the posterior mean. Figures: ``ecdf`` (ECDF - t with
-    simultaneous and pointwise bands), ``rank_histograms``, ``expected_coverage``
-    and ``history``; histograms ``rank/<d>`` and ``rank/joint`` of the raw ranks.
+    simultaneous and pointwise bands), ``rank_histograms``, ``expected_coverage``,
+    ``recovery`` (posterior mean against the truth, with R^2) and
+    ``z_score_contraction`` (posterior z-score against contraction; both from the
+    first ``metric.max_pairs`` pairs), and ``history``; histograms ``rank/<d>`` and
+    ``rank/joint`` of the raw ranks.
 
     Arguments:
         theta: calibration parameters ``(N, D)``.
@@ -80,6 +86,14 @@ class RankCalibrationCallback(CalibrationCallback):
         figures["ecdf"] = plot_rank_ecdf(result, labels=self.labels)
         figures["rank_histograms"] = plot_rank_histograms(result, labels=self.labels)
         figures["expected_coverage"] = plot_expected_coverage(result)
+        if result.pair_theta is not None:  # the first pairs' posterior moments
+            recovered = recovery_from_moments(
+                result.pair_mean, result.pair_variance, result.pair_theta,
+                result.prior_variance,
+                num_posterior_samples=min(self.metric.num_posterior_samples, MOMENT_DRAWS),
+            )  # fmt: skip
+            figures["recovery"] = plot_recovery(recovered, labels=self.labels)
+            figures["z_score_contraction"] = plot_z_score_contraction(recovered, labels=self.labels)
         return figures
 
     def histograms(self, result: RankCalibrationResult) -> dict[str, Tensor]:

@@ -97,6 +97,10 @@ class RankCalibrationResult(RankSummary):
         mean_squared_error: ``(*, D)`` squared error of the posterior mean.
         posterior_variance: ``(*, D)`` mean posterior variance.
         prior_variance: ``(*, D)`` variance of the calibration parameters.
+        pair_theta, pair_mean, pair_variance: ``(n, D)`` float64, the truth and the
+            Monte Carlo posterior mean and variance of each of the first ``n`` pairs
+            (``RankCalibration(max_pairs=...)``; ``None`` when none were kept), for the
+            recovery plots (:func:`~calib_lightning.functional.recovery.recovery_from_moments`).
 
     Plus every field of :class:`RankSummary`.
     """
@@ -108,13 +112,19 @@ class RankCalibrationResult(RankSummary):
     mean_squared_error: Tensor
     posterior_variance: Tensor
     prior_variance: Tensor
+    pair_theta: Tensor | None = None
+    pair_mean: Tensor | None = None
+    pair_variance: Tensor | None = None
 
     @classmethod
-    def from_summary(cls, summary: RankSummary, sharpness: Sharpness) -> RankCalibrationResult:
-        """Join a summary and a sharpness, computing ``outside_band``."""
+    def from_summary(
+        cls, summary: RankSummary, sharpness: Sharpness, **pairs: Tensor | None
+    ) -> RankCalibrationResult:
+        """Join a summary and a sharpness (and the per-pair fields), computing
+        ``outside_band``."""
         simultaneous = summary.simultaneous_band.to(summary.ecdf)
         deviation = summary.ecdf - summary.levels
         outside = ((deviation < simultaneous[0] - 1e-12)
                    | (deviation > simultaneous[1] + 1e-12)).any(-1)  # fmt: skip
         parts = {f.name: getattr(summary, f.name) for f in fields(summary)}
-        return cls(**parts, outside_band=outside, **sharpness._asdict())
+        return cls(**parts, outside_band=outside, **sharpness._asdict(), **pairs)

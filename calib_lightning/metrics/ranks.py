@@ -6,10 +6,11 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torchmetrics.utilities.data import dim_zero_cat
 from torchmetrics.utilities.distributed import gather_all_tensors
 
 from calib_lightning._checks import check_choice, check_pairs, check_positive, check_probability
-from calib_lightning._distributed import max_over_processes
+from calib_lightning._distributed import max_over_processes, shape_empty_list_states
 from calib_lightning._moments import (
     merge_moments,
     moment_state_size,
@@ -143,6 +144,9 @@ class RankCalibration(KeepShapes):
             :func:`posterior_ranks`).
         global_method: ``"cauchy"`` (default) or ``"holm"``: how ``global_p_value``
             combines the tests.
+        max_pairs: per-process bound on the pairs whose truth, posterior mean and
+            variance are kept (``3 D`` float64 each) for the recovery plots; the first
+            ones are kept, the ranks always use every pair. ``0`` keeps none.
 
     Example:
         >>> from calib_lightning.tasks import GaussianToy
@@ -182,6 +186,7 @@ class RankCalibration(KeepShapes):
         num_ecdf_points: int | None = 100,
         max_chunk_elements: int = 2**20,
         global_method: str = "cauchy",
+        max_pairs: int = 10_000,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -199,6 +204,9 @@ class RankCalibration(KeepShapes):
             check_positive("num_ecdf_points", num_ecdf_points, integer=True)
         check_positive("max_chunk_elements", max_chunk_elements, integer=True)
         check_choice("global_method", global_method, COMBINATION_METHODS)
+        if isinstance(max_pairs, bool) or not isinstance(max_pairs, int) or max_pairs < 0:
+            raise ValueError(f"max_pairs must be a non-negative integer, got {max_pairs!r}")
+        self.max_pairs = max_pairs
         self.global_method = global_method
         self.num_posterior_samples, self.num_dims = num_posterior_samples, num_dims
         self.level, self.num_bins, self.num_ecdf_points = level, num_bins, num_ecdf_points
@@ -207,6 +215,7 @@ class RankCalibration(KeepShapes):
         self.add_state("histogram", histogram, dist_reduce_fx="sum")
         self.add_state("theta_moments", theta_moments, dist_reduce_fx=merge_moments)
         self.add_state("posterior_sums", posterior_sums, dist_reduce_fx="sum")
+        self.add_state("pair_moments", [], dist_reduce_fx="cat")  # (n, 3 D) float64
 
     def _zero_states(
         self, d: int, device: torch.device | None = None
@@ -253,6 +262,7 @@ class RankCalibration(KeepShapes):
         d = max_over_processes(self.theta_moments.shape[0] // 3, group)  # L = 1 + 3 D
         if d and self.histogram.numel() == 0:
             self._allocate(d)
+        shape_empty_list_states(self, ("pair_moments",), group)
         super()._sync_dist(dist_sync_fn, process_group)
 
     def update(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> None:
@@ -269,6 +279,10 @@ class RankCalibration(KeepShapes):
         self.theta_moments = merge_moments(torch.stack([self.theta_moments, batch]))
         sums = torch.stack([draws.variance.sum(0), (draws.mean_error**2).sum(0)])
         self.posterior_sums += sums.to(self.posterior_sums.device)
+        room = self.max_pairs - sum(t.shape[0] for t in self.pair_moments)
+        if room > 0:
+            rows = torch.cat([theta.double(), draws.mean_error, draws.variance], -1)[:room]
+            self.pair_moments.append(rows.to(self.histogram.device))
 
     def compute(self) -> RankCalibrationResult:
         """p-values, coverage error, sharpness and the curves (see the class docstring).
@@ -294,4 +308,11 @@ class RankCalibration(KeepShapes):
         prior_variance = variance_from_moments(self.theta_moments)[1]
         draws = min(self.num_posterior_samples, MOMENT_DRAWS)
         sharp = sharpness(error_sq / n, variance / n, prior_variance, draws)
-        return RankCalibrationResult.from_summary(summary, sharp)
+        pairs: dict[str, Tensor | None] = {}
+        stored = self.pair_moments
+        rows = dim_zero_cat(stored) if isinstance(stored, list) and stored else stored
+        if isinstance(rows, Tensor) and rows.numel():
+            d = prior_variance.shape[-1]
+            theta, error, var = rows[:, :d], rows[:, d : 2 * d], rows[:, 2 * d :]
+            pairs = {"pair_theta": theta, "pair_mean": theta + error, "pair_variance": var}
+        return RankCalibrationResult.from_summary(summary, sharp, **pairs)
