@@ -23,6 +23,7 @@ The rules, in one place:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -44,7 +45,6 @@ __all__ = [
     "base_scores",
     "check_event_size",
     "checked_samples",
-    "differentiable_latents",
     "draw_chunks",
     "draws",
     "latents",
@@ -124,10 +124,16 @@ def pair_and_base_scores(
     )
 
 
-def latents(posterior: Posterior | Any, theta: Tensor, x: Tensor) -> Tensor:
-    """Base-space points :math:`z_i = T^{-1}(\\theta_i; x_i)`, ``(N, D)``, no gradient, checked."""
+def latents(
+    posterior: Posterior | Any, theta: Tensor, x: Tensor, *, create_graph: bool = False
+) -> Tensor:
+    """Base-space points :math:`z_i = T^{-1}(\\theta_i; x_i)`, ``(N, D)``, checked finite.
+
+    Without gradient by default; ``create_graph=True`` keeps the graph, so the latents
+    are differentiable in the model's parameters (for the calibration losses).
+    """
     check_pairs(theta, x)
-    with torch.no_grad():
+    with contextlib.nullcontext() if create_graph else torch.no_grad():
         z = as_posterior(posterior).to_latent(theta, x)
     checked_samples(z.unsqueeze(0))
     return z
@@ -255,15 +261,6 @@ def checked_samples(samples: Tensor, log_prob: Tensor | None = None) -> None:
     check_finite("posterior samples", samples.transpose(0, 1))
     if log_prob is not None:
         check_finite("posterior log_prob", log_prob.transpose(0, 1))
-
-
-def differentiable_latents(posterior: Posterior | Any, theta: Tensor, x: Tensor) -> Tensor:
-    """:func:`latents` with the graph kept: ``(N, D)``, differentiable in the model's
-    parameters (for the calibration losses), checked finite."""
-    check_pairs(theta, x)
-    z = as_posterior(posterior).to_latent(theta, x)
-    checked_samples(z.unsqueeze(0))
-    return z
 
 
 def reparameterized_draws(

@@ -28,12 +28,12 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from torch import Tensor
 
-__all__ = ["Result"]
+__all__ = ["Result", "expand_scalars"]
 
 R = TypeVar("R", bound="Result")
 
@@ -88,16 +88,7 @@ class Result(Mapping[str, Any]):
 
     def scalars(self) -> dict[str, Tensor]:
         """The ``logged`` fields as scalar tensors, keyed ``name`` or ``name/i``."""
-        out: dict[str, Tensor] = {}
-        for name in self.logged:
-            value = getattr(self, name)
-            if not isinstance(value, Tensor) or value.is_complex():
-                continue
-            if value.ndim == 0:
-                out[name] = value
-            elif value.ndim == 1:
-                out.update({f"{name}/{i}": v for i, v in enumerate(value)})
-        return out
+        return expand_scalars((name, getattr(self, name)) for name in self.logged)
 
     def apply(self: R, fn: Callable[[Tensor], Tensor]) -> R:
         """A copy with ``fn`` applied to every tensor field (e.g. ``Tensor.cpu``)."""
@@ -107,3 +98,17 @@ class Result(Mapping[str, Any]):
             if isinstance(getattr(self, name), Tensor)
         }
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+def expand_scalars(items: Iterable[tuple[str, Any]]) -> dict[str, Tensor]:
+    """Real tensors as scalars: a 0-d one as ``name``, each entry of a 1-d one as
+    ``name/i``; other shapes and non-tensors are skipped."""
+    out: dict[str, Tensor] = {}
+    for name, value in items:
+        if not isinstance(value, Tensor) or value.is_complex():
+            continue
+        if value.ndim == 0:
+            out[name] = value
+        elif value.ndim == 1:
+            out.update({f"{name}/{i}": v for i, v in enumerate(value)})
+    return out

@@ -30,13 +30,19 @@ def run(posterior, theta, x, **kwargs):
 def test_the_report_has_every_check_table_figure_and_summary(tmp_path):
     theta, x = pairs()
     observations = TOY.sample(3, torch.Generator().manual_seed(5))[1]
-    report = run(TOY.posterior(), theta, x, observations=observations, labels=["a", "b"])
-    assert set(report.checks) == set(cl.diagnosis.CHECKS)
+    with torch.random.fork_rng():
+        torch.manual_seed(9)
+        reference = TOY.posterior()(observations).sample((300,))  # exact posterior samples
+    report = run(TOY.posterior(), theta, x, observations=observations, labels=["a", "b"],
+                 reference_samples=reference)  # fmt: skip
+    assert set(report.checks) == {*cl.diagnosis.CHECKS, "reference"}
+    assert report.checks["reference"].mmd_p_value.shape == (3,)
+    assert float(report.checks["reference"].mmd_p_value.min()) > 0.01  # the same posterior
     calibrated = report.overall_p_value >= 0.05
     assert report.verdict.startswith("calibrated") == calibrated, report.verdict
     assert report.checks["lc2st_nf"].p_value.shape == (3,)
     table = report.table()
-    for name in cl.diagnosis.CHECKS:
+    for name in report.checks:
         assert name in table
     page = report.save(tmp_path / "report")
     text = page.read_text()
@@ -96,6 +102,8 @@ def test_bad_arguments_raise_naming_them():
         cl.diagnose(TOY.posterior(), theta, x, checks=("sbc",))
     with pytest.raises(ValueError, match="need observations"):
         cl.diagnose(TOY.posterior(), theta, x, checks=("lc2st_nf",))
+    with pytest.raises(ValueError, match="reference_samples must have shape"):
+        cl.diagnose(TOY.posterior(), theta, x, reference_samples=torch.zeros(5, 2, 2))
     with pytest.raises(ValueError, match="labels must name the D = 2"):
         cl.diagnose(TOY.posterior(), theta, x, labels=["a"])
 

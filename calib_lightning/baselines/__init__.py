@@ -7,8 +7,9 @@
   reference posterior, as in sbibm).
 """
 
-from calib_lightning.baselines.c2st import oracle_c2st
+from calib_lightning.baselines.c2st import OracleC2ST, oracle_c2st
 from calib_lightning.baselines.skce import (
+    SKCETest,
     gaussian_mmd_sq,
     sample_mmd_sq,
     skce_matrix_gaussian,
@@ -18,6 +19,8 @@ from calib_lightning.baselines.skce import (
 )
 
 __all__ = [
+    "OracleC2ST",
+    "SKCETest",
     "gaussian_mmd_sq",
     "oracle_c2st",
     "sample_mmd_sq",

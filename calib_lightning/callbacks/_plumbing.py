@@ -12,7 +12,7 @@ from torch import Tensor
 from torch.utils.data import DistributedSampler
 
 from calib_lightning._checks import check_pairs
-from calib_lightning.results import Result
+from calib_lightning.results import Result, expand_scalars
 
 __all__ = [
     "STAGES",
@@ -115,15 +115,7 @@ def local_batches(
 
 def tensor_scalars(values: Result | dict[str, Tensor]) -> dict[str, Tensor]:
     """Every real 0-d tensor of ``values`` as ``key``, every 1-d one as ``key/i``."""
-    out: dict[str, Tensor] = {}
-    for key, value in values.items():
-        if not isinstance(value, Tensor) or value.is_complex():
-            continue
-        if value.ndim == 0:
-            out[key] = value
-        elif value.ndim == 1:
-            out.update({f"{key}/{i}": v for i, v in enumerate(value)})
-    return out
+    return expand_scalars(values.items())
 
 
 def to_cpu(result: Any) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -23,7 +22,6 @@ from calib_lightning.posteriors import Posterior
 
 __all__ = ["LC2STNFCallback"]
 
-_REFERENCE_KEYS = ("mmd", "mmd_p_value", "frechet_distance", "density", "coverage")
 
 
 class LC2STNFCallback(CalibrationCallback):
@@ -162,7 +160,7 @@ class LC2STNFCallback(CalibrationCallback):
                     samples, reference, vendi=False,
                     generator=torch.Generator().manual_seed(self.seed),
                 )  # fmt: skip
-                out.update({key: _field(scores, key) for key in _REFERENCE_KEYS})
+                out.update({key: getattr(scores, key) for key in scores.logged})  # (O,) each
                 out["oracle_c2st"] = oracle_c2st(
                     samples.transpose(0, 1), reference.transpose(0, 1), seed=self.seed
                 ).accuracy
@@ -184,7 +182,3 @@ class LC2STNFCallback(CalibrationCallback):
                 )  # fmt: skip
         return figures
 
-
-def _field(scores: Any, key: str) -> Tensor:
-    """One score of :func:`compare_to_reference`'s result (a mapping or a typed result)."""
-    return scores[key] if isinstance(scores, Mapping) else getattr(scores, key)

@@ -34,6 +34,7 @@ _TITLES = {
     "recovery": "Recovery (posterior mean vs truth, z-scores)",
     "lc2st_nf": "L-C2ST-NF (local test at each observation)",
     "misspecification": "Misspecification (observation vs simulations)",
+    "reference": "Reference samples (MMD test per observation)",
 }
 
 _DISAGREE = """
@@ -121,6 +122,9 @@ class Diagnosis:
             }
             if name == "recovery":
                 row["verdict"] = "see figures"
+            if name == "reference":  # one MMD test per observation: the smallest p-value
+                row["p_value"] = float(result.mmd_p_value.min())
+                row["verdict"] = "see p-values per observation"
             rows.append(row)
         return rows
 

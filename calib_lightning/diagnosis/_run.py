@@ -17,8 +17,9 @@ from torch import Tensor
 
 from calib_lightning._checks import check_pairs, check_positive, check_probability
 from calib_lightning.diagnosis._report import Diagnosis
-from calib_lightning.evaluation import draw_chunks
+from calib_lightning.evaluation import draw_chunks, draws
 from calib_lightning.functional.recovery import recovery
+from calib_lightning.functional.reference import compare_to_reference
 from calib_lightning.functional.sbc import rank_calibration
 from calib_lightning.functional.tarp import tarp
 from calib_lightning.metrics import KCCSD, LC2STNF
@@ -73,8 +74,10 @@ def diagnose(
         observations: observations ``(O, *X)`` you will analyse; enables L-C2ST-NF at
             each and the misspecification test against ``x``.
         reference_samples: exact posterior samples ``(S_ref, O, D)`` at the
-            observations, if you have them (MCMC, a known posterior): kept with the
-            diagnosis for the report (the distances come with the L-C2ST-NF callback).
+            observations, if you have them (MCMC, a known posterior): adds the check
+            ``reference`` (MMD with its p-value, Fréchet distance, density and coverage
+            of ``S_ref`` posterior draws at each observation,
+            :func:`~calib_lightning.functional.compare_to_reference`).
         checks: a subset of :data:`CHECKS`; default every check that applies
             (the local ones need ``observations``).
         labels: parameter names ``(D,)`` for tables and figures.
@@ -149,6 +152,21 @@ def diagnose(
             return metric.compute()
 
         timed("lc2st_nf", run_lc2st)
+    if reference_samples is not None:
+        if observations is None or reference_samples.ndim != 3 or (
+                reference_samples.shape[1] != observations.shape[0]):
+            raise ValueError(
+                "reference_samples must have shape (S_ref, O, D) for the O observations, got "
+                f"{tuple(reference_samples.shape)} with observations="
+                f"{None if observations is None else tuple(observations.shape)}"
+            )
+
+        def run_reference() -> Any:
+            samples = draws(post, observations, reference_samples.shape[0])
+            return compare_to_reference(samples, reference_samples.to(samples), vendi=False,
+                                        generator=generator)  # fmt: skip
+
+        timed("reference", run_reference)
     if "misspecification" in checks:
         timed("misspecification", lambda: misspecification_test(
             observations, x, embedding=embedding, seed=seed))

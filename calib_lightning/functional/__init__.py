@@ -51,7 +51,7 @@ from calib_lightning.functional.recovery import (
     recovery,
     recovery_from_moments,
 )
-from calib_lightning.functional.reference import compare_to_reference
+from calib_lightning.functional.reference import ReferenceComparison, compare_to_reference
 from calib_lightning.functional.samples import (
     ball_counts,
     density_coverage,
@@ -93,6 +93,7 @@ __all__ = [
     "RankSums",
     "RankWorkspace",
     "Recovery",
+    "ReferenceComparison",
     "Sharpness",
     "SymmetricBlocks",
     "TARPResult",

@@ -9,14 +9,47 @@ the approximation's samples at every :math:`x_o` (drawn by the caller, e.g. with
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 from torch import Tensor
 
 from calib_lightning._checks import check_finite
 from calib_lightning.functional.samples import density_coverage, frechet_distance, mmd, vendi_score
 from calib_lightning.kernels import median_bandwidth
+from calib_lightning.results import Result
 
-__all__ = ["compare_to_reference"]
+__all__ = ["ReferenceComparison", "compare_to_reference"]
+
+
+@dataclass(eq=False)
+class ReferenceComparison(Result):
+    """Sample-based scores against reference samples, one entry per observation ``(O,)``.
+
+    Attributes:
+        mmd: squared MMD (Gaussian kernel, median bandwidth of the pooled sample).
+        mmd_p_value: its permutation p-value (``nan`` with ``num_permutations=0``).
+        mmd_bandwidth: the kernel bandwidth used.
+        frechet_distance: Fréchet distance of Gaussian fits.
+        density, coverage: Naeem et al. (2020), 1 for samples like the reference.
+        vendi, reference_vendi, vendi_bandwidth: Vendi scores of both sets at one
+            bandwidth (``None`` without ``vendi``).
+    """
+
+    logged: ClassVar[tuple[str, ...]] = (
+        "mmd", "mmd_p_value", "frechet_distance", "density", "coverage",
+    )  # fmt: skip
+
+    mmd: Tensor
+    mmd_p_value: Tensor
+    mmd_bandwidth: Tensor
+    frechet_distance: Tensor
+    density: Tensor
+    coverage: Tensor
+    vendi: Tensor | None = None
+    reference_vendi: Tensor | None = None
+    vendi_bandwidth: Tensor | None = None
 
 
 def compare_to_reference(
@@ -27,7 +60,7 @@ def compare_to_reference(
     k: int = 5,
     vendi: bool = True,
     generator: torch.Generator | None = None,
-) -> dict[str, Tensor]:
+) -> ReferenceComparison:
     r"""Sample-based scores of posterior samples against reference samples, per observation.
 
     For each observation :math:`x_o` (a loop, so memory is that of one comparison):
@@ -49,10 +82,7 @@ def compare_to_reference(
         generator: random generator for the permutations.
 
     Returns:
-        A dict of per-observation ``(O,)`` tensors (a flat table of scores, one row per
-        observation): ``mmd``, ``mmd_p_value``, ``mmd_bandwidth``,
-        ``frechet_distance``, ``density``, ``coverage`` and, if ``vendi``, ``vendi``,
-        ``reference_vendi``, ``vendi_bandwidth``.
+        :class:`ReferenceComparison`: each score ``(O,)``, one entry per observation.
 
     Example:
         >>> from calib_lightning.tasks import GaussianToy
@@ -61,7 +91,7 @@ def compare_to_reference(
         >>> reference = toy.posterior()(x_o).sample((500,))
         >>> samples = toy.posterior(variance_scale=2.0)(x_o).sample((500,))
         >>> out = compare_to_reference(samples, reference, generator=g)
-        >>> out["mmd_p_value"] < 0.05, out["vendi"] > out["reference_vendi"]
+        >>> out.mmd_p_value < 0.05, out.vendi > out.reference_vendi
         (tensor([True, True, True]), tensor([True, True, True]))
     """
     if not isinstance(reference_samples, Tensor) or reference_samples.ndim != 3:
@@ -94,4 +124,4 @@ def compare_to_reference(
             scores["vendi_bandwidth"] = bandwidth
         for key, value in scores.items():
             rows.setdefault(key, []).append(value.detach())
-    return {key: torch.stack(values) for key, values in rows.items()}
+    return ReferenceComparison(**{key: torch.stack(values) for key, values in rows.items()})

@@ -288,7 +288,7 @@ class KCCSDLoss(nn.Module):
             raise ValueError(f"latent is only used with space='latent', got {self.space!r}")
         if self.space == "latent":
             if latent is None:
-                points = evaluation.differentiable_latents(posterior, theta, x)
+                points = evaluation.latents(posterior, theta, x, create_graph=True)
             else:
                 points = latent
             if points.shape != theta.shape:

@@ -1,9 +1,22 @@
-"""torchmetrics ``Metric`` classes: state and accumulation over the functional core."""
+"""torchmetrics ``Metric`` classes: state and accumulation over the functional core.
 
-from calib_lightning.metrics.kccsd import KCCSD
+Each ``compute()`` returns a typed result (:class:`~calib_lightning.results.Result`):
+:class:`KCCSDResult`, :class:`RankCalibrationResult`, :class:`TARPResult`,
+:class:`LC2STResult`, :class:`FrechetDistanceResult`, :class:`DensityCoverageResult`.
+"""
+
+from calib_lightning.functional.sbc import RankCalibrationResult
+from calib_lightning.functional.tarp import TARPResult
+from calib_lightning.metrics._local_c2st import LC2STResult, ProbabilityMap
+from calib_lightning.metrics.kccsd import KCCSD, KCCSDResult
 from calib_lightning.metrics.lc2st import LC2ST, LC2STNF
 from calib_lightning.metrics.ranks import RankCalibration
-from calib_lightning.metrics.samples import DensityCoverage, FrechetDistance
+from calib_lightning.metrics.samples import (
+    DensityCoverage,
+    DensityCoverageResult,
+    FrechetDistance,
+    FrechetDistanceResult,
+)
 from calib_lightning.metrics.tarp import TARP
 
 __all__ = [
@@ -12,6 +25,13 @@ __all__ = [
     "LC2STNF",
     "TARP",
     "DensityCoverage",
+    "DensityCoverageResult",
     "FrechetDistance",
+    "FrechetDistanceResult",
+    "KCCSDResult",
+    "LC2STResult",
+    "ProbabilityMap",
     "RankCalibration",
+    "RankCalibrationResult",
+    "TARPResult",
 ]

@@ -13,13 +13,16 @@ References:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib.figure import Figure
 
 from calib_lightning._checks import check_positive, check_probability
 from calib_lightning.plots._format import format_p_value
+
+if TYPE_CHECKING:
+    from calib_lightning.misspecification import MisspecificationResult
 
 __all__ = ["plot_misspecification"]
 
@@ -42,7 +45,7 @@ def _rejection_threshold(calibration: np.ndarray, level: float) -> float | None:
 
 
 def plot_misspecification(
-    result: Mapping[str, object],
+    result: MisspecificationResult,
     *,
     level: float = 0.05,
     max_legend: int = 8,
@@ -78,7 +81,7 @@ def plot_misspecification(
     check_probability("level", level)
     check_positive("max_legend", max_legend, integer=True)
     score, p_value, calibration = (
-        result[key].detach().cpu().double().numpy().reshape(-1)  # type: ignore[attr-defined]
+        getattr(result, key).detach().cpu().double().numpy().reshape(-1)
         for key in ("score", "p_value", "calibration_scores")
     )
     if score.shape != p_value.shape:
@@ -99,7 +102,7 @@ def plot_misspecification(
     ax = fig.add_subplot(1, 1, 1)
     ax.hist(plotted, bins=bins, color="0.75", edgecolor="0.55", lw=0.5,
             label=f"simulations (n = {calibration.size})")  # fmt: skip
-    right = high * 1.15 if log else high + 0.04 * (high - low)
+    right = high * 1.4 if log else high + 0.08 * (high - low)  # room for a line at the top
     threshold = _rejection_threshold(calibration, level)
     if threshold is not None and threshold < right:
         ax.axvspan(threshold, right, color="tab:red", alpha=0.1, lw=0, label=f"p < {level:g}")
@@ -116,12 +119,12 @@ def plot_misspecification(
     if log:
         ax.set_xscale("log")
     ax.set_xlim(low / 1.15 if log else low - 0.04 * (high - low), right)
-    if "global_p_value" in result and score.size > 1:
-        text = format_p_value(result["global_p_value"], name="global p")  # type: ignore[arg-type]
-        ax.text(0.98, 0.97, text, transform=ax.transAxes, ha="right", va="top", fontsize=9)
+    heading = None
+    if getattr(result, "global_p_value", None) is not None and score.size > 1:
+        heading = format_p_value(float(result.global_p_value), name="global p")
     ax.set_xlabel("score: distance to k-th nearest simulation" + (" (log)" if log else ""))
     ax.set_ylabel("simulations")
-    ax.legend(loc="upper right", bbox_to_anchor=(1.0, 0.9), fontsize=7, frameon=False)
+    ax.legend(loc="upper right", fontsize=7, title=heading, title_fontsize=8, framealpha=0.9)
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
