@@ -87,8 +87,8 @@ class LatentCalibrationCallback(CalibrationCallback):
 
     Cheap enough to run every epoch (the cost of one ``log_prob`` pass); pair it with a
     :class:`~calib_lightning.callbacks.RankCalibrationCallback` every few epochs for
-    sharpness and HPD ranks, which see errors this check cannot (a rotation in latent
-    space).
+    sharpness and HPD ranks, which see some errors this check cannot (a dependence
+    between latent coordinates that keeps each coordinate's law and the radius' law).
 
     Arguments:
         theta: calibration parameters ``(N, D)``.

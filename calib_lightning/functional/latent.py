@@ -39,10 +39,15 @@ package's one convention ("Reading the sign" in :mod:`calib_lightning.functional
 The marginal curves read like marginal rank curves: :math:`u_d` small = truth below the
 posterior in latent coordinate ``d`` (posterior too high there).
 
-**What it cannot see.** Only the law of :math:`z^*` marginally per coordinate and of its
-radius is tested: an error that keeps both, e.g. a rotation in latent space, passes.
-HPD ranks see some of those, L-C2ST-NF tests the full latent law locally. No draws, so
-no sharpness (contraction, posterior-mean error): use ``RankCalibration`` for those.
+**What it cannot see.** Only the law of each latent coordinate and the law of the radius
+are tested, pooled over ``x``. An error that keeps both passes: a dependence between
+latent coordinates with :math:`N(0, 1)` coordinates and a :math:`\chi^2_D` radius (e.g. a
+non-uniform angle in a latent plane), which HPD ranks can see where the flow's density
+is not a function of the radius alone; and, as for every pooled check, errors that
+cancel on average over ``x``. L-C2ST-NF tests the whole latent law at each observation.
+(A rotation of the latent space alone is no error: :math:`N(0, I)` is rotation
+invariant, so the flow's distribution is unchanged.) No draws, so no sharpness
+(contraction, posterior-mean error): use ``RankCalibration`` for those.
 
 Cost: one inverse pass of the flow per pair, no sampling.
 
@@ -153,7 +158,8 @@ def latent_histogram(z: Tensor, num_cells: int = DEFAULT_NUM_CELLS) -> Tensor:
         raise ValueError(f"num_cells must be >= 2, got {num_cells}")
     u, c = latent_values(z)
     values = torch.cat([u, c.unsqueeze(-1)], -1)
-    cells = (values * num_cells).floor().long().clamp_(0, num_cells - 1)
+    # values are >= 0, so truncation is the floor (and much faster than Tensor.floor)
+    cells = (values * num_cells).long().clamp_(0, num_cells - 1)
     return rank_histogram(cells, num_cells - 1)
 
 

@@ -55,9 +55,10 @@ class LatentCalibration(KeepShapes):
     (``log_prob``'s direction: cheap for autoregressive flows, whose sampling is ``D``
     times slower), so it can run every epoch; its tests are exact for any ``N`` with no
     Monte Carlo rank noise. What it cannot see: errors that keep the law of each latent
-    coordinate and of the radius (e.g. a rotation in latent space); L-C2ST-NF tests the
-    whole latent law locally. Marginals are per latent coordinate, which for a flow mix
-    the parameters.
+    coordinate and of the radius (a dependence between latent coordinates, such as a
+    non-uniform angle in a latent plane), and errors that cancel on average over ``x``;
+    HPD ranks see some of the first, L-C2ST-NF tests the whole latent law locally.
+    Marginals are per latent coordinate, which for a flow mix the parameters.
 
     States (many small updates equal one big update; DDP equals one process):
     ``histogram`` ``(D + 1, K)`` int64 and ``latent_sums`` ``(2, D)`` float64 (sums of
