@@ -470,7 +470,7 @@ def test_callback_figures_speak_of_latents_and_stay_small_at_fifty_dimensions(tm
     titles = [ax.get_title().split(" ")[0] for ax in figures["histograms"].axes]
     assert titles == [*(f"z{i + 1}" for i in shown), "joint"]
     assert max(shown) < 25  # the too-narrow coordinates
-    assert "6 of 50 latent coordinates" in " ".join(
+    assert "6 of 50 latent coordinates (smallest ECDF p-values)" in " ".join(
         t.get_text() for t in figures["ecdf"].findobj(Text))
     chosen = LatentCalibrationCallback(theta, x, coordinates=[3, 49]).figures(out)
     assert len(chosen["histograms"].axes) == 3

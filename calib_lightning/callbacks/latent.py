@@ -151,8 +151,12 @@ class LatentCalibrationCallback(CalibrationCallback):
         extra: tuple[tuple[str, str], ...] = ()
         if len(shown) < d:
             result = select_coordinates(result, shown)
+            which = "chosen" if self.coordinates is not None else "smallest ECDF p-values"
             extra = (("one curve per latent coordinate",
-                      f"{len(shown)} of {d} latent coordinates"),)  # fmt: skip
+                      f"{len(shown)} of {d} latent coordinates ({which})"),
+                     ("Latent histograms (",
+                      f"Latent histograms of {len(shown)} of {d} coordinates ({which}; "
+                      "judge by the global p-value) and the radius ("))  # fmt: skip
         names = [labels[i] for i in shown]
         figures["ecdf"] = _relabel(plot_rank_ecdf(result, labels=names), extra)
         figures["histograms"] = _relabel(plot_rank_histograms(result, labels=names), extra)
