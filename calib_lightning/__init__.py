@@ -16,6 +16,7 @@ from calib_lightning.metrics import (
     TARP,
     DensityCoverage,
     FrechetDistance,
+    LatentCalibration,
     RankCalibration,
 )
 from calib_lightning.misspecification import MisspecificationResult, misspecification_test
@@ -28,6 +29,7 @@ _LAZY_CALLBACKS = (
     "CalibrationCallback",
     "KCCSDCallback",
     "LC2STNFCallback",
+    "LatentCalibrationCallback",
     "RankCalibrationCallback",
 )
 
@@ -44,6 +46,8 @@ __all__ = [
     "KCCSDCallback",
     "KCCSDLoss",
     "LC2STNFCallback",
+    "LatentCalibration",
+    "LatentCalibrationCallback",
     "MisspecificationResult",
     "Posterior",
     "RankCalibration",

@@ -7,6 +7,7 @@ when to check, feeds the held-out pairs to the metric, logs scalars (for
 
 from calib_lightning.callbacks.base import CalibrationCallback
 from calib_lightning.callbacks.kccsd import KCCSDCallback
+from calib_lightning.callbacks.latent import LatentCalibrationCallback
 from calib_lightning.callbacks.lc2st import LC2STNFCallback
 from calib_lightning.callbacks.ranks import RankCalibrationCallback
 from calib_lightning.callbacks.summary import summary_table
@@ -15,6 +16,7 @@ __all__ = [
     "CalibrationCallback",
     "KCCSDCallback",
     "LC2STNFCallback",
+    "LatentCalibrationCallback",
     "RankCalibrationCallback",
     "summary_table",
 ]

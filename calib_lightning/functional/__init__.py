@@ -22,6 +22,14 @@ from calib_lightning.functional.kccsd import (
     kccsd,
     kccsd_matrix,
 )
+from calib_lightning.functional.latent import (
+    LatentCalibrationResult,
+    latent_calibration,
+    latent_histogram,
+    latent_summary,
+    latent_sums,
+    latent_values,
+)
 from calib_lightning.functional.lc2st import (
     lc2st_p_value,
     lc2st_statistic,
@@ -87,6 +95,7 @@ from calib_lightning.functional.tarp import (
 
 __all__ = [
     "KCCSDTest",
+    "LatentCalibrationResult",
     "PosteriorDraws",
     "RankCalibrationResult",
     "RankSummary",
@@ -121,6 +130,11 @@ __all__ = [
     "kccsd_test",
     "knn_distance",
     "knn_sq_radii",
+    "latent_calibration",
+    "latent_histogram",
+    "latent_summary",
+    "latent_sums",
+    "latent_values",
     "lc2st_p_value",
     "lc2st_statistic",
     "marginal_ranks",

@@ -9,6 +9,7 @@ from calib_lightning.functional.sbc import RankCalibrationResult
 from calib_lightning.functional.tarp import TARPResult
 from calib_lightning.metrics._local_c2st import LC2STResult, ProbabilityMap
 from calib_lightning.metrics.kccsd import KCCSD, KCCSDResult
+from calib_lightning.metrics.latent import LatentCalibration, LatentCalibrationResult
 from calib_lightning.metrics.lc2st import LC2ST, LC2STNF
 from calib_lightning.metrics.ranks import RankCalibration
 from calib_lightning.metrics.samples import (
@@ -30,6 +31,8 @@ __all__ = [
     "FrechetDistanceResult",
     "KCCSDResult",
     "LC2STResult",
+    "LatentCalibration",
+    "LatentCalibrationResult",
     "ProbabilityMap",
     "RankCalibration",
     "RankCalibrationResult",
