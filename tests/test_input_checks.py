@@ -254,6 +254,7 @@ METRICS = {
     "LC2STNF": lambda obs: cl.LC2STNF(observations=obs, num_null=3, num_posterior_samples=16),
     "LC2ST": lambda obs: cl.LC2ST(observations=obs, num_null=3, num_posterior_samples=16),
     "TARP": lambda obs: cl.TARP(num_posterior_samples=9, num_null=20),
+    "LatentCalibration": lambda obs: cl.LatentCalibration(),
 }
 
 
