@@ -29,6 +29,7 @@ _LAZY_CALLBACKS = (
     "KCCSDCallback",
     "LC2STNFCallback",
     "RankCalibrationCallback",
+    "TARPCallback",
 )
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "Posterior",
     "RankCalibration",
     "RankCalibrationCallback",
+    "TARPCallback",
     "as_posterior",
     "baselines",
     "callbacks",

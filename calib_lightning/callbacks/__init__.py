@@ -10,11 +10,13 @@ from calib_lightning.callbacks.kccsd import KCCSDCallback
 from calib_lightning.callbacks.lc2st import LC2STNFCallback
 from calib_lightning.callbacks.ranks import RankCalibrationCallback
 from calib_lightning.callbacks.summary import summary_table
+from calib_lightning.callbacks.tarp import TARPCallback
 
 __all__ = [
     "CalibrationCallback",
     "KCCSDCallback",
     "LC2STNFCallback",
     "RankCalibrationCallback",
+    "TARPCallback",
     "summary_table",
 ]
