@@ -155,14 +155,16 @@ class SharedDraws(Posterior):
                 return iter(batches)
         batches = list(make())
         size = sum(t.numel() + x.numel() for t, x in batches)
-        if self._used() + size > self.max_elements:
+        if self.num_elements + size > self.max_elements:
             return iter(batches)
         self._batches.append((key, batches))
         self._entries.extend(_Entry(x, t.shape[-1]) for t, x in batches)
         return iter(batches)
 
     # -- draws ------------------------------------------------------------------------------
-    def _used(self) -> int:
+    @property
+    def num_elements(self) -> int:
+        """Numbers held: draws, log-densities and shared batches (at most ``max_elements``)."""
         batches = sum(t.numel() + x.numel() for _, held in self._batches for t, x in held)
         return batches + sum(e.numel() for e in self._entries)
 
@@ -178,7 +180,7 @@ class SharedDraws(Posterior):
     def _fits(self, entry: _Entry, count: int, width: int | None) -> bool:
         width = width or entry.width or self.event_size() or 1
         more = (count - entry.held) * entry.x.shape[0] * (width + 1)
-        return self._used() + more <= self.max_elements
+        return self.num_elements + more <= self.max_elements
 
     def _extend(self, entry: _Entry, count: int, max_chunk_elements: int) -> None:
         """Draw ``count - held`` more at every row of the entry, ``max_chunk_elements``
