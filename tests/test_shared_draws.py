@@ -265,3 +265,16 @@ def test_tarp_callback_default_metric_and_bad_metric():
     assert cl.TARPCallback is TARPCallback
     with pytest.raises(ValueError, match=r"metric must be a calib_lightning\.TARP"):
         TARPCallback(theta, x, metric=cl.RankCalibration(10))
+
+
+def test_rank_callback_logs_each_test_quantity_by_name(pairs):
+    theta, x = pairs
+    quantities = {"sum": lambda t: t.sum(-1), "norm": lambda t: t.norm(dim=-1)}
+    metric = cl.RankCalibration(M, max_pairs=0, statistics=quantities)
+    callback = RankCalibrationCallback(theta, x, metric=metric, estimator="counted")
+    fit([callback], epochs=1)
+    for name in quantities:
+        for key in ("statistic_p_values", "statistic_ecdf_p_values"):
+            values = callback.history[f"{key}/{name}"]
+            assert len(values) == 1
+            assert 0 < values[0] <= 1

@@ -69,6 +69,5 @@ class TARPCallback(CalibrationCallback):
 
     def figures(self, result: TARPResult) -> dict[str, Figure]:
         figures = super().figures(result)
-        title = f"{self.tag_name}: p = {float(result.p_value):.3g}"
-        figures["coverage"] = plot_tarp(result, title=title)
+        figures["coverage"] = plot_tarp(result, title=f"{self.tag_name}: expected coverage")
         return figures
