@@ -36,7 +36,15 @@ from torch import Tensor, nn
 
 from calib_lightning._posterior_base import Posterior
 
-__all__ = ["MAX_SHARED_ELEMENTS", "SharedDraws", "release_shared_draws", "shared_draws_for"]
+__all__ = [
+    "MAX_SHARED_ELEMENTS",
+    "SharedDraws",
+    "fingerprint",
+    "release_shared_draws",
+    "row_range",
+    "same_data",
+    "shared_draws_for",
+]
 
 #: default bound on the numbers a :class:`SharedDraws` holds (128 MiB in float32)
 MAX_SHARED_ELEMENTS = 2**25
@@ -153,10 +161,10 @@ class SharedDraws(Posterior):
         for held, batches in self._batches:
             if len(held) == len(key) and all(map(same_data, held, key)):
                 return iter(batches)
-        batches = list(make())
-        size = sum(t.numel() + x.numel() for t, x in batches)
+        size = sum(t.numel() for t in key if isinstance(t, Tensor))  # bounds the shard's
         if self.num_elements + size > self.max_elements:
-            return iter(batches)
+            return make()  # lazily, one batch at a time, as without sharing
+        batches = list(make())
         self._batches.append((key, batches))
         self._entries.extend(_Entry(x, t.shape[-1]) for t, x in batches)
         return iter(batches)
@@ -182,9 +190,10 @@ class SharedDraws(Posterior):
         more = (count - entry.held) * entry.x.shape[0] * (width + 1)
         return self.num_elements + more <= self.max_elements
 
-    def _extend(self, entry: _Entry, count: int, max_chunk_elements: int) -> None:
+    def _extend(self, entry: _Entry, count: int, max_chunk_elements: int) -> bool:
         """Draw ``count - held`` more at every row of the entry, ``max_chunk_elements``
-        numbers per call (one row first when ``D`` is not known yet)."""
+        numbers per call. When ``D`` is not known yet, one row is drawn first to learn it;
+        if the draws then exceed the bound, nothing is kept and this returns ``False``."""
         new, x, n = count - entry.held, entry.x, entry.x.shape[0]
         d = entry.width or self.event_size()
         samples: Tensor | None = None
@@ -205,6 +214,8 @@ class SharedDraws(Posterior):
                         f"{tuple(p.shape)}"
                     )
                 if samples is None:
+                    if d is None and not self._fits(entry, count, s.shape[-1]):
+                        return False
                     d = entry.width = s.shape[-1]
                     samples, log_prob = s.new_empty(new, n, d), p.new_empty(new, n)
                 samples[done : done + take, start : start + k] = s
@@ -214,15 +225,16 @@ class SharedDraws(Posterior):
         entry.samples.append(samples)
         entry.log_prob.append(log_prob)
         entry.held = count
+        return True
 
     def serve_draws(self, x: Tensor, count: int, max_chunk_elements: int = 2**20) -> Tensor | None:
         """The first ``count`` draws ``(count, N, D)`` at ``x`` (a fresh tensor), drawing the
         missing ones; ``None`` beyond the memory bound (the caller draws unshared)."""
         entry, rows = self._locate(x)
-        if entry.held < count:
-            if not self._fits(entry, count, None):
-                return None
-            self._extend(entry, count, max_chunk_elements)
+        if entry.held < count and not (
+            self._fits(entry, count, None) and self._extend(entry, count, max_chunk_elements)
+        ):
+            return None
         return entry.take(0, count, rows)[0].clone()
 
     def serve_chunks(
@@ -236,8 +248,8 @@ class SharedDraws(Posterior):
             return None
         if entry.held == 0 and rows == slice(0, entry.x.shape[0]):
             return self._stream(entry, theta, x, count, max_chunk_elements, fresh)
-        if entry.held < count:
-            self._extend(entry, count, max_chunk_elements)
+        if entry.held < count and not self._extend(entry, count, max_chunk_elements):
+            return None
         return self._replay(entry, rows, theta, x, count, max_chunk_elements)
 
     def _stream(

@@ -278,3 +278,14 @@ def test_rank_callback_logs_each_test_quantity_by_name(pairs):
             values = callback.history[f"{key}/{name}"]
             assert len(values) == 1
             assert 0 < values[0] <= 1
+
+
+def test_bound_holds_when_the_posterior_does_not_know_its_dimension():
+    toy = GaussianToy(dim=10)  # D = 10, unknown to the posterior until it samples
+    _, x = toy.sample(50, torch.Generator().manual_seed(0))
+    posterior = Counted(toy.posterior())
+    shared = SharedDraws(posterior, max_elements=50 * 20 * 5)  # room for D = 4 at most
+    out = draws(shared, x, 20)
+    assert out.shape == (20, 50, 10)
+    assert shared.num_elements == 0  # the one-row probe told D = 10: nothing kept
+    assert posterior.calls == [(1, 20), (50, 20)]  # probe, then the unshared draws
