@@ -31,6 +31,7 @@ _LAZY_CALLBACKS = (
     "LC2STNFCallback",
     "LatentCalibrationCallback",
     "RankCalibrationCallback",
+    "TARPCallback",
 )
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "Posterior",
     "RankCalibration",
     "RankCalibrationCallback",
+    "TARPCallback",
     "as_posterior",
     "baselines",
     "callbacks",

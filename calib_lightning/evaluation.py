@@ -15,6 +15,9 @@ The rules, in one place:
   (:func:`base_scores`), pairs ``chunk_size`` at a time (:func:`draws`), and pairs and
   draws so that one chunk holds at most ``max_chunk_elements`` numbers
   (:func:`draw_chunks`).
+* **Sharing.** Handed a :class:`~calib_lightning._draw_cache.SharedDraws` (what the
+  callbacks pass when several check in one epoch), :func:`draws` and :func:`draw_chunks`
+  serve the draws it already holds at the same ``x`` (the first ``n``) and keep new ones.
 * **Dtype and device.** The adapters cast inputs to the model's dtype and return the
   caller's dtype (:mod:`calib_lightning.posteriors`); nothing here moves tensors.
 * **Checks.** Every output is checked finite; a failure raises a ``ValueError`` that
@@ -24,6 +27,7 @@ The rules, in one place:
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -38,6 +42,7 @@ from calib_lightning._checks import (
     check_same_device_dtype,
 )
 from calib_lightning._chunks import row_blocks
+from calib_lightning._draw_cache import SharedDraws
 from calib_lightning.posteriors import DistributionPosterior, Posterior, as_posterior, check_width
 
 __all__ = [
@@ -159,6 +164,13 @@ def draws(
     post = as_posterior(posterior)
     size = x.shape[0] if chunk_size is None else chunk_size
     check_positive("chunk_size", size, integer=True)
+    if isinstance(post, SharedDraws):
+        with torch.no_grad():
+            held = post.serve_draws(x, num_posterior_samples)
+        if held is not None:
+            checked_samples(held)
+            return held
+        post = post.posterior
     with torch.no_grad():
         parts = [post.sample(x[rows], num_posterior_samples) for rows in row_blocks(len(x), size)]
     samples = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
@@ -214,6 +226,22 @@ def draw_chunks(
     check_positive("num_posterior_samples", num_posterior_samples, integer=True)
     check_positive("max_chunk_elements", max_chunk_elements, integer=True)
     post = as_posterior(posterior)
+    if isinstance(post, SharedDraws):
+        with torch.no_grad():
+            served = post.serve_chunks(theta, x, num_posterior_samples, max_chunk_elements,
+                                       functools.partial(_draw_fresh, post.posterior))  # fmt: skip
+            if served is not None:
+                for chunk in served:
+                    yield DrawChunk(*chunk)
+                return
+        post = post.posterior
+    yield from _draw_fresh(post, theta, x, num_posterior_samples, max_chunk_elements)
+
+
+def _draw_fresh(
+    post: Posterior, theta: Tensor, x: Tensor, num_posterior_samples: int, max_chunk_elements: int
+) -> Iterator[DrawChunk]:
+    """:func:`draw_chunks` without sharing."""
     n, d, m = theta.shape[0], theta.shape[1], num_posterior_samples
     rows = max(1, max_chunk_elements // (m * d))
     per_call = max(1, min(m, max_chunk_elements // d))
@@ -246,6 +274,7 @@ def check_event_size(posterior: Posterior | Any, theta: Tensor, x: Tensor) -> No
     if isinstance(posterior, Tensor):
         return
     post = as_posterior(posterior)
+    post = post.posterior if isinstance(post, SharedDraws) else post
     size = post.event_size()
     if size is None and isinstance(post, DistributionPosterior):
         try:
@@ -289,6 +318,7 @@ def reparameterized_draws(
     check_pairs(theta, x)
     check_positive("num_posterior_samples", num_posterior_samples, integer=True)
     post = as_posterior(posterior)
+    post = post.posterior if isinstance(post, SharedDraws) else post
     if not isinstance(post, DistributionPosterior):
         raise ValueError(
             "reparameterized draws need a zuko flow or a callable "

@@ -1,5 +1,7 @@
 """Rank calibration: ranks, level, power with the right sign, joint ranks, streaming, DDP."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -17,6 +19,8 @@ from calib_lightning.functional import (
     summarize_ranks,
     uniformity_test,
 )
+from calib_lightning.functional.ranks import statistic_ranks
+from calib_lightning.functional.sbc import statistic_tests
 from calib_lightning.metrics.ranks import posterior_ranks
 from calib_lightning.plots import plot_expected_coverage, plot_rank_ecdf, plot_rank_histograms
 from calib_lightning.posteriors import Posterior
@@ -396,3 +400,90 @@ def test_figures_read_without_a_tutorial():
     assert "UNDER-CONFIDENT" in texts
     with pytest.raises(ValueError, match="missing fields"):
         plot_expected_coverage({"levels": out.levels})
+
+
+# -- custom test quantities (statistics=) ----------------------------------------------
+QUANTITIES = {"sum": lambda t: t.sum(-1), "norm": lambda t: t.norm(dim=-1)}
+
+
+def test_statistics_keep_their_level_on_an_exact_posterior():
+    """200 fresh datasets, exact correlated posterior: each quantity's chi-square and
+    ECDF-band tests and the global p-value with them reject inside the binomial band."""
+    toy, reps, level = CorrelatedGaussianToy(correlation=0.8), 200, 0.05
+    torch.manual_seed(0)
+    rejected = torch.zeros(5)
+    for rep in range(reps):
+        theta, x = toy.sample(100, torch.Generator().manual_seed(5000 + rep))
+        metric = cl.RankCalibration(99, statistics=QUANTITIES)
+        metric.update(toy.posterior(), theta, x)
+        out = metric.compute()
+        p = torch.cat([out.statistic_p_values, out.statistic_ecdf_p_values,
+                       out.global_p_value[None]])  # fmt: skip
+        rejected += (p < level).double()
+    # 99.9% band of Bin(200, 0.05): [2, 21]
+    assert bool((rejected >= 2).all() and (rejected <= 21).all()), rejected
+
+
+def test_the_sum_sees_a_correlation_error_the_marginals_miss():
+    """Right marginals, wrong correlation (0 instead of the posterior's): the rank of the
+    sum rejects in nearly every dataset, the marginal ranks at their level."""
+    toy = CorrelatedGaussianToy(correlation=0.8)
+    torch.manual_seed(1)
+    statistic, marginal = [], []
+    for rep in range(10):
+        theta, x = toy.sample(500, torch.Generator().manual_seed(6000 + rep))
+        metric = cl.RankCalibration(99, statistics={"sum": QUANTITIES["sum"]})
+        metric.update(toy.posterior(correlation=0.0), theta, x)
+        out = metric.compute()
+        statistic.append(float(out.statistic_ecdf_p_values[0]))
+        marginal.extend(out.marginal_p_values.tolist())
+    assert sum(p < 0.05 for p in statistic) >= 9, statistic
+    assert sum(p < 0.05 for p in marginal) <= 4, marginal  # 20 tests at level 0.05
+
+
+def test_statistics_closed_form_and_global_p_value():
+    # the rank of the sum by hand: draws' sums 1, 4, 6 and the truth's 3 -> rank 1
+    samples = torch.tensor([[[0.0, 1.0]], [[2.0, 2.0]], [[3.0, 3.0]]], dtype=torch.float64)
+    truth = torch.tensor([[2.0, 1.0]], dtype=torch.float64)
+    assert statistic_ranks(samples, truth, [QUANTITIES["sum"]]).tolist() == [[1]]
+    # all N = 40 ranks at 0 among M = 3: X^2 = 30^2 / 10 + 3 * 10 = 120 on 3 degrees
+    p, _, _ = statistic_tests(torch.tensor([[40, 0, 0, 0]]))
+    x2 = torch.tensor(120.0, dtype=torch.float64)
+    exact = torch.special.erfc((x2 / 2).sqrt()) + (2 * x2 / math.pi).sqrt() * torch.exp(-x2 / 2)
+    assert float(p[0]) == pytest.approx(float(exact), rel=1e-6)
+    # global_p_value: the Cauchy combination of all 2 (D + 1) + 2 Q p-values
+    toy = CorrelatedGaussianToy()
+    theta, x = toy.sample(200, torch.Generator().manual_seed(3))
+    metric = cl.RankCalibration(49, statistics=QUANTITIES)
+    torch.manual_seed(4)
+    metric.update(toy.posterior(), theta, x)
+    out = metric.compute()
+    every = torch.cat([out.marginal_p_values, out.p_value[None], out.ecdf_p_values,
+                       out.statistic_p_values, out.statistic_ecdf_p_values]).double()  # fmt: skip
+    t = torch.tan((0.5 - every) * math.pi).mean()
+    cauchy = 0.5 - torch.atan(t) / math.pi
+    assert float(out.global_p_value) == pytest.approx(float(cauchy), rel=1e-9)
+    assert out.statistic_names == ("sum", "norm")
+    assert out.statistic_histogram.shape == (2, 50)
+    assert set(out.scalars()) >= {"statistic_p_values/sum", "statistic_ecdf_p_values/norm"}
+
+
+def test_statistics_leave_the_other_ranks_unchanged_and_check_their_input():
+    toy = GaussianToy(dim=3)
+    theta, x = toy.sample(150, torch.Generator().manual_seed(8))
+    results = []
+    for statistics in (None, QUANTITIES):
+        metric = cl.RankCalibration(30, statistics=statistics)
+        torch.manual_seed(9)
+        metric.update(toy.posterior(), theta, x)
+        results.append(metric.compute())
+    plain, with_quantities = results
+    assert torch.equal(plain.histogram, with_quantities.histogram)
+    assert torch.equal(plain.ecdf_p_values, with_quantities.ecdf_p_values)
+    assert plain.statistic_p_values is None
+    assert "statistic_p_values/sum" not in plain.scalars()
+    with pytest.raises(ValueError, match="statistics must be a dict name -> callable"):
+        cl.RankCalibration(10, statistics={"sum": 3})
+    metric = cl.RankCalibration(10, statistics={"bad": lambda t: t})
+    with pytest.raises(ValueError, match=r"statistics\['bad'\] must map theta"):
+        metric.update(toy.posterior(), theta, x)

@@ -11,6 +11,7 @@ from calib_lightning.callbacks.latent import LatentCalibrationCallback
 from calib_lightning.callbacks.lc2st import LC2STNFCallback
 from calib_lightning.callbacks.ranks import RankCalibrationCallback
 from calib_lightning.callbacks.summary import summary_table
+from calib_lightning.callbacks.tarp import TARPCallback
 
 __all__ = [
     "CalibrationCallback",
@@ -18,5 +19,6 @@ __all__ = [
     "LC2STNFCallback",
     "LatentCalibrationCallback",
     "RankCalibrationCallback",
+    "TARPCallback",
     "summary_table",
 ]

@@ -7,15 +7,19 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch.utils.data import DistributedSampler
 
 from calib_lightning._checks import check_pairs
+from calib_lightning._draw_cache import SharedDraws, release_shared_draws, shared_draws_for
+from calib_lightning.posteriors import Posterior
 from calib_lightning.results import Result, expand_scalars
 
 __all__ = [
     "STAGES",
+    "DrawSharing",
     "SetupError",
     "check_data",
     "describe",
@@ -23,6 +27,7 @@ __all__ = [
     "last_epoch",
     "local_batches",
     "loggable",
+    "share_draws",
     "tensor_scalars",
     "to_cpu",
 ]
@@ -77,13 +82,25 @@ def local_batches(
     world: int,
     device: torch.device,
     dtype: torch.dtype,
+    shared: SharedDraws | None = None,
 ) -> Iterator[tuple[Tensor, Tensor]]:
     """Process ``rank``'s share of the pairs, on ``device`` and in the floating ``dtype``.
+
+    With ``shared`` draws and tensors, the batches are made once per check for all callers
+    holding the same data (:meth:`~calib_lightning._draw_cache.SharedDraws.batches`), so
+    that their draws are shared.
 
     Tensors: rows ``rank, rank + world, ...`` in batches of ``batch_size`` (``None``: one
     batch). A dataloader: its batch ``i`` when ``i mod world == rank``, or every batch when
     it already has a ``DistributedSampler``.
     """
+
+    if shared is not None and dataloader is None:
+        key = (theta, x, batch_size, rank, world, device, dtype)
+        make = functools.partial(local_batches, theta, x, None, batch_size, rank=rank,
+                                 world=world, device=device, dtype=dtype)  # fmt: skip
+        yield from shared.batches(key, make)
+        return
 
     def move(value: Tensor) -> Tensor:
         return value.to(device, dtype if value.is_floating_point() else None)
@@ -150,3 +167,35 @@ def last_epoch(trainer: Trainer, stopping: bool = False) -> bool:
         return False
     max_steps = trainer.max_steps
     return trainer.should_stop or (max_steps is not None and 0 <= max_steps <= trainer.global_step)
+
+
+def share_draws(
+    trainer: Trainer, pl_module: LightningModule, estimator: Any, posterior: Posterior,
+    tensors: bool,
+) -> SharedDraws | None:
+    """The trainer's :class:`~calib_lightning._draw_cache.SharedDraws` for this check (one
+    per stage, epoch, step, estimator and parameter values), or ``None`` when the callback's
+    data are not ``tensors`` (a dataloader: nothing to share) or fewer than two calibration
+    callbacks are attached."""
+    if not tensors or sum(isinstance(c, DrawSharing) for c in trainer.callbacks) < 2:
+        return None
+    key = (trainer.state.fn, trainer.current_epoch, trainer.global_step)
+    return shared_draws_for(trainer, key, estimator, posterior, pl_module)
+
+
+class DrawSharing(Callback):
+    """Drops the trainer's shared draws when a check epoch is over: before the next training
+    epoch changes the parameters, and at the end of ``fit``, ``validate`` and ``test``."""
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        release_shared_draws(trainer)
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        release_shared_draws(trainer)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn != TrainerFn.FITTING:  # in fit, a last check may follow
+            release_shared_draws(trainer)
+
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        release_shared_draws(trainer)

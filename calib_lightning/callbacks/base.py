@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from matplotlib.figure import Figure
 from torch import Tensor, nn
@@ -31,12 +31,14 @@ from calib_lightning._checks import check_choice, check_positive, check_probabil
 from calib_lightning.callbacks._figures import figure_sinks
 from calib_lightning.callbacks._plumbing import (
     STAGES,
+    DrawSharing,
     SetupError,
     check_data,
     find_estimator,
     last_epoch,
     local_batches,
     loggable,
+    share_draws,
     tensor_scalars,
     to_cpu,
 )
@@ -49,7 +51,7 @@ __all__ = ["CalibrationCallback"]
 Estimator = str | Callable[[LightningModule], Any]
 
 
-class CalibrationCallback(Callback):
+class CalibrationCallback(DrawSharing):
     """Run a calibration metric on held-out pairs during ``Trainer.fit`` and log it.
 
     During ``fit`` the check runs at the end of the validation epoch, or at the end of
@@ -65,7 +67,8 @@ class CalibrationCallback(Callback):
     any other logger (``CSVLogger``) or none (:mod:`calib_lightning.callbacks._figures`).
 
     Under DDP each process feeds its shard of the pairs, the metric syncs in ``compute``
-    (all ranks log the same values) and rank zero draws the figures.
+    (all ranks log the same values) and rank zero draws the figures. Callbacks checking
+    in one epoch share posterior draws at the same ``x`` (docs/callbacks.md).
 
     Arguments:
         metric: the metric, with ``update(posterior, theta, x)`` and ``compute()``
@@ -178,7 +181,6 @@ class CalibrationCallback(Callback):
         self._checked_epoch: int | None = None
         self._first_epoch = 0
 
-    # -- what a subclass customizes --------------------------------------------------
     def scalars(self, result: Result | dict[str, Tensor]) -> dict[str, Tensor]:
         """The scalars to log, keyed without prefix.
 
@@ -238,7 +240,6 @@ class CalibrationCallback(Callback):
     def load_extra_state(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`extra_state` saved."""
 
-    # -- Lightning hooks ----------------------------------------------------------------
     @property
     def state_key(self) -> str:
         return self._generate_state_key(prefix=self.prefix, name=self.tag_name)
@@ -285,7 +286,6 @@ class CalibrationCallback(Callback):
         self.metric.load_state_dict(state_dict["metric"])
         self.load_extra_state(state_dict.get("extra", {}))
 
-    # -- the check ----------------------------------------------------------------------
     def _maybe_check(self, trainer: Trainer, pl_module: LightningModule, final: bool) -> None:
         epoch = trainer.current_epoch
         if trainer.state.fn != TrainerFn.FITTING or self._checked_epoch == epoch:
@@ -362,6 +362,7 @@ class CalibrationCallback(Callback):
     ) -> tuple[Result | dict[str, Tensor], dict[str, Tensor]]:
         estimator = self._find_estimator(pl_module)
         posterior = as_posterior(estimator)
+        shared = share_draws(trainer, pl_module, estimator, posterior, self.dataloader is None)
         modules = dict.fromkeys(pl_module.modules())
         if isinstance(estimator, nn.Module):  # also when it lives outside the module
             modules.update(dict.fromkeys(estimator.modules()))
@@ -373,10 +374,10 @@ class CalibrationCallback(Callback):
             with torch.inference_mode(False), torch.no_grad():
                 self.metric.to(device)
                 self.metric.reset()
-                for theta, x in self._local_batches(trainer, device, pl_module.dtype):
-                    self.metric.update(posterior, theta, x)
+                for theta, x in self._local_batches(trainer, device, pl_module.dtype, shared):
+                    self.metric.update(shared or posterior, theta, x)
                 result = self.metric.compute()
-                return result, dict(self.extra_results(trainer, posterior))
+                return result, dict(self.extra_results(trainer, shared or posterior))
         finally:
             for m, mode in modes:
                 m.training = mode
@@ -385,12 +386,12 @@ class CalibrationCallback(Callback):
         return find_estimator(pl_module, self.estimator)
 
     def _local_batches(
-        self, trainer: Trainer, device: torch.device, dtype: torch.dtype
+        self, trainer: Trainer, device: torch.device, dtype: torch.dtype, shared: Any = None
     ) -> Iterator[tuple[Tensor, Tensor]]:
         """This process's share of the pairs, on the module's device and floating dtype."""
         return local_batches(
-            self.theta, self.x, self.dataloader, self.batch_size,
-            rank=trainer.global_rank, world=trainer.world_size, device=device, dtype=dtype,
+            self.theta, self.x, self.dataloader, self.batch_size, rank=trainer.global_rank,
+            world=trainer.world_size, device=device, dtype=dtype, shared=shared,
         )  # fmt: skip
 
     def _record(self, epoch: int, scalars: dict[str, float], stage: str) -> None:

@@ -101,6 +101,14 @@ class RankCalibrationResult(RankSummary):
             Monte Carlo posterior mean and variance of each of the first ``n`` pairs
             (``RankCalibration(max_pairs=...)``; ``None`` when none were kept), for the
             recovery plots (:func:`~calib_lightning.functional.recovery.recovery_from_moments`).
+        statistic_names: the names of the ``Q`` test quantities
+            (``RankCalibration(statistics=...)``; empty without them).
+        statistic_p_values: ``(Q,)`` chi-square p-values of their ranks (``None``
+            without test quantities); logged as ``statistic_p_values/<name>``.
+        statistic_ecdf_p_values: ``(Q,)`` exact ECDF-band p-values of their ranks;
+            logged as ``statistic_ecdf_p_values/<name>``. Both enter ``global_p_value``.
+        statistic_ecdf: ``(Q, K)`` their rank ECDFs at ``levels``.
+        statistic_histogram: ``(Q, M + 1)`` their rank counts.
 
     Plus every field of :class:`RankSummary`.
     """
@@ -115,6 +123,21 @@ class RankCalibrationResult(RankSummary):
     pair_theta: Tensor | None = None
     pair_mean: Tensor | None = None
     pair_variance: Tensor | None = None
+    statistic_names: tuple[str, ...] = ()
+    statistic_p_values: Tensor | None = None
+    statistic_ecdf_p_values: Tensor | None = None
+    statistic_ecdf: Tensor | None = None
+    statistic_histogram: Tensor | None = None
+
+    def scalars(self) -> dict[str, Tensor]:
+        """The ``logged`` fields, then each test quantity's p-values keyed by its name."""
+        out = super().scalars()
+        for field in ("statistic_p_values", "statistic_ecdf_p_values"):
+            values = getattr(self, field)
+            if values is not None:
+                pairs = zip(self.statistic_names, values, strict=True)
+                out.update({f"{field}/{name}": v for name, v in pairs})
+        return out
 
     @classmethod
     def from_summary(

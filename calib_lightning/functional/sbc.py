@@ -96,6 +96,7 @@ __all__ = [
     "default_num_bins",
     "rank_calibration",
     "sharpness",
+    "statistic_tests",
     "summarize_ranks",
     "uniformity_test",
 ]
@@ -294,6 +295,33 @@ def summarize_ranks(
         num_pairs=torch.tensor(n, device=device),
         level=torch.tensor(level, dtype=torch.float64, device=device),
     )
+
+
+def statistic_tests(
+    histogram: Tensor, *, num_bins: int | None = None, num_ecdf_points: int | None = 100
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The tests of :func:`summarize_ranks` for the ranks of ``Q`` test quantities.
+
+    Arguments:
+        histogram: rank counts ``(Q, M + 1)`` of
+            :func:`~calib_lightning.functional.ranks.statistic_ranks`.
+        num_bins, num_ecdf_points: as in :func:`summarize_ranks`.
+
+    Returns:
+        ``(p_values, ecdf_p_values, ecdf)``: chi-square p-values (:func:`uniformity_test`)
+        ``(Q,)``, exact ECDF-band p-values ``(Q,)`` and the ECDFs ``(Q, K)``.
+
+    Example:
+        >>> p, ecdf_p, _ = statistic_tests(torch.tensor([[10, 10, 10, 10], [40, 0, 0, 0]]))
+        >>> bool(p[0] == 1.0), bool(p[1] < 1e-6), bool(ecdf_p[1] < 1e-6)
+        (True, True, True)
+    """
+    _check_counts("histogram", histogram)
+    n, m = int(histogram[0].sum()), histogram.shape[-1] - 1
+    num_bins = default_num_bins(m, n) if num_bins is None else num_bins
+    _, p_values = uniformity_test(histogram, num_bins)
+    levels, ecdf = rank_ecdf(histogram, ecdf_levels(m, num_ecdf_points))
+    return p_values, ecdf_test(ecdf, levels, n)[1].to(p_values), ecdf
 
 
 def rank_calibration(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -18,7 +20,8 @@ from calib_lightning._moments import (
     variance_from_moments,
 )
 from calib_lightning.evaluation import draw_chunks
-from calib_lightning.functional.combine import COMBINATION_METHODS
+from calib_lightning.functional.bands import P_VALUE_FLOOR
+from calib_lightning.functional.combine import COMBINATION_METHODS, combine_p_values
 from calib_lightning.functional.ranks import (
     MOMENT_DRAWS,
     PosteriorDraws,
@@ -26,8 +29,14 @@ from calib_lightning.functional.ranks import (
     draw_moments,
     rank_draw_chunk,
     rank_histogram,
+    statistic_ranks,
 )
-from calib_lightning.functional.sbc import RankCalibrationResult, sharpness, summarize_ranks
+from calib_lightning.functional.sbc import (
+    RankCalibrationResult,
+    sharpness,
+    statistic_tests,
+    summarize_ranks,
+)
 from calib_lightning.metrics._shapes import KeepShapes
 from calib_lightning.posteriors import Posterior
 
@@ -42,6 +51,8 @@ def posterior_ranks(
     *,
     max_chunk_elements: int = 2**20,
     generator: torch.Generator | None = None,
+    statistics: Sequence[Callable[[Tensor], Tensor]] = (),
+    names: Sequence[str] | None = None,
 ) -> PosteriorDraws:
     r"""Draw ``M`` posterior samples per pair in chunks and reduce them to ranks and moments.
 
@@ -59,9 +70,14 @@ def posterior_ranks(
         num_posterior_samples: ``M >= 2``.
         max_chunk_elements: bound on ``samples_per_chunk * pairs_per_chunk * D``.
         generator: for tie-breaking (sampling uses the posterior's own randomness).
+        statistics: ``Q`` test quantities ``(..., D) -> (...)``; their ranks
+            (:func:`~calib_lightning.functional.ranks.statistic_ranks`) follow the joint
+            rank as the last ``Q`` columns of ``ranks``.
+        names: their names, for error messages.
 
     Returns:
-        :class:`~calib_lightning.functional.ranks.PosteriorDraws`.
+        :class:`~calib_lightning.functional.ranks.PosteriorDraws` (``ranks`` of shape
+        ``(N, D + 1 + Q)``).
 
     Raises:
         ValueError: for bad shapes, non-finite ``theta``/``x``, or non-finite posterior
@@ -79,6 +95,10 @@ def posterior_ranks(
             first_draw=chunk.first_draw, moment_draws=head, offset=chunk.start,
             generator=generator, workspace=work,
         )  # fmt: skip
+        if statistics:
+            quantities = statistic_ranks(chunk.samples, chunk.theta, statistics, names=names,
+                                         generator=generator)  # fmt: skip
+            sums = (torch.cat([sums[0], quantities], -1), *sums[1:])
         if chunk.first_draw == 0:
             blocks.append(list(sums))
         else:
@@ -144,6 +164,13 @@ class RankCalibration(KeepShapes):
             :func:`posterior_ranks`).
         global_method: ``"cauchy"`` (default) or ``"holm"``: how ``global_p_value``
             combines the tests.
+        statistics: test quantities, name -> callable ``theta (..., N, D) -> (..., N)``
+            (a norm, a sum, a physical quantity): each adds the rank of
+            :math:`f(\theta^*)` among :math:`f(\theta_k)`, tested like a marginal
+            (chi-square and ECDF band) and included in ``global_p_value``; results in
+            ``statistic_p_values`` and ``statistic_ecdf_p_values`` ``(Q,)``, in the
+            order given. They see errors the marginals miss (e.g. a wrong correlation
+            shows in the rank of the sum). State: ``statistic_histogram`` ``(Q, M + 1)``.
         max_pairs: per-process bound on the pairs whose truth, posterior mean and
             variance are kept (``3 D`` float64 each) for the recovery plots; the first
             ones are kept, the ranks always use every pair. ``0`` keeps none.
@@ -187,6 +214,7 @@ class RankCalibration(KeepShapes):
         max_chunk_elements: int = 2**20,
         global_method: str = "cauchy",
         max_pairs: int = 10_000,
+        statistics: Mapping[str, Callable[[Tensor], Tensor]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -206,6 +234,13 @@ class RankCalibration(KeepShapes):
         check_choice("global_method", global_method, COMBINATION_METHODS)
         if isinstance(max_pairs, bool) or not isinstance(max_pairs, int) or max_pairs < 0:
             raise ValueError(f"max_pairs must be a non-negative integer, got {max_pairs!r}")
+        if statistics is not None and not (isinstance(statistics, Mapping) and all(
+                isinstance(k, str) and callable(f) for k, f in statistics.items())):  # fmt: skip
+            raise ValueError(
+                "statistics must be a dict name -> callable theta (..., N, D) -> (..., N), "
+                f"got {statistics!r}"
+            )
+        self.statistics = dict(statistics or {})
         self.max_pairs = max_pairs
         self.global_method = global_method
         self.num_posterior_samples, self.num_dims = num_posterior_samples, num_dims
@@ -216,6 +251,11 @@ class RankCalibration(KeepShapes):
         self.add_state("theta_moments", theta_moments, dist_reduce_fx=merge_moments)
         self.add_state("posterior_sums", posterior_sums, dist_reduce_fx="sum")
         self.add_state("pair_moments", [], dist_reduce_fx="cat")  # (n, 3 D) float64
+        self.add_state(
+            "statistic_histogram",
+            torch.zeros(len(self.statistics), num_posterior_samples + 1, dtype=torch.long),
+            dist_reduce_fx="sum",
+        )
 
     def _zero_states(
         self, d: int, device: torch.device | None = None
@@ -272,9 +312,12 @@ class RankCalibration(KeepShapes):
         draws = posterior_ranks(
             posterior, theta, x, self.num_posterior_samples,
             max_chunk_elements=self.max_chunk_elements,
+            statistics=list(self.statistics.values()), names=list(self.statistics),
         )  # fmt: skip
         hist = rank_histogram(draws.ranks, self.num_posterior_samples)
-        self.histogram += hist.to(self.histogram.device)
+        d = theta.shape[1]
+        self.histogram += hist[: d + 1].to(self.histogram.device)
+        self.statistic_histogram += hist[d + 1 :].to(self.statistic_histogram.device)
         batch = moments(theta).to(self.theta_moments.device)
         self.theta_moments = merge_moments(torch.stack([self.theta_moments, batch]))
         sums = torch.stack([draws.variance.sum(0), (draws.mean_error**2).sum(0)])
@@ -315,4 +358,23 @@ class RankCalibration(KeepShapes):
             d = prior_variance.shape[-1]
             theta, error, var = rows[:, :d], rows[:, d : 2 * d], rows[:, 2 * d :]
             pairs = {"pair_theta": theta, "pair_mean": theta + error, "pair_variance": var}
+        if self.statistics:
+            summary, quantities = self._with_statistics(summary)
+            pairs.update(quantities)
         return RankCalibrationResult.from_summary(summary, sharp, **pairs)
+
+    def _with_statistics(self, summary: Any) -> tuple[Any, dict[str, Any]]:
+        """The summary with the test quantities' tests in ``global_p_value``, and their fields."""
+        p_values, ecdf_p_values, ecdf = statistic_tests(
+            self.statistic_histogram, num_bins=self.num_bins,
+            num_ecdf_points=self.num_ecdf_points,
+        )  # fmt: skip
+        every = torch.cat([summary.marginal_p_values, summary.p_value[None],
+                           summary.ecdf_p_values.to(p_values), p_values, ecdf_p_values])
+        combined = combine_p_values(every, method=self.global_method).clamp_min(P_VALUE_FLOOR)
+        fields = {
+            "statistic_names": tuple(self.statistics), "statistic_p_values": p_values,
+            "statistic_ecdf_p_values": ecdf_p_values, "statistic_ecdf": ecdf,
+            "statistic_histogram": self.statistic_histogram,
+        }  # fmt: skip
+        return dataclasses.replace(summary, global_p_value=combined), fields
