@@ -13,7 +13,7 @@ from calib_lightning.callbacks.base import CalibrationCallback
 from calib_lightning.functional.ranks import MOMENT_DRAWS
 from calib_lightning.functional.recovery import recovery_from_moments
 from calib_lightning.metrics.ranks import RankCalibration, RankCalibrationResult
-from calib_lightning.plots._grid import as_indices, select_parameters, worst_first
+from calib_lightning.plots._grid import as_indices, select_parameters
 from calib_lightning.plots.ranks import (
     plot_expected_coverage,
     plot_rank_ecdf,
@@ -175,11 +175,7 @@ class RankCalibrationCallback(CalibrationCallback):
     def figures(self, result: RankCalibrationResult) -> dict[str, Figure]:
         figures = super().figures(result)
         chosen = {"labels": self.labels, "parameters": self.parameters}
-        picks = self.parameters
-        if picks is not None and len(picks) > 10:  # colour the worst five of them
-            worst = worst_first(result.ecdf_p_values[picks].tolist(), 5)
-            picks = [picks[i] for i in worst]
-        figures["ecdf"] = plot_rank_ecdf(result, labels=self.labels, parameters=picks)
+        figures["ecdf"] = plot_rank_ecdf(result, **chosen)
         figures["rank_histograms"] = plot_rank_histograms(result, **chosen)
         figures["expected_coverage"] = plot_expected_coverage(result)
         if result.pair_theta is not None:  # the first pairs' posterior moments

@@ -50,6 +50,7 @@ __all__ = ["plot_expected_coverage", "plot_rank_ecdf", "plot_rank_histograms"]
 _JOINT = "joint (energy)"
 _BAND_COLOR, _POINTWISE_COLOR = "0.82", "0.35"
 _NOTE = {"fontsize": 7.5, "color": "0.2", "va": "top"}
+_MAX_COLOURED = 10  # distinct colours of the ECDF figure
 
 
 def _get(result: RankSummary, *names: str) -> list[Tensor]:
@@ -191,9 +192,11 @@ def plot_rank_ecdf(
             ``RankCalibration.compute()`` (fields ``levels``, ``ecdf``,
             ``simultaneous_band``, ``pointwise_band``, ``level``, ``ecdf_p_values``).
         labels: names of all ``D`` dimensions.
-        parameters: indices of the dimensions drawn in colour (at most ten; default
-            all when ``D <= 6``, else the ``max_highlighted`` worst).
-        max_highlighted: coloured curves by default when ``D > 6``.
+        parameters: indices of the dimensions drawn in colour (default all when
+            ``D <= 6``, else the ``max_highlighted`` worst); a list of more than ten:
+            the ``max_highlighted`` worst of them.
+        max_highlighted: coloured curves when ``D > 6`` and ``parameters`` is ``None``
+            or longer than ten (at most ten).
         figsize: figure size in inches.
 
     Returns:
@@ -207,11 +210,14 @@ def plot_rank_ecdf(
         raise ValueError(f"result.ecdf must be (D + 1, K), got {tuple(ecdf.shape)}")
     d = ecdf.shape[0] - 1
     check_positive("max_highlighted", max_highlighted, integer=True)
+    if max_highlighted > _MAX_COLOURED:
+        raise ValueError(f"max_highlighted must be at most {_MAX_COLOURED}, got {max_highlighted}")
     worst = parameters is None and d > MAX_COLUMNS
-    if parameters is None:
-        parameters = (range(d) if d <= MAX_COLUMNS
-                      else worst_first(ecdf_p[:d].tolist(), min(max_highlighted, 10)))  # fmt: skip
-    chosen, names = select_parameters(d, parameters, labels, max_count=10)
+    chosen = list(range(d)) if parameters is None else select_parameters(d, parameters, None)[0]
+    if worst or len(chosen) > _MAX_COLOURED:
+        worst = True
+        chosen = [chosen[k] for k in worst_first(ecdf_p[chosen].tolist(), max_highlighted)]
+    chosen, names = select_parameters(d, chosen, labels)
     t, dev = t.numpy(), (ecdf - t).numpy()
     others = [i for i in range(d) if i not in chosen]
     # close the curves at t = 0 and t = 1, where ECDF - t is 0
