@@ -333,3 +333,19 @@ def test_rank_callback_at_twenty_parameters_logs_the_summary_and_bounded_figures
     pngs = sorted(p.parent.name for p in (tmp_path / "csv").rglob("*.png"))
     assert pngs == sorted(["ecdf", "expected_coverage", "history", "rank_histograms",
                            "recovery", "z_score_contraction"])  # fmt: skip
+
+
+def test_diagnose_passes_parameters_to_the_report_figures():
+    d = 8
+    toy = GaussianToy(dim=d)
+    theta, x = toy.sample(150, torch.Generator().manual_seed(13))
+    names = [f"p{i}" for i in range(d)]
+    torch.manual_seed(14)
+    report = cl.diagnose(toy.posterior(), theta, x, checks=("ranks", "recovery"),
+                         labels=names, parameters=[6, 2], num_posterior_samples=30)  # fmt: skip
+    titles = [ax.get_title().split()[0] for ax in report.figures["ranks_rank_histograms"].axes]
+    assert titles == ["p6", "p2", "joint"]
+    recovered = report.figures["recovery_mean_vs_truth"].axes
+    assert [ax.get_title().split()[0] for ax in recovered] == ["p6", "p2"]
+    with pytest.raises(ValueError, match=r"parameters must be a non-empty list .* \[0, 8\)"):
+        cl.diagnose(toy.posterior(), theta, x, checks=("ranks",), parameters=[9])
