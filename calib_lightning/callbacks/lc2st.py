@@ -17,7 +17,8 @@ from calib_lightning.evaluation import draws
 from calib_lightning.functional.reference import compare_to_reference
 from calib_lightning.metrics.lc2st import LC2STNF, LC2STResult
 from calib_lightning.misspecification import misspecification_test
-from calib_lightning.plots.lc2st import plot_pp, plot_probability_map
+from calib_lightning.plots._grid import as_indices, select_parameters
+from calib_lightning.plots.lc2st import MAX_MAP_PARAMETERS, plot_pp, plot_probability_map
 from calib_lightning.posteriors import Posterior
 
 __all__ = ["LC2STNFCallback"]
@@ -38,8 +39,8 @@ class LC2STNFCallback(CalibrationCallback):
     ``statistic/<o>`` (:math:`T(x_o)`, 0 when the classifier cannot tell the flow's
     latents from normal draws). Figures: ``pp`` (PP-plots with the null band),
     ``probability_map/<o>`` (the classifier's probability over 1-D and 2-D marginals
-    of posterior samples at :math:`x_o`: red where the estimator puts too much mass,
-    blue too little) and ``history``.
+    of posterior samples at :math:`x_o`, for the chosen ``parameters``: red where the
+    estimator puts too much mass, blue too little) and ``history``.
 
     With ``reference_samples`` (exact posterior samples at the observations, e.g. from a
     benchmark task or MCMC) it also logs, per observation, ``mmd``, ``mmd_p_value``,
@@ -66,7 +67,9 @@ class LC2STNFCallback(CalibrationCallback):
             ``LC2STNF(observations, num_null=100, num_posterior_samples=10_000)``.
         truths: parameters that generated the observations ``(O, D)``, drawn on the maps.
         reference_samples: exact posterior samples ``(S_ref, O, D)`` at the observations.
-        labels: parameter names for the figures.
+        labels: names of all ``D`` parameters, for the figures.
+        parameters: indices of the parameters (at most six) whose marginals and pairs
+            the probability maps draw; default the first four.
         map_num_posterior_samples: posterior samples per observation for the probability
             maps.
         seed: seeds the samples drawn for figures and reference scores.
@@ -93,6 +96,7 @@ class LC2STNFCallback(CalibrationCallback):
         truths: Tensor | None = None,
         reference_samples: Tensor | None = None,
         labels: list[str] | None = None,
+        parameters: list[int] | None = None,
         map_num_posterior_samples: int = 2000,
         seed: int = 0,
         misspecification: bool = True,
@@ -125,6 +129,10 @@ class LC2STNFCallback(CalibrationCallback):
                 )
         check_positive("map_num_posterior_samples", map_num_posterior_samples, integer=True)
         self.truths, self.reference_samples, self.labels = truths, reference_samples, labels
+        self.parameters = as_indices(parameters)
+        if isinstance(theta, Tensor) and theta.ndim == 2:  # else the figure checks them
+            select_parameters(theta.shape[1], [0] if parameters is None else parameters, labels,
+                              max_count=MAX_MAP_PARAMETERS)  # fmt: skip
         self.map_num_posterior_samples, self.seed = map_num_posterior_samples, seed
         self.misspecification = misspecification and self.x is not None
         self._misspecification: Tensor | None = None
@@ -177,7 +185,8 @@ class LC2STNFCallback(CalibrationCallback):
                 pp = (result.pp_grid, result.pp_ecdf[o], result.pp_band[:, o])
                 truth = None if self.truths is None else self.truths[o].cpu()
                 figures[f"probability_map/{o}"] = plot_probability_map(
-                    samples, probs, labels=self.labels, truth=truth, pp=pp,
+                    samples, probs, labels=self.labels, parameters=self.parameters,
+                    truth=truth, pp=pp,
                     title=f"observation {o}: p = {float(result.p_value[o]):.3g}",
                 )  # fmt: skip
         return figures

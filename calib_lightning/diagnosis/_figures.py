@@ -21,22 +21,25 @@ __all__ = ["draw_figures"]
 
 
 def draw_figures(
-    checks: Mapping[str, Any], level: float, labels: Sequence[str] | None = None
+    checks: Mapping[str, Any], level: float, labels: Sequence[str] | None = None,
+    parameters: Sequence[int] | None = None,
 ) -> dict[str, Figure]:
-    """Figure key (``{check}_{figure}``) -> figure, for the checks that ran."""
+    """Figure key (``{check}_{figure}``) -> figure, for the checks that ran; ``labels``
+    name all ``D`` parameters, ``parameters`` picks those the per-parameter figures draw."""
+    chosen = {"labels": labels, "parameters": parameters}
     out: dict[str, Figure] = {}
     ranks = checks.get("ranks")
     if ranks is not None:
         out["ranks_expected_coverage"] = plot_expected_coverage(ranks)
-        out["ranks_ecdf"] = plot_rank_ecdf(ranks, labels=labels)
-        out["ranks_rank_histograms"] = plot_rank_histograms(ranks, labels=labels)
+        out["ranks_ecdf"] = plot_rank_ecdf(ranks, **chosen)
+        out["ranks_rank_histograms"] = plot_rank_histograms(ranks, **chosen)
     tarp = checks.get("tarp")
     if tarp is not None:
         out["tarp_coverage"] = plot_tarp(tarp)
     recovery = checks.get("recovery")
     if recovery is not None:
-        out["recovery_mean_vs_truth"] = plot_recovery(recovery, labels=labels)
-        out["recovery_z_score_vs_contraction"] = plot_z_score_contraction(recovery, labels=labels)
+        out["recovery_mean_vs_truth"] = plot_recovery(recovery, **chosen)
+        out["recovery_z_score_vs_contraction"] = plot_z_score_contraction(recovery, **chosen)
     local = checks.get("lc2st_nf")
     if local is not None:
         out["lc2st_pp"] = plot_pp(local, level=level)

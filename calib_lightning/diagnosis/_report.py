@@ -87,6 +87,7 @@ class Diagnosis:
         *,
         level: float,
         labels: Sequence[str] | None = None,
+        parameters: Sequence[int] | None = None,
         seconds: Mapping[str, float] | None = None,
         num_pairs: int | None = None,
         num_posterior_samples: int | None = None,
@@ -95,6 +96,7 @@ class Diagnosis:
         self.checks = dict(checks)
         self.level, self.labels = level, list(labels) if labels is not None else None
         self.seconds = dict(seconds or {})
+        self.parameters = list(parameters) if parameters is not None else None
         self.num_pairs, self.num_posterior_samples = num_pairs, num_posterior_samples
         self.reference_samples = reference_samples
         self.overall_p_value = overall_p_value(self.checks)
@@ -154,7 +156,7 @@ class Diagnosis:
         if self._figures is None:
             from calib_lightning.diagnosis._figures import draw_figures
 
-            self._figures = draw_figures(self.checks, self.level, self.labels)
+            self._figures = draw_figures(self.checks, self.level, self.labels, self.parameters)
         return self._figures
 
     # -- saving ----------------------------------------------------------------------

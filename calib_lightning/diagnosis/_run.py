@@ -24,6 +24,7 @@ from calib_lightning.functional.sbc import rank_calibration
 from calib_lightning.functional.tarp import tarp
 from calib_lightning.metrics import KCCSD, LC2STNF
 from calib_lightning.misspecification import misspecification_test
+from calib_lightning.plots._grid import select_parameters
 from calib_lightning.posteriors import as_posterior
 
 __all__ = ["CHECKS", "diagnose"]
@@ -59,6 +60,7 @@ def diagnose(
     checks: Sequence[str] | None = None,
     labels: Sequence[str] | None = None,
     *,
+    parameters: Sequence[int] | None = None,
     num_posterior_samples: int = 100,
     level: float = 0.05,
     embedding: Any = None,
@@ -81,6 +83,7 @@ def diagnose(
         checks: a subset of :data:`CHECKS`; default every check that applies
             (the local ones need ``observations``).
         labels: parameter names ``(D,)`` for tables and figures.
+        parameters: indices of the parameters the per-parameter figures draw (default all).
         num_posterior_samples: draws per pair shared by ranks, TARP and recovery.
         level: the test level of the verdicts.
         embedding: ``x -> features`` for the misspecification test (e.g. the flow's
@@ -108,6 +111,7 @@ def diagnose(
     if labels is not None and len(labels) != theta.shape[1]:
         raise ValueError(f"labels must name the D = {theta.shape[1]} parameters, got "
                          f"{len(labels)} labels")  # fmt: skip
+    select_parameters(theta.shape[1], parameters, labels)  # ValueError now, not at .figures
     if checks is None:
         checks = [c for c in CHECKS if observations is not None or c not in _LOCAL]
     unknown = [c for c in checks if c not in CHECKS]
@@ -171,7 +175,7 @@ def diagnose(
         timed("misspecification", lambda: misspecification_test(
             observations, x, embedding=embedding, seed=seed))
     return Diagnosis(
-        results, level=level, labels=labels, seconds=seconds,
+        results, level=level, labels=labels, parameters=parameters, seconds=seconds,
         num_pairs=theta.shape[0], num_posterior_samples=num_posterior_samples,
         reference_samples=reference_samples,
     )  # fmt: skip

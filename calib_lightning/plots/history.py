@@ -15,10 +15,10 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from calib_lightning._checks import check_probability
+from calib_lightning.plots._grid import MAX_COLUMNS, panel_grid  # wraps many scalars into rows
 
 __all__ = ["MAX_COLUMNS", "plot_history"]
 
-MAX_COLUMNS = 4  # panels per row: a check with many scalars wraps into rows
 
 _FLOOR = 1e-4  # bottom of the p-value axis; smaller values are drawn clipped to it
 
@@ -29,7 +29,7 @@ def plot_history(
     *,
     level: float | None = 0.05,
     title: str | None = None,
-    panel_size: tuple[float, float] = (3.6, 2.8),
+    panel_size: tuple[float, float] = (3.2, 2.5),
 ) -> Figure:
     r"""Plot calibration scalars against the training epoch, one panel per scalar.
 
@@ -76,14 +76,9 @@ def plot_history(
                 f"history[{name!r}] must have one value per epoch ({len(epochs)}), "
                 f"got {len(values)}"
             )
-    width, height = panel_size
-    cols = min(len(history), MAX_COLUMNS)
-    rows = math.ceil(len(history) / cols)
-    fig = Figure(figsize=(width * cols, height * rows), layout="constrained")
-    axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    for ax in axes[len(history) :]:
-        ax.set_visible(False)
-    for ax, (name, values) in zip(axes, history.items(), strict=False):
+    fig, axes = panel_grid(len(history), panel_size, max_columns=MAX_COLUMNS, min_width=0.0,
+                           extra_height=0.3 if title is not None else 0.0)  # fmt: skip
+    for k, (ax, (name, values)) in enumerate(zip(axes, history.items(), strict=True)):
         values = [float(v) for v in values]
         # "p_value", "global_p_value", and entries "p_value/0", "marginal_p_values/1", ...
         is_p_value = name.split("/")[0].endswith(("p_value", "p_values"))
@@ -110,7 +105,7 @@ def plot_history(
             if clipped:
                 ax.plot(*zip(*clipped, strict=True), ls="none", marker="v", ms=6,
                         color="tab:red", label=f"p < {_FLOOR:g} (clipped)")  # fmt: skip
-            if level is not None or clipped:
+            if (level is not None and k == 0) or clipped:  # the level line: said once
                 ax.legend(loc="lower right", fontsize="small", frameon=False)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("epoch")

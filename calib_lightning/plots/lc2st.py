@@ -37,9 +37,12 @@ from torch import Tensor
 
 from calib_lightning._checks import check_positive
 from calib_lightning.plots._format import format_p_value
-from calib_lightning.plots.ranks import _labels
+from calib_lightning.plots._grid import MAX_COLUMNS, select_parameters
 
-__all__ = ["plot_pp", "plot_probability_map"]
+__all__ = ["DEFAULT_MAP_PARAMETERS", "MAX_MAP_PARAMETERS", "plot_pp", "plot_probability_map"]
+
+DEFAULT_MAP_PARAMETERS = 4  # parameters of a probability map by default: 4 x 4 panels
+MAX_MAP_PARAMETERS = 6  # at most 6 x 6 panels, whatever D
 
 _CMAP = "RdBu"  # low d (estimator has too much mass) red, high d (too little) blue
 _NULL_COLOR, _CURVE_COLOR = "0.8", "C0"
@@ -113,7 +116,7 @@ def plot_pp(
         raise ValueError(
             f"names must have one entry per observation ({len(picks)}), got {len(names)}"
         )
-    cols = min(len(picks), 4)
+    cols = min(len(picks), MAX_COLUMNS)
     rows = math.ceil(len(picks) / cols)
     fig = Figure(figsize=(panel_size[0] * cols, panel_size[1] * rows + 0.6), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
@@ -154,6 +157,7 @@ def plot_probability_map(
     probabilities: Tensor,
     *,
     labels: Sequence[str] | None = None,
+    parameters: Sequence[int] | None = None,
     truth: Tensor | None = None,
     bins: int = 20,
     min_count: int = 5,
@@ -165,6 +169,11 @@ def plot_probability_map(
 ) -> Figure:
     r"""Corner plot of posterior samples at :math:`x_o`, bins coloured by the classifier.
 
+    Drawn for a few parameters only (``parameters``; default the first four, at most
+    six), so the figure is at most six by six panels whatever ``D``; a ``D x D`` grid at
+    ``D = 50`` would be 2,500 panels. The title names the drawn parameters when they
+    are not all of them.
+
     Diagonal: 1-D histograms; below it: 2-D histograms. Each bin's colour is the mean of
     :math:`d` over its samples: red (:math:`d < 1/2`) where the estimator puts too much
     mass relative to the true posterior, blue (:math:`d > 1/2`) too little, white-ish
@@ -175,7 +184,10 @@ def plot_probability_map(
         samples: posterior samples :math:`\theta_s \sim q(\cdot \mid x_o)`, ``(S, D)``.
         probabilities: :math:`d(\theta_s, x_o)`, ``(S,)`` (for L-C2ST-NF, evaluated at the
             samples' latents: ``LC2STNF.probability_map``).
-        labels: parameter names.
+        labels: names of all ``D`` parameters.
+        parameters: indices of the parameters whose 1-D and pairwise 2-D marginals are
+            drawn, in order (default the first ``min(D, 4)``; at most
+            :data:`MAX_MAP_PARAMETERS`).
         truth: parameter that generated :math:`x_o`, ``(D,)``, drawn as dashed lines.
         bins: bins per axis.
         min_count: samples a bin needs to be coloured.
@@ -194,13 +206,18 @@ def plot_probability_map(
             f"samples must have shape (S, D) and probabilities (S,), got {tuple(samples.shape)} "
             f"and {tuple(probabilities.shape)}"
         )
-    dim = theta.shape[1]
-    labels = _labels(labels, dim)
+    num_dims = theta.shape[1]
+    if parameters is None:
+        parameters = range(min(num_dims, DEFAULT_MAP_PARAMETERS))
+    chosen, names = select_parameters(num_dims, parameters, labels, max_count=MAX_MAP_PARAMETERS)
     check_positive("bins", bins, integer=True)
-    if truth is not None and tuple(np.shape(truth)) != (dim,):
-        raise ValueError(f"truth must have shape ({dim},), got {tuple(np.shape(truth))}")
+    if truth is not None and tuple(np.shape(truth)) != (num_dims,):
+        raise ValueError(f"truth must have shape ({num_dims},), got {tuple(np.shape(truth))}")
     if not 0 <= range_quantile < 0.5:
         raise ValueError(f"range_quantile must lie in [0, 0.5), got {range_quantile!r}")
+    theta, dim = theta[:, chosen], len(chosen)
+    truth = None if truth is None else [float(truth[i]) for i in chosen]
+    labels = names
     low, high = np.quantile(theta, [range_quantile, 1 - range_quantile], axis=0)
     edges = [np.linspace(low[i], high[i] + 1e-12, bins + 1) for i in range(dim)]
     panels = {  # (i, j) -> (counts, bin means) of the 1-D (i == j) and 2-D histograms
@@ -235,9 +252,9 @@ def plot_probability_map(
                               norm=norm)  # fmt: skip
                 ax.set_ylabel(labels[i] if j == 0 else "")
                 if truth is not None:
-                    ax.axhline(float(truth[i]), color="k", ls="--", lw=0.8)
+                    ax.axhline(truth[i], color="k", ls="--", lw=0.8)
             if truth is not None:
-                ax.axvline(float(truth[j]), color="k", ls="--", lw=0.8)
+                ax.axvline(truth[j], color="k", ls="--", lw=0.8)
             ax.set_xlabel(labels[j] if i == dim - 1 else "")
             ax.tick_params(labelsize=7)
     if pp is not None:
@@ -256,7 +273,8 @@ def plot_probability_map(
         fontsize=7,
     )
     bar.set_label("mean classifier output d(θ, x_o) in the bin", fontsize=8)
-    fig.suptitle(
-        title or "Where the estimator puts too much (red) or too little (blue) mass", fontsize=10
-    )
+    heading = title or "Where the estimator puts too much (red) or too little (blue) mass"
+    if dim < num_dims:
+        heading += f"\n{', '.join(names)} of D = {num_dims} parameters (parameters= picks others)"
+    fig.suptitle(heading, fontsize=10)
     return fig

@@ -26,18 +26,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 from matplotlib.figure import Figure
 from scipy import stats
 from torch import Tensor
 
+from calib_lightning._checks import check_positive
 from calib_lightning.functional.sbc import RankSummary, _binned_counts
 from calib_lightning.plots._format import format_p_value
+from calib_lightning.plots._grid import (
+    MAX_COLUMNS,
+    MAX_ROWS,
+    check_max_columns,
+    heading_and_note,
+    outer_labels,
+    panel_grid,
+    select_parameters,
+    worst_first,
+)
 
 __all__ = ["plot_expected_coverage", "plot_rank_ecdf", "plot_rank_histograms"]
 
 _JOINT = "joint (energy)"
 _BAND_COLOR, _POINTWISE_COLOR = "0.82", "0.35"
 _NOTE = {"fontsize": 7.5, "color": "0.2", "va": "top"}
+_MAX_COLOURED = 10  # distinct colours of the ECDF figure
 
 
 def _get(result: RankSummary, *names: str) -> list[Tensor]:
@@ -50,19 +63,18 @@ def _get(result: RankSummary, *names: str) -> list[Tensor]:
     return [getattr(result, n).detach().cpu() for n in names]
 
 
-def _labels(labels: Sequence[str] | None, d: int) -> list[str]:
-    if labels is None:
-        return [f"θ{i + 1}" for i in range(d)]
-    if len(labels) != d:
-        raise ValueError(f"labels must name the D = {d} dimensions, got {len(labels)}")
-    return list(labels)
+def _outside(dev: np.ndarray, band: np.ndarray) -> np.ndarray:
+    """``(R,)`` bool: the curve ``dev`` ``(R, K)`` leaves the simultaneous band ``(2, K)``."""
+    return ((dev < band[0] - 1e-12) | (dev > band[1] + 1e-12)).any(-1)
 
 
 def plot_rank_histograms(
     result: RankSummary,
     *,
     labels: Sequence[str] | None = None,
-    panel_size: tuple[float, float] = (3.0, 2.6),
+    parameters: Sequence[int] | None = None,
+    max_columns: int = MAX_COLUMNS,
+    panel_size: tuple[float, float] = (3.0, 2.3),
 ) -> Figure:
     r"""Rank histograms, one panel per dimension and one for the joint energy rank.
 
@@ -72,11 +84,19 @@ def plot_rank_histograms(
     Bonferroni over the ``B`` bins). Bars show observed / expected counts (bins may
     differ by one rank value), so calibration is the dashed line at 1.
 
+    Panels wrap into rows of ``max_columns``; at most ten rows are drawn, so the figure
+    stays bounded at any ``D`` (about 18 x 24 inches at ``D = 50``): beyond 59
+    dimensions, the 59 with the smallest chi-square p-values are drawn (in index order)
+    unless ``parameters`` picks them, and the title says so. The joint panel comes last.
+
     Arguments:
         result: a :class:`~calib_lightning.functional.sbc.RankSummary`, e.g.
             ``RankCalibration.compute()`` (fields ``histogram``, ``num_bins``,
             ``level``, ``p_value``, ``marginal_p_values``).
-        labels: names of the ``D`` dimensions.
+        labels: names of all ``D`` dimensions.
+        parameters: indices of the dimensions to draw, in order (default: all, or the
+            59 worst).
+        max_columns: panels per row.
         panel_size: inches per panel.
 
     Returns:
@@ -88,6 +108,10 @@ def plot_rank_histograms(
         >>> fig = plot_rank_histograms(summarize_ranks(torch.full((3, 10), 30)))
         >>> [ax.get_title().split(" ")[0] for ax in fig.axes]
         ['θ1', 'θ2', 'joint']
+        >>> fig = plot_rank_histograms(summarize_ranks(torch.full((3, 10), 30)),
+        ...                            labels=["mu", "sigma"], parameters=[1])
+        >>> [ax.get_title().split(" ")[0] for ax in fig.axes]
+        ['sigma', 'joint']
     """
     hist, num_bins, test_level, p, marginal_p = _get(
         result, "histogram", "num_bins", "level", "p_value", "marginal_p_values"
@@ -95,8 +119,13 @@ def plot_rank_histograms(
     if hist.ndim != 2:
         raise ValueError(f"result.histogram must be (D + 1, M + 1), got {tuple(hist.shape)}")
     d, m1, b = hist.shape[0] - 1, hist.shape[1], int(num_bins)
-    names = [*_labels(labels, d), _JOINT]
-    p_values = [*marginal_p.tolist(), float(p)]
+    check_max_columns(max_columns)
+    room = max_columns * MAX_ROWS - 1
+    shown = ""
+    if parameters is None and d > room:
+        parameters = worst_first(marginal_p.tolist(), room)
+        shown = f"; the {room} of D = {d} dimensions with the smallest p-values"
+    chosen, names = select_parameters(d, parameters, labels)
     counts, edges = _binned_counts(hist, b)
     n = int(hist[0].sum())
     prob = ((edges[1:] - edges[:-1]) / m1).numpy()
@@ -104,10 +133,12 @@ def plot_rank_histograms(
     low, high = stats.binom.ppf(level / 2, n, prob), stats.binom.ppf(1 - level / 2, n, prob)
     left = (edges[:-1] / m1).numpy()
     width = ((edges[1:] - edges[:-1]) / m1).numpy()
-    fig = Figure(figsize=(panel_size[0] * (d + 1), panel_size[1] + 1.0), layout="constrained")
-    axes = fig.subplots(1, d + 1, squeeze=False)[0]
+    fig, axes = panel_grid(len(chosen) + 1, panel_size, max_columns=max_columns,
+                           min_width=7.0, extra_height=1.3)  # fmt: skip
     expected = n * prob  # bins may differ by one rank value: plot observed / expected
-    for ax, name, row, pv in zip(axes, names, counts.numpy(), p_values, strict=True):
+    rows = [*counts[chosen].numpy(), counts[d].numpy()]
+    p_values = [*marginal_p[chosen].tolist(), float(p)]
+    for ax, name, row, pv in zip(axes, [*names, _JOINT], rows, p_values, strict=True):
         ax.fill_between([*left, 1.0], [*(low / expected), 1], [*(high / expected), 1],
                         step="post", color=_BAND_COLOR, lw=0)  # fmt: skip
         outside = (row < low) | (row > high)
@@ -117,22 +148,18 @@ def plot_rank_histograms(
         ax.set_title(f"{name}  ({format_p_value(pv)})", fontsize=9)
         ax.set_xlim(0, 1)
         ax.set_ylim(bottom=0)
-        ax.set_xlabel("rank of the truth / (M + 1)", fontsize=8)
-        ax.tick_params(labelsize=7)
-    axes[0].set_ylabel("observed / expected count", fontsize=8)
-    fig.suptitle(
-        f"Rank histograms ({b} bins, N = {n}): flat at 1 = calibrated\n"
+    outer_labels(axes, max_columns, "rank of the truth / (M + 1)",
+                 "observed / expected", locate=False)  # fmt: skip
+    heading_and_note(
+        fig,
+        f"Rank histograms ({b} bins, N = {n}{shown}): flat at 1 = calibrated\n"
         f"a calibrated posterior keeps all bars in the grey band with prob. ≥ "
         f"{1 - float(test_level):.0%}; red bars lie outside",
-        fontsize=10,
+        "Per dimension: ∪-shape = posterior too narrow (over-confident); ∩-shape = too "
+        "wide (under-confident); mass piled left = posterior too high, right = too low.\n"
+        "Joint (energy): mass on the right = truth less probable than the posterior's "
+        "own draws (over-confident or biased); on the left = under-confident.",
     )
-    fig.text(0.01, 0.0,
-             "Per dimension: ∪-shape = posterior too narrow (over-confident); ∩-shape = too "
-             "wide (under-confident); mass piled left = posterior too high, right = too low.\n"
-             "Joint (energy): mass on the right = truth less probable than the posterior's "
-             "own draws (over-confident or biased); on the left = under-confident.",
-             ha="left", va="bottom", fontsize=7.5, color="0.2")  # fmt: skip
-    fig.get_layout_engine().set(rect=(0, 0.12, 1, 0.88))
     return fig
 
 
@@ -140,21 +167,36 @@ def plot_rank_ecdf(
     result: RankSummary,
     *,
     labels: Sequence[str] | None = None,
-    figsize: tuple[float, float] = (10.0, 4.2),
+    parameters: Sequence[int] | None = None,
+    max_highlighted: int = 5,
+    figsize: tuple[float, float] = (10.0, 5.0),
 ) -> Figure:
     r"""ECDF of the ranks minus the uniform CDF, for every dimension and the joint rank.
 
-    Left panel: the ``D`` marginal curves; right panel: the joint energy curve. The grey
+    Left panel: the marginal curves; right panel: the joint energy curve. The grey
     area is the simultaneous :math:`1 - \alpha` band (a calibrated curve stays inside
     everywhere with that probability; leaving it is the test's rejection), the dashed
     lines the pointwise band :math:`\pm z_{1-\alpha/2} \sqrt{t (1 - t) / N}` (each point
     alone; a calibrated curve crosses them often).
 
+    Up to six dimensions, every curve is drawn in colour with its p-value in the legend.
+    Beyond, fifty coloured curves would be unreadable: the ``max_highlighted``
+    dimensions with the smallest ECDF p-values (or those ``parameters`` picks) are drawn
+    in colour and named, every other dimension as a thin grey line behind them (so a
+    shared pattern still shows), and the legend says how many of those stay inside
+    the band. The per-dimension picture of every parameter is
+    :func:`plot_rank_histograms`.
+
     Arguments:
         result: a :class:`~calib_lightning.functional.sbc.RankSummary`, e.g.
             ``RankCalibration.compute()`` (fields ``levels``, ``ecdf``,
             ``simultaneous_band``, ``pointwise_band``, ``level``, ``ecdf_p_values``).
-        labels: names of the ``D`` dimensions.
+        labels: names of all ``D`` dimensions.
+        parameters: indices of the dimensions drawn in colour (default all when
+            ``D <= 6``, else the ``max_highlighted`` worst); a list of more than ten:
+            the ``max_highlighted`` worst of them.
+        max_highlighted: coloured curves when ``D > 6`` and ``parameters`` is ``None``
+            or longer than ten (at most ten).
         figsize: figure size in inches.
 
     Returns:
@@ -167,8 +209,17 @@ def plot_rank_ecdf(
     if ecdf.ndim != 2:
         raise ValueError(f"result.ecdf must be (D + 1, K), got {tuple(ecdf.shape)}")
     d = ecdf.shape[0] - 1
-    names = _labels(labels, d)
+    check_positive("max_highlighted", max_highlighted, integer=True)
+    if max_highlighted > _MAX_COLOURED:
+        raise ValueError(f"max_highlighted must be at most {_MAX_COLOURED}, got {max_highlighted}")
+    worst = parameters is None and d > MAX_COLUMNS
+    chosen = list(range(d)) if parameters is None else select_parameters(d, parameters, None)[0]
+    if worst or len(chosen) > _MAX_COLOURED:
+        worst = True
+        chosen = [chosen[k] for k in worst_first(ecdf_p[chosen].tolist(), max_highlighted)]
+    chosen, names = select_parameters(d, chosen, labels)
     t, dev = t.numpy(), (ecdf - t).numpy()
+    others = [i for i in range(d) if i not in chosen]
     # close the curves at t = 0 and t = 1, where ECDF - t is 0
     tt = [0.0, *t, 1.0]
     fig = Figure(figsize=figsize, layout="constrained")
@@ -184,17 +235,29 @@ def plot_rank_ecdf(
         ax.set_xlim(0, 1)
         ax.set_xlabel("t (fractional rank)", fontsize=8)
         ax.tick_params(labelsize=7)
-    colors = [f"C{i % 10}" for i in range(d)]
-    for i in range(d):
-        axes[0].plot(tt, [0, *dev[i], 0], color=colors[i], lw=1.3,
-                     label=f"{names[i]} ({format_p_value(ecdf_p[i])})")  # fmt: skip
+    if others:
+        inside = int((~_outside(dev[others], simultaneous.numpy())).sum())
+        for k, i in enumerate(others):
+            axes[0].plot(tt, [0, *dev[i], 0], color="0.55", lw=0.6, alpha=0.6, zorder=1.5,
+                         label=(f"{len(others)} other dimensions, {inside} inside the band"
+                                if k == 0 else None))  # fmt: skip
+    for k, (i, name) in enumerate(zip(chosen, names, strict=True)):
+        axes[0].plot(tt, [0, *dev[i], 0], color=f"C{k}", lw=1.3, zorder=3,
+                     label=f"{name} ({format_p_value(ecdf_p[i])})")  # fmt: skip
     axes[1].plot(tt, [0, *dev[d], 0], color="k", lw=1.5,
                  label=f"{_JOINT} ({format_p_value(ecdf_p[d])})")  # fmt: skip
     axes[0].set_ylabel("ECDF(t) − t", fontsize=8)
-    axes[0].set_title("Marginal ranks, one curve per dimension", fontsize=9)
+    if others:
+        what = "with the smallest p-values" if worst else "chosen"
+        axes[0].set_title(f"Marginal ranks of D = {d}: in colour the {len(chosen)} {what}",
+                          fontsize=9)  # fmt: skip
+    else:
+        axes[0].set_title("Marginal ranks, one curve per dimension", fontsize=9)
     axes[1].set_title("Joint energy rank", fontsize=9)
-    for ax in axes:
-        ax.legend(fontsize=7, loc="lower left", ncol=2 if d > 3 else 1)
+    for ax in axes:  # below the axes: never over a curve
+        entries = len(ax.get_legend_handles_labels()[1])
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13),
+                  ncol=min(3, entries), frameon=False)  # fmt: skip
     axes[0].text(0.02, 0.98,
                  "read by shape: above 0 on the left, below on the right: too narrow\n"
                  "  (over-confident)\n"
@@ -208,7 +271,7 @@ def plot_rank_ecdf(
                  "above 0: under-confident (regions too wide, cover too often)",
                  transform=axes[1].transAxes, **_NOTE)  # fmt: skip
     top = max(abs(dev).max(), float(simultaneous.abs().max()))
-    axes[0].set_ylim(-1.25 * top, 1.9 * top)
+    axes[0].set_ylim(-1.1 * top, 1.9 * top)
     title = "ECDF − t: inside the grey band everywhere = calibrated"
     global_p_value = getattr(result, "global_p_value", None)
     if global_p_value is not None:

@@ -24,16 +24,22 @@ References:
 from __future__ import annotations
 
 import math
-import textwrap
 from collections.abc import Sequence
 
 import torch
-from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, MultipleLocator
 from torch import Tensor
 
 from calib_lightning.functional.recovery import Recovery, calibrated_z_score_std, recovery
+from calib_lightning.plots._grid import (
+    MAX_COLUMNS,
+    MAX_ROWS,
+    heading_and_note,
+    outer_labels,
+    panel_grid,
+)
+from calib_lightning.plots._grid import select_parameters as _select_all
 
 __all__ = ["plot_recovery", "plot_z_score_contraction"]
 
@@ -55,51 +61,15 @@ def _as_recovery(result_or_tensors: Recovery | Sequence[Tensor]) -> Recovery:
 
 def _select(
     d: int, parameters: Sequence[int] | None, labels: Sequence[str] | None
-) -> tuple[list[int], list[str]]:
-    if labels is not None and len(labels) != d:
-        raise ValueError(f"labels must name all D = {d} parameters, got {len(labels)} labels")
-    names = list(labels) if labels is not None else [f"θ{i + 1}" for i in range(d)]
-    chosen = list(range(d)) if parameters is None else [int(i) for i in parameters]
-    if not chosen or any(not -d <= i < d for i in chosen):
-        raise ValueError(
-            f"parameters must be a non-empty list of indices in [0, {d}), got {parameters}"
-        )
-    chosen = [i % d for i in chosen]
-    return chosen, [names[i] for i in chosen]
-
-
-def _grid(
-    count: int, max_columns: int, panel_size: tuple[float, float]
-) -> tuple[Figure, list[Axes]]:
-    if isinstance(max_columns, bool) or not isinstance(max_columns, int) or max_columns < 1:
-        raise ValueError(f"max_columns must be a positive integer, got {max_columns!r}")
-    cols = min(count, max_columns)
-    rows = math.ceil(count / cols)
-    width = max(panel_size[0] * cols, 5.0)  # room for the title and the reading note
-    fig = Figure(figsize=(width, panel_size[1] * rows + 1.0), layout="constrained")
-    axes = list(fig.subplots(rows, cols, squeeze=False).ravel())
-    for ax in axes[count:]:
-        ax.set_visible(False)
-    return fig, axes[:count]
-
-
-def _title(fig: Figure, heading: str, note: str) -> None:
-    """``heading`` on top; the reading ``note`` at the bottom, wrapped to the figure."""
-    fig.suptitle(heading, fontsize=_NOTE_SIZE + 2)
-    wrapped = textwrap.fill(note, width=int(fig.get_figwidth() * 14))  # ~14 chars/inch at 8 pt
-    fig.supxlabel(wrapped, fontsize=_NOTE_SIZE, color="0.2")
-
-
-def _outer_labels(axes: list[Axes], cols: int, xlabel: str, ylabel: str) -> None:
-    rows = math.ceil(len(axes) / cols)
-    for k, ax in enumerate(axes):
-        if k % cols == 0:
-            ax.set_ylabel(ylabel, fontsize=_NOTE_SIZE)
-        if k // cols == rows - 1 or k + cols >= len(axes):
-            ax.set_xlabel(xlabel, fontsize=_NOTE_SIZE)
-        ax.tick_params(labelsize=7)
-        for axis in (ax.xaxis, ax.yaxis):  # few round labels: readable, and a grid of
-            axis.set_major_locator(MaxNLocator(4, steps=[1, 2, 5, 10]))  # 50 lays out faster
+) -> tuple[list[int], list[str], str]:
+    """The parameters to draw; by default all, or the first ``MAX_COLUMNS * MAX_ROWS``
+    (then the third value says so, for the title)."""
+    most = MAX_COLUMNS * MAX_ROWS
+    if parameters is None and d > most:
+        chosen, names = _select_all(d, range(most), labels)
+        return chosen, names, f", first {most} of D = {d} parameters (parameters= picks)"
+    chosen, names = _select_all(d, parameters, labels)
+    return chosen, names, ""
 
 
 def _shown_pairs(n: int, max_points: int | None) -> Tensor:
@@ -144,7 +114,8 @@ def plot_recovery(
         result_or_tensors: a :class:`~calib_lightning.functional.recovery.Recovery`, or
             ``(samples (S, N, D), theta (N, D)[, prior_variance (D,)])``.
         labels: names of all ``D`` parameters (default ``θ1 .. θD``).
-        parameters: indices of the parameters to draw (default all), in order.
+        parameters: indices of the parameters to draw, in order (default all, at most
+            the first 60: ten rows of six).
         max_columns: panels per row; more parameters wrap into rows.
         max_points: pairs drawn per panel (evenly spaced; ``None`` for all); the
             :math:`R^2` uses every pair.
@@ -163,9 +134,9 @@ def plot_recovery(
     """
     out = _as_recovery(result_or_tensors)
     n, d = out.theta.shape
-    chosen, names = _select(d, parameters, labels)
+    chosen, names, shown_note = _select(d, parameters, labels)
     shown = _shown_pairs(n, max_points)
-    fig, axes = _grid(len(chosen), max_columns, panel_size)
+    fig, axes = panel_grid(len(chosen), panel_size, max_columns=max_columns)
     truth, mean, std = (
         t.detach().cpu()[shown] for t in (out.theta, out.posterior_mean, out.posterior_std)
     )
@@ -188,11 +159,12 @@ def plot_recovery(
         ax.set_aspect("equal", adjustable="box")
         ax.set_title(f"{name}   R² = {float(out.r_squared[a]):.3f}", fontsize=_NOTE_SIZE + 1)
         ax.grid(alpha=0.25)
-    _outer_labels(axes, min(len(chosen), max_columns), "truth", "posterior mean")
+    outer_labels(axes, max_columns, "truth", "posterior mean",
+                 fontsize=_NOTE_SIZE)  # fmt: skip
     count = f"N = {n} pairs" + (f", {len(shown)} shown" if len(shown) < n else "")
-    _title(
+    heading_and_note(
         fig,
-        f"Parameter recovery ({count})",
+        f"Parameter recovery ({count}{shown_note})",
         "Posterior mean ± 1 posterior sd against the truth. On the dashed diagonal = "
         "recovered; a flat cloud = no better than the prior. "
         "R²\u00a0=\u00a01\u00a0−\u00a0SSE/SST: 1 perfect, 0 no better than the truths' mean.",
@@ -225,7 +197,8 @@ def plot_z_score_contraction(
         result_or_tensors: a :class:`~calib_lightning.functional.recovery.Recovery`, or
             ``(samples (S, N, D), theta (N, D)[, prior_variance (D,)])``.
         labels: names of all ``D`` parameters (default ``θ1 .. θD``).
-        parameters: indices of the parameters to draw (default all), in order.
+        parameters: indices of the parameters to draw, in order (default all, at most
+            the first 60: ten rows of six).
         max_columns: panels per row; more parameters wrap into rows.
         max_points: pairs drawn per panel (evenly spaced; ``None`` for all); the
             summaries use every pair.
@@ -244,9 +217,9 @@ def plot_z_score_contraction(
     """
     out = _as_recovery(result_or_tensors)
     n, d = out.theta.shape
-    chosen, names = _select(d, parameters, labels)
+    chosen, names, shown_note = _select(d, parameters, labels)
     shown = _shown_pairs(n, max_points)
-    fig, axes = _grid(len(chosen), max_columns, panel_size)
+    fig, axes = panel_grid(len(chosen), panel_size, max_columns=max_columns)
     z_all, kappa_all = out.z_scores.detach().cpu(), out.contractions.detach().cpu()
     for ax, a, name in zip(axes, chosen, names, strict=True):
         z, kappa = z_all[shown, a], kappa_all[shown, a]
@@ -272,7 +245,8 @@ def plot_z_score_contraction(
             f"z: mean {float(out.z_score_mean[a]):+.2f}, sd {float(out.z_score_std[a]):.2f}",
             fontsize=_NOTE_SIZE + 0.5,
         )
-    _outer_labels(axes, min(len(chosen), max_columns), "posterior contraction", "posterior z-score")
+    outer_labels(axes, max_columns, "posterior contraction",
+                 "posterior z-score", fontsize=_NOTE_SIZE)  # fmt: skip
     for ax in axes:
         ax.xaxis.set_major_locator(MultipleLocator(0.5))
         ax.xaxis.set_minor_locator(MultipleLocator(0.25))
@@ -280,9 +254,9 @@ def plot_z_score_contraction(
     draws_per_pair = out.num_posterior_samples or 0
     reference = calibrated_z_score_std(draws_per_pair) if draws_per_pair >= 4 else 1.0
     draws = f", S = {out.num_posterior_samples} draws" if out.num_posterior_samples else ""
-    _title(
+    heading_and_note(
         fig,
-        f"Posterior z-score against contraction (N = {n} pairs{draws})",
+        f"Posterior z-score against contraction (N = {n} pairs{draws}{shown_note})",
         f"Calibrated: z sd ≈ {reference:.2f} and mean ≈ 0 (95% of points in the grey band). "
         "sd > that: over-confident (too narrow); sd < that: under-confident (too wide). "
         "Mean > 0: posterior too high; < 0: too low. Contraction near 1 = sharp, "
