@@ -151,7 +151,7 @@ class LC2STNF(LocalC2ST):
     def update(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> None:
         """Store :math:`z^* = T^{-1}(\\theta; x)` for pairs ``theta (N, D)``, ``x (N, *X)``."""
         theta, x = check_pairs(theta, x)
-        flat = self._check_features(x)
+        flat = self._check_features(x, self.x)
         latent = latents(posterior, theta, x)
         keep = room_for_rows(self, theta.shape[0], self.latent)
         if keep:
@@ -161,10 +161,15 @@ class LC2STNF(LocalC2ST):
     def set_observations(self, observations: Tensor) -> None:
         """Test at new reference observations ``(O, *X)``, reusing the trained null classifiers."""
         check_observations(observations, self.flat_observations.shape[1])
-        flat = observations.reshape(observations.shape[0], -1).to(self.observations)
+        if self.embedding is not None and observations.shape[1:] != self.observations.shape[1:]:
+            raise ValueError(
+                f"observations must have shape (O, *X) with *X = "
+                f"{tuple(self.observations.shape[1:])} like x, got {tuple(observations.shape)}"
+            )
+        observations = observations.detach().clone().to(self.observations)
         if self.null.fitted:  # evaluate the null there now: fails early without its classifiers
-            self.null.statistics(flat, self.pp_grid)
-        self.observations = observations.detach().clone().to(self.observations.device)
+            self.null.statistics(self._embed(observations, "observations"), self.pp_grid)
+        self.observations = observations
 
     def compute(self) -> LC2STResult:
         """Statistic, p-value, probabilities and PP-plot data, one row per observation."""
@@ -175,11 +180,11 @@ class LC2STNF(LocalC2ST):
         latent, x = latent[order], x[order]
         if x.shape[0] < 2:
             raise ValueError(f"LC2STNF needs at least N >= 2 calibration pairs, got N = {len(x)}")
-        if self.null.fitted:
-            self.null.check(x, latent.shape[1])
+        if not self.null.fitted or (self.embedding is not None and not self.null.trained_on(x)):
+            self.null.fit(x, latent.shape[1])  # first check, or the embedding's features changed
         else:
-            self.null.fit(x, latent.shape[1])
-        observations = self.flat_observations.to(latent)
+            self.null.check(x, latent.shape[1])
+        observations = self.observation_features().to(latent)
         null_statistics, null_ecdf = self.null.statistics(observations, self.pp_grid)
         # trained exactly as one null trial, with its own fresh randomness (see the class doc)
         key = self._check_key(torch.cat([x, latent], 1))
@@ -205,8 +210,9 @@ class LC2STNF(LocalC2ST):
         theta = draws(posterior, self.observations, num_posterior_samples)  # (S, O, D)
         x = self.observations.repeat(num_posterior_samples, *[1] * (self.observations.ndim - 1))
         latent = latents(posterior, theta.reshape(-1, theta.shape[-1]), x).reshape(theta.shape)
+        features = self.observation_features().to(latent)
         proba = lc2st_probabilities(
-            self.classifier, latent.transpose(0, 1), self.flat_observations, self.num_ensemble
+            self.classifier, latent.transpose(0, 1), features, self.num_ensemble
         )[0]
         return ProbabilityMap(samples=theta.transpose(0, 1), probabilities=proba)
 
@@ -260,7 +266,7 @@ class LC2ST(LocalC2ST):
     def update(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> None:
         """Store pairs ``theta (N, D)``, ``x (N, *X)`` with one posterior draw per pair."""
         theta, x = check_pairs(theta, x)
-        flat = self._check_features(x)
+        flat = self._check_features(x, self.x)
         check_event_size(posterior, theta, x)
         keep = room_for_rows(self, theta.shape[0], self.theta)
         if not self.eval_theta:  # (N_v, O, D)
@@ -285,7 +291,7 @@ class LC2ST(LocalC2ST):
         classifier = self._ensemble((1 + self.num_null) * self.num_ensemble, 2, key)
         lc2st_train(theta, drawn, x, classifier, self.num_null, self._generator(6, key))
         proba = lc2st_probabilities(
-            classifier, samples, self.flat_observations.to(x), self.num_ensemble
+            classifier, samples, self.observation_features().to(x), self.num_ensemble
         )
         null_statistics, null_ecdf = lc2st_statistic(proba[1:]), pp_ecdf(proba[1:], self.pp_grid)
         return self._result(proba[0], null_statistics, null_ecdf, samples=samples)
