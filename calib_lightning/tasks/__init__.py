@@ -19,6 +19,7 @@ References:
     Calibration Tests." UAI 2023.
 """
 
+from calib_lightning.tasks.images import GaussianBlob, Oscillator
 from calib_lightning.tasks.sbi import SLCP, GaussianLinearUniform, SBITask, TwoMoons
 from calib_lightning.tasks.synthetic import HGM, LGM, MGM, QGM, SyntheticModel
 from calib_lightning.tasks.toys import CorrelatedGaussianToy, GaussianToy
@@ -30,8 +31,10 @@ __all__ = [
     "QGM",
     "SLCP",
     "CorrelatedGaussianToy",
+    "GaussianBlob",
     "GaussianLinearUniform",
     "GaussianToy",
+    "Oscillator",
     "SBITask",
     "SyntheticModel",
     "TwoMoons",
