@@ -210,7 +210,7 @@ class LocalC2ST(KeepShapes):
             return flat
         if x.shape[1:] != self.observations.shape[1:]:
             raise ValueError(
-                f"x must have the observations' shape (N, *X) = (N, "
+                f"x must have the observations' shape (N, "
                 f"{', '.join(map(str, self.observations.shape[1:]))}) when an embedding is "
                 f"given, got {tuple(x.shape)}"
             )
