@@ -331,6 +331,13 @@ def embed(
         x: inputs ``(N, *X)``.
         batch_size: rows per call.
         name: what ``x`` is, for error messages.
+
+    Example:
+        >>> from torch import nn
+        >>> net = nn.Sequential(nn.Flatten(), nn.Linear(64, 4), nn.Dropout())
+        >>> features = embed(net, torch.randn(10, 1, 8, 8), batch_size=4)
+        >>> features.shape, features.requires_grad, net.training
+        (torch.Size([10, 4]), False, True)
     """
     check_positive("batch_size", batch_size, integer=True)
     if not isinstance(x, Tensor) or x.ndim < 1:

@@ -176,9 +176,11 @@ def test_null_is_refit_when_the_features_change_and_reused_when_not(fit_log):
     assert not torch.equal(changed.null_statistics, first.null_statistics)
     assert metric.null.trained_on(embed(cnn, x))  # the fingerprint is of the features
     metric.set_embedding(copy.deepcopy(cnn))  # a copy: the same features, the same null
+    metric.set_observations(x[:3])  # new observations, embedded too: the same null
     metric.reset()
-    _run(metric, IMAGES.posterior(), theta, x)
+    moved = _run(metric, IMAGES.posterior(), theta, x)
     assert fit_log == [20, 1, 1, 20, 1, 1]
+    assert moved.p_value.shape == (3,)
     # without an embedding, other calibration x still raise (nothing silently retrains)
     raw = cl.LC2STNF(x[:2], **FAST)
     _run(raw, IMAGES.posterior(), theta, x)

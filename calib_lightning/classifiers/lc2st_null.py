@@ -138,6 +138,10 @@ class LC2STNFNull(nn.Module):
     def fit(self, x: Tensor, dim: int) -> LC2STNFNull:
         """Train the null for calibration observations ``x (N, *X)`` and ``D = dim``.
 
+        ``x`` are the classifier's features: the observations flattened, or their
+        embedding when the metric has one (then the fingerprint is of the features, and
+        a changed embedding needs a new null).
+
         Replaces any previous null. ``x`` must be the full calibration set later tested
         (in any order, split in any batches or processes).
         """

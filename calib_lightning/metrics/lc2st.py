@@ -10,8 +10,16 @@ predicted probabilities and PP-plot data for :mod:`calib_lightning.plots.lc2st`.
 (``metric.null``). The null classifiers depend only on the calibration observations, so
 they are trained once (one batched fit) and reused by every later check of every
 posterior, also after ``state_dict`` / ``load_state_dict``. The null records a
-fingerprint (SHA-256) of the calibration ``x`` and of the settings it was trained with
-and refuses, with a :class:`ValueError`, to test data with other ``x``.
+fingerprint (SHA-256) of the calibration features (``x`` flattened, or its embedding)
+and of the settings it was trained with and refuses, with a :class:`ValueError`, to test
+data with other ``x``; with an embedding whose features changed, it is retrained.
+
+Both take an ``embedding`` (an ``nn.Module`` or callable ``(n, *X) -> (n, F)``): the
+classifiers then see ``(embedding(x), theta)`` instead of ``(x flattened, theta)``. It is
+applied once per ``x`` (at ``update``, and to the observations at ``compute``) by
+:func:`calib_lightning.evaluation.embed`: without gradients, in chunks of
+``embedding_batch_size`` rows, in eval mode (each submodule's mode restored), so it stays
+frozen while the classifiers train.
 
 :class:`LC2ST` needs no flow, but its permutation null depends on the posterior and is
 retrained at every ``compute()``: ``H + 1`` classifiers per check instead of one.
@@ -77,7 +85,8 @@ class LC2STNF(LocalC2ST):
     calibration ``x`` (all processes' together).
 
     Arguments:
-        observations: reference observations :math:`x_o`, shape ``(O, X)``.
+        observations: reference observations :math:`x_o`, shape ``(O, *X)``, as ``x``
+            (raw, before any embedding).
         num_null: null classifiers ``H``.
         num_posterior_samples: evaluation points :math:`N_v` per observation (normal
             draws in the latent space for L-C2ST-NF, posterior draws for L-C2ST).
@@ -95,6 +104,20 @@ class LC2STNF(LocalC2ST):
         seed: with the data, keys every random stream: evaluation points, normal draws,
             classifier initialisations, splits and batch orders. ``None`` draws it from
             fresh entropy (valid, not reproducible).
+        embedding: ``nn.Module`` or callable mapping ``x (n, *X)`` to features
+            ``(n, F)`` (any trailing shape is flattened), or ``None`` (``x`` flattened).
+            Held by reference, outside the ``state_dict``; :meth:`set_embedding`
+            replaces it. Use it for images and time series: the default classifier's
+            width grows with ``F`` up to 512 units, and a summary with few, informative
+            features gives the classifiers power that raw pixels do not.
+        embedding_batch_size: rows per call of ``embedding``.
+
+    The null and the embedding: the null depends on the calibration features only, so it
+    is fingerprinted by them. When ``compute()`` finds features that differ from the
+    null's and an embedding is set (the embedding changed, e.g. it is trained with the
+    flow, or the calibration ``x`` did), it retrains the null: ``num_null *
+    num_ensemble`` classifiers, as at the first check. Without an embedding other ``x``
+    raise, as before. A frozen embedding (a copy, ``copy.deepcopy(net)``) keeps one null.
 
     Randomness and validity: the observed classifier is trained exactly as one null trial
     (same procedure, per-member early stopping, initialisation from the same law) and with
@@ -235,8 +258,10 @@ class LC2ST(LocalC2ST):
     and the digest of its pairs (see :class:`LC2STNF`): the observed classifier and the
     ``num_null`` null classifiers have i.i.d. randomness, fresh at every check.
 
-    Arguments: as :class:`LC2STNF`. ``compute()`` returns an :class:`LC2STResult` whose
-    ``samples`` are the evaluation draws.
+    Arguments: as :class:`LC2STNF`, ``embedding`` included (the classifiers see
+    ``(embedding(x), theta)``; the null is retrained at every check anyway).
+    ``compute()`` returns an :class:`LC2STResult` whose ``samples`` are the evaluation
+    draws.
 
     Example:
         >>> from calib_lightning.tasks import GaussianToy
