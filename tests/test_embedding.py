@@ -290,3 +290,15 @@ def test_bad_embeddings_raise_value_errors_naming_the_argument():
         metric.update(posterior, theta, x)
     with pytest.raises(ValueError, match=r"observations must have shape \(O, \*X\)"):
         cl.LC2STNF(x[:2], embedding=CNN(), **FAST).set_observations(x[:2].reshape(2, 64))
+
+
+@pytest.mark.parametrize("metric_type", [cl.KCCSD, cl.RankCalibration, cl.TARP])
+def test_image_shaped_x_equals_flattened_x_in_the_other_metrics(metric_type):
+    """Image x ``(N, 1, 8, 8)`` through a posterior whose context is the flattened image:
+    the same result as the same pairs with x flattened to ``(N, 64)``."""
+    theta, x = IMAGES.sample(200, torch.Generator().manual_seed(8))
+    results = [_run(metric_type(), IMAGES.posterior(), theta, v) for v in (x, x.flatten(1))]
+    for key in results[0].logged:
+        torch.testing.assert_close(results[0][key], results[1][key], rtol=0, atol=0, msg=key)
+    wide = _run(metric_type(), IMAGES.posterior(4.0), theta, x)  # the check can fail
+    assert float(getattr(wide, wide.verdict)) < 0.05
