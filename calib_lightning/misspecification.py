@@ -38,7 +38,7 @@ from calib_lightning._checks import (
     check_same_device_dtype,
     model_dtype,
 )
-from calib_lightning._chunks import row_blocks
+from calib_lightning.evaluation import embed
 from calib_lightning.functional.combine import COMBINATION_METHODS, combine_p_values
 from calib_lightning.functional.misspecification import (
     conformal_p_value,
@@ -91,20 +91,7 @@ def _features(
     embedding: Callable[[Tensor], Tensor] | None, name: str, value: Tensor, batch_size: int
 ) -> Tensor:
     """``embedding(value)`` in chunks without gradients, flattened to ``(n, F)``."""
-    if embedding is None:
-        return value.flatten(1)
-    with torch.no_grad():
-        chunks = [embedding(value[rows]) for rows in row_blocks(value.shape[0], batch_size)]
-    for chunk, rows in zip(chunks, row_blocks(value.shape[0], batch_size), strict=True):
-        size = rows.stop - rows.start
-        if not isinstance(chunk, Tensor) or chunk.ndim < 1 or chunk.shape[0] != size:
-            got = tuple(chunk.shape) if isinstance(chunk, Tensor) else type(chunk).__name__
-            raise ValueError(
-                f"embedding must map {name} of shape (n, *X) to features (n, F) with n = {size}"
-                f", got {got} for input of shape {tuple(value[rows].shape)}"
-            )
-    features = torch.cat([c.reshape(c.shape[0], -1) for c in chunks])
-    return check_finite(f"embedding({name})", as_float(features, None))
+    return embed(embedding, value, batch_size, name=name)
 
 
 def misspecification_test(

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
-from lightning.pytorch import Trainer
+from lightning.pytorch import LightningModule, Trainer
 from matplotlib.figure import Figure
-from torch import Tensor
+from torch import Tensor, nn
 
 from calib_lightning._checks import check_positive
 from calib_lightning.baselines.c2st import oracle_c2st
+from calib_lightning.callbacks._plumbing import SetupError
 from calib_lightning.callbacks._plumbing import describe as _describe
 from calib_lightning.callbacks.base import CalibrationCallback
 from calib_lightning.evaluation import draws
@@ -75,6 +78,16 @@ class LC2STNFCallback(CalibrationCallback):
         seed: seeds the samples drawn for figures and reference scores.
         misspecification: test each observation against the calibration ``x``
             (needs ``x`` as a tensor).
+        embedding: the embedding network the classifiers see ``x`` through, resolved at
+            every check like ``estimator``: an ``nn.Module``, an attribute path of the
+            LightningModule (``"net.embedding"``) or a function ``pl_module -> embedding``
+            (a plain ``x -> features`` function goes to the metric:
+            ``LC2STNF(..., embedding=f)``). ``None`` keeps the metric's own. An embedding
+            trained with the flow changes its features between checks, and the null,
+            which depends on the features of the calibration ``x``, is then retrained at
+            every check: ``num_null * num_ensemble`` classifiers (as many as L-C2ST) where
+            a fixed embedding costs ``num_ensemble``. To keep one null, pass a frozen copy,
+            ``embedding=copy.deepcopy(module.embedding)`` after pre-training it.
         **kwargs: :class:`~calib_lightning.callbacks.CalibrationCallback` arguments.
 
     References:
@@ -100,6 +113,7 @@ class LC2STNFCallback(CalibrationCallback):
         map_num_posterior_samples: int = 2000,
         seed: int = 0,
         misspecification: bool = True,
+        embedding: str | nn.Module | Callable[[Any], Any] | None = None,
         **kwargs: Any,
     ) -> None:
         if metric is None:
@@ -136,6 +150,19 @@ class LC2STNFCallback(CalibrationCallback):
         self.map_num_posterior_samples, self.seed = map_num_posterior_samples, seed
         self.misspecification = misspecification and self.x is not None
         self._misspecification: Tensor | None = None
+        if embedding is not None and not (isinstance(embedding, str) or callable(embedding)):
+            raise ValueError(
+                "embedding must be an nn.Module, an attribute path of the LightningModule, a "
+                f"function pl_module -> embedding or None, got {_describe(embedding)}"
+            )
+        self.embedding = embedding
+
+    def _compute(
+        self, trainer: Trainer, pl_module: LightningModule
+    ) -> tuple[LC2STResult, dict[str, Tensor]]:
+        if self.embedding is not None:  # resolved at every check: it may train with the flow
+            self.metric.set_embedding(_find_embedding(pl_module, self.embedding))
+        return super()._compute(trainer, pl_module)
 
     def extra_results(self, trainer: Trainer, posterior: Posterior) -> dict[str, Tensor]:
         """Probability maps (rank zero, with figures) and reference scores, as tensors.
@@ -191,3 +218,18 @@ class LC2STNFCallback(CalibrationCallback):
                 )  # fmt: skip
         return figures
 
+
+def _find_embedding(pl_module: LightningModule, embedding: Any) -> Any:
+    """The embedding: a module itself, an attribute path of ``pl_module`` or a function of it."""
+    if isinstance(embedding, nn.Module):
+        return embedding
+    if not isinstance(embedding, str):
+        return embedding(pl_module)
+    try:
+        return functools.reduce(getattr, embedding.split("."), pl_module)
+    except AttributeError:
+        children = [name for name, _ in pl_module.named_children()]
+        raise SetupError(
+            f"embedding must name an attribute of {type(pl_module).__name__}, got "
+            f"{embedding!r}; its submodules are {children}"
+        ) from None

@@ -138,6 +138,10 @@ class LC2STNFNull(nn.Module):
     def fit(self, x: Tensor, dim: int) -> LC2STNFNull:
         """Train the null for calibration observations ``x (N, *X)`` and ``D = dim``.
 
+        ``x`` are the classifier's features: the observations flattened, or their
+        embedding when the metric has one (then the fingerprint is of the features, and
+        a changed embedding needs a new null).
+
         Replaces any previous null. ``x`` must be the full calibration set later tested
         (in any order, split in any batches or processes).
         """
@@ -168,12 +172,19 @@ class LC2STNFNull(nn.Module):
         self.null_statistics = self.null_statistics.new_empty(0)
         self.null_ecdf = self.null_ecdf.new_empty(0)
 
+    def trained_on(self, x: Tensor) -> bool:
+        """Whether the null was trained on calibration observations (or features) ``x``
+        (any row order): their fingerprint equals :attr:`x_fingerprint`."""
+        return self.fitted and torch.equal(
+            fingerprint(x).to(self.x_fingerprint), self.x_fingerprint
+        )
+
     def check(self, x: Tensor, dim: int) -> None:
         """Raise unless the null was trained on calibration observations ``x (N, *X)``, for
         ``D = dim`` and with this null's settings."""
         if not self.fitted:
             raise ValueError("the null is not trained: call fit(x, dim) first")
-        if not torch.equal(fingerprint(x).to(self.x_fingerprint), self.x_fingerprint):
+        if not self.trained_on(x):
             raise ValueError(
                 "the calibration x passed to update() differ from the x the null classifiers "
                 f"were trained on (N = {x.shape[0]} rows now); pass the same calibration set, "

@@ -33,6 +33,8 @@ from calib_lightning.classifiers._blocks import (
 __all__ = ["MLPEnsemble"]
 
 _CHUNK_ELEMENTS = 1 << 19  # hidden activations held at once when predicting
+#: the default hidden width is ``min(10 * F, MAX_DEFAULT_WIDTH)`` for ``F`` input features
+MAX_DEFAULT_WIDTH = 512
 
 
 class MLPEnsemble(nn.Module):
@@ -52,7 +54,12 @@ class MLPEnsemble(nn.Module):
     Arguments:
         num_members: ``K``.
         hidden_features: widths of the hidden layers; ``None``: two layers of
-            ``10 * F`` units for ``F`` input features (sbibm's C2ST architecture).
+            ``min(10 * F, 512)`` units for ``F`` input features: sbibm's C2ST
+            architecture (``10 * F``, the L-C2ST paper's classifier) up to ``F = 51``,
+            which keeps the paper's sbibm tasks unchanged (two moons ``F = 4``, SLCP
+            ``F = 13``, Bernoulli GLM ``F = 20``: widths 40 to 200), bounded beyond, so
+            a flattened 32 x 32 image gives 0.8 M weights per member instead of 116 M
+            (embed such ``x`` first: ``LC2STNF(..., embedding=...)``).
         learning_rate: Adam step size.
         batch_size: rows per mini-batch. Early stopping ends training after a few epochs;
             64 rows (rather than 256) give each member four times the Adam steps in them
@@ -227,7 +234,8 @@ class MLPEnsemble(nn.Module):
         in_features = loc.shape[-1]
         hidden = self.hidden_features
         if hidden is None:  # () is a valid choice: logistic regression
-            hidden = (10 * in_features, 10 * in_features)
+            width = min(10 * in_features, MAX_DEFAULT_WIDTH)
+            hidden = (width, width)
         layout = self._layout([in_features, *hidden, 1])
 
         gens = [torch.Generator().manual_seed(self.seed + k) for k in range(k_all)]

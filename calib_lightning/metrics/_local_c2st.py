@@ -8,6 +8,7 @@ the observed and null statistics must be exchangeable under :math:`H_0` at every
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ from torch import Tensor
 from calib_lightning._checks import check_matrix, check_positive, check_probability
 from calib_lightning.classifiers import make_ensemble
 from calib_lightning.classifiers._seeds import digest_words, generator, stream_seed
+from calib_lightning.evaluation import embed
 from calib_lightning.functional.combine import combine_p_values
 from calib_lightning.functional.lc2st import lc2st_p_value, lc2st_statistic, pp_band, pp_ecdf
 from calib_lightning.metrics._shapes import KeepShapes
@@ -107,10 +109,15 @@ class LocalC2ST(KeepShapes):
         max_pairs: int = 100_000,
         level: float = 0.05,
         seed: int | None = 0,
+        embedding: Callable[[Tensor], Tensor] | None = None,
+        embedding_batch_size: int = 1024,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         check_observations(observations)
+        check_positive("embedding_batch_size", embedding_batch_size, integer=True)
+        self.embedding_batch_size = embedding_batch_size
+        self.set_embedding(embedding)
         if seed is None:  # fresh entropy: valid, not reproducible
             seed = int(np.random.SeedSequence().entropy) % 2**63
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -154,19 +161,66 @@ class LocalC2ST(KeepShapes):
         return [int(self.checks), *digest_words(*data)]
 
     @property
+    def embedding(self) -> Callable[[Tensor], Tensor] | None:
+        """The embedding network applied to ``x`` and the observations (``None``: flatten)."""
+        return self._embedding[0]
+
+    def set_embedding(self, embedding: Callable[[Tensor], Tensor] | None) -> None:
+        """Use ``embedding`` (``nn.Module`` or callable ``(n, *X) -> (n, F)``, or ``None``)
+        from the next :meth:`update` on.
+
+        The embedding is held by reference, not as a submodule: it is neither in the
+        metric's ``state_dict`` nor moved by ``metric.to``. Features are computed once per
+        ``x`` (:func:`~calib_lightning.evaluation.embed`), before any classifier trains.
+        """
+        if embedding is not None and not callable(embedding):
+            raise ValueError(
+                f"embedding must be an nn.Module, a callable x -> features or None, "
+                f"got {embedding!r:.60}"
+            )
+        self._embedding = (embedding,)  # a tuple: not registered as a submodule
+
+    @property
     def flat_observations(self) -> Tensor:
-        """The reference observations as classifier features, ``(O, X)``."""
+        """The reference observations flattened, ``(O, X)``."""
         return self.observations.reshape(self.observations.shape[0], -1)
 
-    def _check_features(self, x: Tensor) -> Tensor:
-        """``x (N, *X)`` flattened to ``(N, X)`` with ``X`` the observations' width."""
-        flat = x.reshape(x.shape[0], -1)
-        if flat.shape[1] != self.flat_observations.shape[1]:
+    def observation_features(self) -> Tensor:
+        """The classifier's features of the reference observations, ``(O, F)``:
+        ``embedding(observations)``, or the observations flattened without an embedding."""
+        return self._embed(self.observations, "observations")
+
+    def _embed(self, x: Tensor, name: str) -> Tensor:
+        return embed(self.embedding, x, self.embedding_batch_size, name=name)
+
+    def _check_features(self, x: Tensor, stored: list[Tensor]) -> Tensor:
+        """The classifier's features of ``x (N, *X)``, ``(N, F)``.
+
+        Without an embedding, ``x`` flattened, with the observations' width; with one,
+        ``x`` must have the observations' shape ``*X`` and the same width ``F`` as the
+        features already stored.
+        """
+        if self.embedding is None:
+            flat = x.reshape(x.shape[0], -1)
+            if flat.shape[1] != self.flat_observations.shape[1]:
+                raise ValueError(
+                    f"x must have X = {self.flat_observations.shape[1]} features like "
+                    f"observations, got shape {tuple(x.shape)}"
+                )
+            return flat
+        if x.shape[1:] != self.observations.shape[1:]:
             raise ValueError(
-                f"x must have X = {self.flat_observations.shape[1]} features like observations, "
-                f"got shape {tuple(x.shape)}"
+                f"x must have the observations' shape (N, "
+                f"{', '.join(map(str, self.observations.shape[1:]))}) when an embedding is "
+                f"given, got {tuple(x.shape)}"
             )
-        return flat
+        features = self._embed(x, "x")
+        if isinstance(stored, list) and stored and stored[0].shape[1] != features.shape[1]:
+            raise ValueError(
+                f"embedding(x) must keep its width F = {stored[0].shape[1]} across updates, "
+                f"got F = {features.shape[1]}"
+            )
+        return features
 
     def reset(self) -> None:
         super().reset()

@@ -10,8 +10,16 @@ predicted probabilities and PP-plot data for :mod:`calib_lightning.plots.lc2st`.
 (``metric.null``). The null classifiers depend only on the calibration observations, so
 they are trained once (one batched fit) and reused by every later check of every
 posterior, also after ``state_dict`` / ``load_state_dict``. The null records a
-fingerprint (SHA-256) of the calibration ``x`` and of the settings it was trained with
-and refuses, with a :class:`ValueError`, to test data with other ``x``.
+fingerprint (SHA-256) of the calibration features (``x`` flattened, or its embedding)
+and of the settings it was trained with and refuses, with a :class:`ValueError`, to test
+data with other ``x``; with an embedding whose features changed, it is retrained.
+
+Both take an ``embedding`` (an ``nn.Module`` or callable ``(n, *X) -> (n, F)``): the
+classifiers then see ``(embedding(x), theta)`` instead of ``(x flattened, theta)``. It is
+applied once per ``x`` (at ``update``, and to the observations at ``compute``) by
+:func:`calib_lightning.evaluation.embed`: without gradients, in chunks of
+``embedding_batch_size`` rows, in eval mode (each submodule's mode restored), so it stays
+frozen while the classifiers train.
 
 :class:`LC2ST` needs no flow, but its permutation null depends on the posterior and is
 retrained at every ``compute()``: ``H + 1`` classifiers per check instead of one.
@@ -77,7 +85,8 @@ class LC2STNF(LocalC2ST):
     calibration ``x`` (all processes' together).
 
     Arguments:
-        observations: reference observations :math:`x_o`, shape ``(O, X)``.
+        observations: reference observations :math:`x_o`, shape ``(O, *X)``, as ``x``
+            (raw, before any embedding).
         num_null: null classifiers ``H``.
         num_posterior_samples: evaluation points :math:`N_v` per observation (normal
             draws in the latent space for L-C2ST-NF, posterior draws for L-C2ST).
@@ -95,6 +104,20 @@ class LC2STNF(LocalC2ST):
         seed: with the data, keys every random stream: evaluation points, normal draws,
             classifier initialisations, splits and batch orders. ``None`` draws it from
             fresh entropy (valid, not reproducible).
+        embedding: ``nn.Module`` or callable mapping ``x (n, *X)`` to features
+            ``(n, F)`` (any trailing shape is flattened), or ``None`` (``x`` flattened).
+            Held by reference, outside the ``state_dict``; :meth:`set_embedding`
+            replaces it. Use it for images and time series: the default classifier's
+            width grows with ``F`` up to 512 units, and a summary with few, informative
+            features gives the classifiers power that raw pixels do not.
+        embedding_batch_size: rows per call of ``embedding``.
+
+    The null and the embedding: the null depends on the calibration features only, so it
+    is fingerprinted by them. When ``compute()`` finds features that differ from the
+    null's and an embedding is set (the embedding changed, e.g. it is trained with the
+    flow, or the calibration ``x`` did), it retrains the null: ``num_null *
+    num_ensemble`` classifiers, as at the first check. Without an embedding other ``x``
+    raise, as before. A frozen embedding (a copy, ``copy.deepcopy(net)``) keeps one null.
 
     Randomness and validity: the observed classifier is trained exactly as one null trial
     (same procedure, per-member early stopping, initialisation from the same law) and with
@@ -151,7 +174,7 @@ class LC2STNF(LocalC2ST):
     def update(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> None:
         """Store :math:`z^* = T^{-1}(\\theta; x)` for pairs ``theta (N, D)``, ``x (N, *X)``."""
         theta, x = check_pairs(theta, x)
-        flat = self._check_features(x)
+        flat = self._check_features(x, self.x)
         latent = latents(posterior, theta, x)
         keep = room_for_rows(self, theta.shape[0], self.latent)
         if keep:
@@ -161,10 +184,15 @@ class LC2STNF(LocalC2ST):
     def set_observations(self, observations: Tensor) -> None:
         """Test at new reference observations ``(O, *X)``, reusing the trained null classifiers."""
         check_observations(observations, self.flat_observations.shape[1])
-        flat = observations.reshape(observations.shape[0], -1).to(self.observations)
+        if self.embedding is not None and observations.shape[1:] != self.observations.shape[1:]:
+            raise ValueError(
+                f"observations must have shape (O, *X) with *X = "
+                f"{tuple(self.observations.shape[1:])} like x, got {tuple(observations.shape)}"
+            )
+        observations = observations.detach().clone().to(self.observations)
         if self.null.fitted:  # evaluate the null there now: fails early without its classifiers
-            self.null.statistics(flat, self.pp_grid)
-        self.observations = observations.detach().clone().to(self.observations.device)
+            self.null.statistics(self._embed(observations, "observations"), self.pp_grid)
+        self.observations = observations
 
     def compute(self) -> LC2STResult:
         """Statistic, p-value, probabilities and PP-plot data, one row per observation."""
@@ -175,11 +203,11 @@ class LC2STNF(LocalC2ST):
         latent, x = latent[order], x[order]
         if x.shape[0] < 2:
             raise ValueError(f"LC2STNF needs at least N >= 2 calibration pairs, got N = {len(x)}")
-        if self.null.fitted:
-            self.null.check(x, latent.shape[1])
+        if not self.null.fitted or (self.embedding is not None and not self.null.trained_on(x)):
+            self.null.fit(x, latent.shape[1])  # first check, or the embedding's features changed
         else:
-            self.null.fit(x, latent.shape[1])
-        observations = self.flat_observations.to(latent)
+            self.null.check(x, latent.shape[1])
+        observations = self.observation_features().to(latent)
         null_statistics, null_ecdf = self.null.statistics(observations, self.pp_grid)
         # trained exactly as one null trial, with its own fresh randomness (see the class doc)
         key = self._check_key(torch.cat([x, latent], 1))
@@ -205,8 +233,9 @@ class LC2STNF(LocalC2ST):
         theta = draws(posterior, self.observations, num_posterior_samples)  # (S, O, D)
         x = self.observations.repeat(num_posterior_samples, *[1] * (self.observations.ndim - 1))
         latent = latents(posterior, theta.reshape(-1, theta.shape[-1]), x).reshape(theta.shape)
+        features = self.observation_features().to(latent)
         proba = lc2st_probabilities(
-            self.classifier, latent.transpose(0, 1), self.flat_observations, self.num_ensemble
+            self.classifier, latent.transpose(0, 1), features, self.num_ensemble
         )[0]
         return ProbabilityMap(samples=theta.transpose(0, 1), probabilities=proba)
 
@@ -229,8 +258,10 @@ class LC2ST(LocalC2ST):
     and the digest of its pairs (see :class:`LC2STNF`): the observed classifier and the
     ``num_null`` null classifiers have i.i.d. randomness, fresh at every check.
 
-    Arguments: as :class:`LC2STNF`. ``compute()`` returns an :class:`LC2STResult` whose
-    ``samples`` are the evaluation draws.
+    Arguments: as :class:`LC2STNF`, ``embedding`` included (the classifiers see
+    ``(embedding(x), theta)``; the null is retrained at every check anyway).
+    ``compute()`` returns an :class:`LC2STResult` whose ``samples`` are the evaluation
+    draws.
 
     Example:
         >>> from calib_lightning.tasks import GaussianToy
@@ -260,7 +291,7 @@ class LC2ST(LocalC2ST):
     def update(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> None:
         """Store pairs ``theta (N, D)``, ``x (N, *X)`` with one posterior draw per pair."""
         theta, x = check_pairs(theta, x)
-        flat = self._check_features(x)
+        flat = self._check_features(x, self.x)
         check_event_size(posterior, theta, x)
         keep = room_for_rows(self, theta.shape[0], self.theta)
         if not self.eval_theta:  # (N_v, O, D)
@@ -285,7 +316,7 @@ class LC2ST(LocalC2ST):
         classifier = self._ensemble((1 + self.num_null) * self.num_ensemble, 2, key)
         lc2st_train(theta, drawn, x, classifier, self.num_null, self._generator(6, key))
         proba = lc2st_probabilities(
-            classifier, samples, self.flat_observations.to(x), self.num_ensemble
+            classifier, samples, self.observation_features().to(x), self.num_ensemble
         )
         null_statistics, null_ecdf = lc2st_statistic(proba[1:]), pp_ecdf(proba[1:], self.pp_grid)
         return self._result(proba[0], null_statistics, null_ecdf, samples=samples)
