@@ -142,7 +142,7 @@ def latents(
     check_pairs(theta, x)
     with contextlib.nullcontext() if create_graph else torch.no_grad():
         z = as_posterior(posterior).to_latent(theta, x)
-    checked_samples(z.unsqueeze(0))
+    check_finite("posterior latents", z)
     return z
 
 
