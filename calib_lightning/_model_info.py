@@ -43,17 +43,18 @@ def zuko_context(flow: object) -> tuple[int, ...] | None:
 
     zuko records no context size, but the first masked layer of each
     ``MaskedAutoregressiveTransform`` takes ``D + C`` inputs and its last emits
-    ``D * total`` outputs (``total`` parameters per feature). ``None`` for other flows
-    and for unconditional ones.
+    ``D * total`` outputs (``total`` parameters per feature). ``None`` for other flows,
+    for unconditional ones, and for modules that merely contain a flow (their ``x`` may
+    go through an embedding first).
     """
     try:
         from zuko.flows.autoregressive import MaskedAutoregressiveTransform
+        from zuko.lazy import Flow
     except ImportError:  # pragma: no cover - zuko is a dependency
         return None
-    modules = getattr(flow, "modules", None)
-    if not callable(modules):
+    if not isinstance(flow, Flow):  # e.g. a module that embeds x before its flow
         return None
-    for module in modules():
+    for module in flow.modules():
         if isinstance(module, MaskedAutoregressiveTransform):
             layers = [m for m in module.hyper.modules() if isinstance(m, torch.nn.Linear)]
             features = layers[-1].out_features // module.total

@@ -43,6 +43,7 @@ EXPECTED = {
     "ranks_vs_sbi.py": ["| 100 | exact |", "wrote "],
     "regularizer_design.py": ["| latent | 2 |", "| TwoMoons (2) |", "wrote "],
     "regularizer_study.py": ["| two_moons | 100 | npe |", "wrote "],
+    "scale.py": ["## D = 3: seconds per check", "| latent |", "## Images", "wrote "],
     "tarp_vs_sbi.py": ["| exact posterior |", "wrote "],
     # every model, every test of the package (a renamed test or result key shows here)
     "level_audit.py": [

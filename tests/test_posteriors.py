@@ -229,3 +229,24 @@ def test_sbi_estimators_follow_the_same_convention(x, tmp_path, monkeypatch):
     own = post.log_prob(theta, xf).mean()
     other = post.log_prob(theta, xf.roll(1, 0)).mean()
     assert own > other
+
+
+def test_a_module_with_an_embedding_in_front_of_a_zuko_flow_takes_its_raw_x():
+    """The context of the inner flow is the embedding's width, not x's shape."""
+
+
+    class Embedded(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 5))
+            self.flow = zuko.flows.MAF(2, 5)
+
+        def forward(self, x):
+            return self.flow(self.embedding(x))
+
+    post = cl.as_posterior(Embedded())
+    x = torch.randn(6, 1, 8, 8)
+    assert post.context_shape() is None
+    assert post.sample(x, 3).shape == (3, 6, 2)
+    assert post.to_latent(torch.zeros(6, 2), x).shape == (6, 2)
+    assert cl.as_posterior(zuko.flows.MAF(2, 5)).context_shape() == (5,)  # a bare flow: read
