@@ -74,24 +74,34 @@ def check(name: str, posterior: object, theta: Tensor, x: Tensor) -> object:
     return metric.compute()
 
 
-def costs(dim: int, pairs: int) -> dict[str, float]:
-    """Seconds of each check and of the floors on an untrained MAF at ``dim``."""
+FLOWS = {"MAF": zuko.flows.MAF, "NSF": zuko.flows.NSF}
+
+
+def costs(dim: int, pairs: int, kind: str) -> dict[str, tuple[float, float]]:
+    """(seconds of ``update``, seconds of the whole check) of each check and of the floors,
+    on an untrained zuko ``kind`` flow at ``dim`` (cost does not depend on training)."""
     torch.manual_seed(0)
-    flow = zuko.flows.MAF(dim, dim, transforms=3, hidden_features=(64, 64)).eval()
+    flow = FLOWS[kind](dim, dim, transforms=3, hidden_features=(64, 64)).eval()
     theta, x = GaussianToy(dim=dim).sample(pairs, torch.Generator().manual_seed(1))
-    out: dict[str, float] = {}
+    out: dict[str, tuple[float, float]] = {}
     with torch.no_grad():
-        out["log-prob pass (floor)"] = seconds(lambda: flow(x).log_prob(theta))
-        out["sampling pass, 100 draws (floor)"] = seconds(lambda: draws(flow, x, 100))
+        logp = seconds(lambda: flow(x).log_prob(theta))
+        out["log-prob pass (floor)"] = (logp, logp)
+        rows = max(1, 2**20 // (100 * dim))  # the chunks RankCalibration samples in
+        sample = seconds(lambda: draws(flow, x, 100, chunk_size=rows))
+        out["sampling pass, 100 draws (floor)"] = (sample, sample)  # chunked like ranks
     for name in CHECKS:
-        out[name] = seconds(lambda name=name: check(name, flow, theta, x))
+        metric = make_metric(name)
+        update = seconds(lambda metric=metric: metric.update(flow, theta, x))
+        out[name] = (update, update + seconds(metric.compute))
 
     def shared() -> None:
         posterior = SharedDraws(cl.as_posterior(flow))
         for name in ("ranks", "tarp"):
             check(name, posterior, theta, x)
 
-    out["ranks + TARP, shared draws"] = seconds(shared)
+    both = seconds(shared)
+    out["ranks + TARP, shared draws"] = (both, both)
     return out
 
 
@@ -163,6 +173,10 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=1000)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--dims", type=int, nargs="+", default=[10, 50])
+    parser.add_argument("--flows", nargs="+", default=["MAF", "NSF"], choices=sorted(FLOWS))
+    parser.add_argument("--max-nsf-dim", type=int, default=10,
+                        help="NSF costs only up to this D (sampling an NSF at D = 50 takes "
+                        "minutes per check)")
     parser.add_argument("--image-simulations", type=int, default=10_000)
     parser.add_argument("--image-epochs", type=int, default=8)
     parser.add_argument("--image-pairs", type=int, default=2000)
@@ -181,13 +195,19 @@ def main() -> None:
              f"`python examples/benchmarks/scale.py` ({args.pairs} pairs; {args.reps} datasets "
              "per power cell; 2 CPU cores)", ""]  # fmt: skip
     for dim in args.dims:
-        cost = costs(dim, args.pairs)
-        logp, sample = cost["log-prob pass (floor)"], cost["sampling pass, 100 draws (floor)"]
-        lines += [f"## D = {dim}: seconds per check (zuko MAF, N = {args.pairs})", "",
-                  "| check | seconds | / log-prob pass | / sampling pass |",
-                  "| --- | --- | --- | --- |"]  # fmt: skip
-        for name, value in cost.items():
-            lines.append(f"| {name} | {value:.3f} | {value / logp:.1f} | {value / sample:.2f} |")
+        for kind in args.flows if dim <= args.max_nsf_dim else ["MAF"]:
+            cost = costs(dim, args.pairs, kind)
+            logp = cost["log-prob pass (floor)"][0]
+            sample = cost["sampling pass, 100 draws (floor)"][0]
+            lines += [f"## D = {dim}: seconds per check (untrained zuko {kind}, 3 transforms, "
+                      f"64 x 64; N = {args.pairs})", "",
+                      "| check | update (s) | whole check (s) | update / log-prob pass | "
+                      "check / sampling pass |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
+            for name, (update, whole) in cost.items():
+                lines.append(f"| {name} | {update:.3f} | {whole:.3f} | {update / logp:.1f} | "
+                             f"{whole / sample:.2f} |")  # fmt: skip
+            lines.append("")
+            print("\n".join(lines[-(len(cost) + 4):]), flush=True)
         rates = power(dim, args.pairs, args.reps)
         lines += ["", f"Rejection rate at 0.05 (D = {dim}, exact Gaussian posteriors scaled):", "",
                   "| check | exact (level) | 0.8x covariance | 1.25x covariance |",
@@ -196,7 +216,7 @@ def main() -> None:
             lines.append(f"| {name} | {rates[name, 1.0]:.2f} | {rates[name, 0.8]:.2f} | "
                          f"{rates[name, 1.25]:.2f} |")  # fmt: skip
         lines.append("")
-        print("\n".join(lines[-(len(cost) + len(CHECKS) + 10):]), flush=True)
+        print("\n".join(lines[-(len(CHECKS) + 6):]), flush=True)
     image = images(args.image_simulations, args.image_epochs, args.image_pairs, args.image_reps,
                    args.num_null)  # fmt: skip
     lines += ["## Images: L-C2ST-NF with the flow's CNN embedding (GaussianBlob 32 x 32)", "",
