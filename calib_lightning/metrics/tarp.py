@@ -61,7 +61,7 @@ ATC of Lemos et al.) and the curve
 
     The state is the rank histogram, ``S + 1`` integers summed over batches and
     processes: constant memory, and exact under DDP. ``update`` samples
-    ``chunk_size`` pairs at a time, so it needs ``S * chunk_size * D`` numbers at most.
+    ``chunk_size`` pairs at a time (by default about ``2**20`` numbers per call).
 
     Coordinates: distances are measured on ``theta / scale`` and references are drawn
     uniformly on the box ``[low, high]`` of the standardized parameters. Unless given,
@@ -88,7 +88,10 @@ ATC of Lemos et al.) and the curve
         num_bins: the curve is returned on ``num_bins + 1`` levels in ``[0, 1]``.
         seed: seeds the references (per process once the coordinates are fitted) and
             the null draws.
-        chunk_size: pairs sampled at once.
+        chunk_size: pairs sampled at once; ``None`` (default): as many as keep one call
+            at about ``2**20`` numbers, ``max(1, 2**20 // (S D))``, the chunks
+            :class:`~calib_lightning.RankCalibration` samples in (so the two can share
+            draws, and large ``D`` does not thrash the cache).
 
     ``update`` also accepts, in place of a posterior, a tensor of samples ``(S, N, D)``
     already drawn at ``x`` (from MCMC or another library).
@@ -126,7 +129,7 @@ ATC of Lemos et al.) and the curve
         level: float = 0.05,
         num_bins: int = 100,
         seed: int = 0,
-        chunk_size: int = 1024,
+        chunk_size: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -135,7 +138,8 @@ ATC of Lemos et al.) and the curve
         check_positive("num_null", num_null, integer=True)
         check_probability("level", level)
         check_positive("num_bins", num_bins, integer=True)
-        check_positive("chunk_size", chunk_size, integer=True)
+        if chunk_size is not None:
+            check_positive("chunk_size", chunk_size, integer=True)
         self.num_posterior_samples, self.distance = num_posterior_samples, distance
         self.num_null, self.level, self.num_bins = num_null, level, num_bins
         self.seed, self.chunk_size = seed, chunk_size
@@ -231,13 +235,14 @@ ATC of Lemos et al.) and the curve
                 f"posterior samples must have shape ({size}, {n}, {d}) "
                 f"(num_posterior_samples, N, D), got {tuple(posterior.shape)}"
             )
+        rows_per_call = self.chunk_size or max(1, 2**20 // (size * d))
         if not self._fitted():
-            for rows, samples in _sample_chunks(posterior, x, size, self.chunk_size):
+            for rows, samples in _sample_chunks(posterior, x, size, rows_per_call):
                 self.pending_theta.append(theta[rows].detach())
                 self.pending_samples.append(samples.detach().to(theta.dtype).transpose(0, 1))
             return
         references = self._references(n, theta)
-        for rows, samples in _sample_chunks(posterior, x, size, self.chunk_size):
+        for rows, samples in _sample_chunks(posterior, x, size, rows_per_call):
             self.counts += self._counts(samples, theta[rows], references[rows])
 
     def reset(self) -> None:
