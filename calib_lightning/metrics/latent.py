@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
-from torchmetrics.utilities.distributed import gather_all_tensors
 
 from calib_lightning._checks import check_choice, check_pairs, check_positive, check_probability
-from calib_lightning._distributed import max_over_processes
 from calib_lightning.evaluation import latents
 from calib_lightning.functional.combine import COMBINATION_METHODS
 from calib_lightning.functional.latent import (
@@ -19,13 +17,13 @@ from calib_lightning.functional.latent import (
     latent_summary,
     latent_sums,
 )
-from calib_lightning.metrics._shapes import KeepShapes
+from calib_lightning.metrics._lazy import LazyDimension
 from calib_lightning.posteriors import Posterior
 
 __all__ = ["LatentCalibration", "LatentCalibrationResult"]
 
 
-class LatentCalibration(KeepShapes):
+class LatentCalibration(LazyDimension):
     r"""Calibration from one latent pass, no sampling: uniformity of :math:`\Phi(z^*)` and
     of the latent radius.
 
@@ -105,6 +103,7 @@ class LatentCalibration(KeepShapes):
     higher_is_better = None  # a result of mixed quantities (p-values, errors, moments)
     full_state_update = False
 
+    lazy_states: ClassVar[tuple[str, ...]] = ("histogram", "latent_sums")
     histogram: Tensor
     latent_sums: Tensor
 
@@ -146,37 +145,8 @@ class LatentCalibration(KeepShapes):
         histogram = torch.zeros(rows, self.num_cells, dtype=torch.long, device=device)
         return histogram, torch.zeros(2, d, dtype=torch.float64, device=device)
 
-    def _allocate(self, d: int) -> None:
-        if self.histogram.shape[0] == 0:
-            self.histogram, self.latent_sums = self._zero_states(d, self.histogram.device)
-        elif self.histogram.shape[0] != d + 1:
-            raise ValueError(
-                f"theta must have D = {self.histogram.shape[0] - 1} columns as in earlier "
-                f"updates, got D = {d}"
-            )
-
-    # torchmetrics has no public hook to allocate lazily shaped states before a merge or
-    # a gather: these two overrides are the only place where an empty side can be shaped.
-    def _reduce_states(self, incoming_state: dict[str, Any]) -> None:
-        """Merge states like torchmetrics, where one side may be not yet allocated (empty)."""
-        incoming = dict(incoming_state)
-        incoming_empty = incoming["histogram"].numel() == 0
-        local_empty = self.histogram.numel() == 0
-        for attr in ("histogram", "latent_sums"):
-            if incoming_empty:
-                incoming[attr] = torch.zeros_like(getattr(self, attr))
-            elif local_empty:
-                setattr(self, attr, torch.zeros_like(incoming[attr]))
-        super()._reduce_states(incoming)
-
-    def _sync_dist(self, dist_sync_fn: Any = gather_all_tensors, process_group: Any = None) -> None:
-        # a process that saw no data (and got no num_dims) allocates zero states of the
-        # others' D first, so that every process gathers tensors of one shape
-        group = process_group or self.process_group
-        d = max_over_processes(self.latent_sums.shape[1], group)
-        if d and self.histogram.numel() == 0:
-            self._allocate(d)
-        super()._sync_dist(dist_sync_fn, process_group)
+    def _dims(self) -> int:
+        return self.latent_sums.shape[1]
 
     def update(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> None:
         """Count the latents of the true parameters ``theta (N, D)`` at ``x (N, *X)``."""

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 from torchmetrics.utilities.data import dim_zero_cat
-from torchmetrics.utilities.distributed import gather_all_tensors
 
 from calib_lightning._checks import check_choice, check_pairs, check_positive, check_probability
-from calib_lightning._distributed import max_over_processes, shape_empty_list_states
 from calib_lightning._moments import (
     merge_moments,
     moment_state_size,
@@ -37,7 +35,7 @@ from calib_lightning.functional.sbc import (
     statistic_tests,
     summarize_ranks,
 )
-from calib_lightning.metrics._shapes import KeepShapes
+from calib_lightning.metrics._lazy import LazyDimension
 from calib_lightning.posteriors import Posterior
 
 __all__ = ["RankCalibration", "RankCalibrationResult", "posterior_ranks"]
@@ -107,7 +105,7 @@ def posterior_ranks(
     return PosteriorDraws(ranks, *draw_moments(total, total_sq, head))
 
 
-class RankCalibration(KeepShapes):
+class RankCalibration(LazyDimension):
     r"""Simulation-based calibration with marginal and joint (energy) ranks, and sharpness.
 
     ``update(posterior, theta, x)`` draws ``M = num_posterior_samples`` samples per pair
@@ -200,6 +198,8 @@ class RankCalibration(KeepShapes):
     higher_is_better = None  # a dict of mixed quantities (p-values, errors, contraction)
     full_state_update = False
 
+    lazy_states: ClassVar[tuple[str, ...]] = ("histogram", "theta_moments", "posterior_sums")
+    list_states: ClassVar[tuple[str, ...]] = ("pair_moments",)
     histogram: Tensor
     theta_moments: Tensor
     posterior_sums: Tensor
@@ -269,41 +269,8 @@ class RankCalibration(KeepShapes):
         theta_moments = torch.zeros(moment_state_size(d), dtype=torch.float64, device=device)
         return histogram, theta_moments, torch.zeros(2, d, dtype=torch.float64, device=device)
 
-    def _allocate(self, d: int) -> None:
-        if self.histogram.shape[0] == 0:
-            self.histogram, self.theta_moments, self.posterior_sums = self._zero_states(
-                d, self.histogram.device
-            )
-        elif self.histogram.shape[0] != d + 1:
-            raise ValueError(
-                f"theta must have D = {self.histogram.shape[0] - 1} columns as in earlier "
-                f"updates, got D = {d}"
-            )
-
-    # torchmetrics has no public hook to allocate lazily shaped states before a merge or
-    # a gather: these two overrides are the only place where an empty side can be shaped.
-    def _reduce_states(self, incoming_state: dict[str, Any]) -> None:
-        """Merge states like torchmetrics, where one side may be not yet allocated (empty)."""
-        incoming = dict(incoming_state)
-        incoming_empty = incoming["histogram"].numel() == 0
-        local_empty = self.histogram.numel() == 0
-        for attr in ("histogram", "theta_moments", "posterior_sums"):
-            local, other = getattr(self, attr), incoming[attr]
-            if incoming_empty:
-                incoming[attr] = torch.zeros_like(local)
-            elif local_empty:
-                setattr(self, attr, torch.zeros_like(other))
-        super()._reduce_states(incoming)
-
-    def _sync_dist(self, dist_sync_fn: Any = gather_all_tensors, process_group: Any = None) -> None:
-        # a process that saw no data (and got no num_dims) allocates zero states of the
-        # others' D first, so that every process gathers tensors of one shape
-        group = process_group or self.process_group
-        d = max_over_processes(self.theta_moments.shape[0] // 3, group)  # L = 1 + 3 D
-        if d and self.histogram.numel() == 0:
-            self._allocate(d)
-        shape_empty_list_states(self, ("pair_moments",), group)
-        super()._sync_dist(dist_sync_fn, process_group)
+    def _dims(self) -> int:
+        return self.theta_moments.shape[0] // 3  # L = 1 + 3 D
 
     def update(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> None:
         """Rank the true parameters ``theta (N, D)`` among posterior draws at ``x (N, *X)``."""
