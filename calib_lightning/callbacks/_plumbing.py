@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.data import DistributedSampler
 
 from calib_lightning._checks import check_pairs
@@ -24,6 +24,7 @@ __all__ = [
     "check_data",
     "describe",
     "find_estimator",
+    "find_part",
     "last_epoch",
     "local_batches",
     "loggable",
@@ -59,16 +60,24 @@ def check_data(theta: Tensor | None, x: Tensor | None, dataloader: Iterable[Any]
 
 def find_estimator(pl_module: Any, estimator: str | Callable[[Any], Any]) -> Any:
     """The estimator of ``pl_module``: a dotted attribute path, or a function of the module."""
-    if callable(estimator) and not isinstance(estimator, str):
-        return estimator(pl_module)
+    return find_part(pl_module, estimator, "estimator")
+
+
+def find_part(pl_module: Any, spec: Any, name: str) -> Any:
+    """A part of ``pl_module`` given as a module itself, a dotted attribute path
+    (``"net.flow"``) or a function ``pl_module -> part``; ``name`` is the argument's name."""
+    if isinstance(spec, nn.Module):
+        return spec
+    if callable(spec) and not isinstance(spec, str):
+        return spec(pl_module)
     try:
-        return functools.reduce(getattr, estimator.split("."), pl_module)
+        return functools.reduce(getattr, spec.split("."), pl_module)
     except AttributeError:
-        children = [name for name, _ in pl_module.named_children()]
+        children = [child for child, _ in pl_module.named_children()]
         raise SetupError(
-            f"estimator must name an attribute of {type(pl_module).__name__}, got "
-            f"{estimator!r}; its submodules are {children}. Pass estimator='name' "
-            "or a function pl_module -> estimator"
+            f"{name} must name an attribute of {type(pl_module).__name__}, got {spec!r}; "
+            f"its submodules are {children}. Pass {name}='name' or a function "
+            f"pl_module -> {name}"
         ) from None
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -13,8 +12,8 @@ from torch import Tensor, nn
 
 from calib_lightning._checks import check_positive
 from calib_lightning.baselines.c2st import oracle_c2st
-from calib_lightning.callbacks._plumbing import SetupError
 from calib_lightning.callbacks._plumbing import describe as _describe
+from calib_lightning.callbacks._plumbing import find_part
 from calib_lightning.callbacks.base import CalibrationCallback
 from calib_lightning.evaluation import draws
 from calib_lightning.functional.reference import compare_to_reference
@@ -161,7 +160,7 @@ class LC2STNFCallback(CalibrationCallback):
         self, trainer: Trainer, pl_module: LightningModule
     ) -> tuple[LC2STResult, dict[str, Tensor]]:
         if self.embedding is not None:  # resolved at every check: it may train with the flow
-            self.metric.set_embedding(_find_embedding(pl_module, self.embedding))
+            self.metric.set_embedding(find_part(pl_module, self.embedding, "embedding"))
         return super()._compute(trainer, pl_module)
 
     def extra_results(self, trainer: Trainer, posterior: Posterior) -> dict[str, Tensor]:
@@ -218,18 +217,3 @@ class LC2STNFCallback(CalibrationCallback):
                 )  # fmt: skip
         return figures
 
-
-def _find_embedding(pl_module: LightningModule, embedding: Any) -> Any:
-    """The embedding: a module itself, an attribute path of ``pl_module`` or a function of it."""
-    if isinstance(embedding, nn.Module):
-        return embedding
-    if not isinstance(embedding, str):
-        return embedding(pl_module)
-    try:
-        return functools.reduce(getattr, embedding.split("."), pl_module)
-    except AttributeError:
-        children = [name for name, _ in pl_module.named_children()]
-        raise SetupError(
-            f"embedding must name an attribute of {type(pl_module).__name__}, got "
-            f"{embedding!r}; its submodules are {children}"
-        ) from None

@@ -20,7 +20,24 @@ from calib_lightning.tasks.sbi import SBITask
 __all__ = ["GaussianBlob", "Oscillator"]
 
 
-class GaussianBlob(SBITask):
+class _BoxTask(SBITask):
+    """A task whose prior is uniform on the box ``self.box`` (per-coordinate bounds)."""
+
+    @property
+    def box(self) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def prior(self) -> torch.distributions.Distribution:
+        low, high = self.box
+        return torch.distributions.Independent(torch.distributions.Uniform(low, high), 1)
+
+    def sample_prior(self, n: int, generator: torch.Generator | None = None) -> Tensor:
+        low, high = self.box
+        u = torch.rand(n, low.shape[0], generator=generator, dtype=self.dtype)
+        return low + (high - low) * u
+
+
+class GaussianBlob(_BoxTask):
     r"""A Gaussian blob on a ``size x size`` grid with additive Gaussian noise.
 
     :math:`\theta = (c_1, c_2, \log w)` with the centre :math:`c \in [0.25, 0.75]^2` (in
@@ -62,14 +79,6 @@ class GaussianBlob(SBITask):
         high = torch.tensor([0.75, 0.75, math.log(0.15)], dtype=self.dtype)
         return low, high
 
-    def prior(self) -> torch.distributions.Distribution:
-        low, high = self.box
-        return torch.distributions.Independent(torch.distributions.Uniform(low, high), 1)
-
-    def sample_prior(self, n: int, generator: torch.Generator | None = None) -> Tensor:
-        low, high = self.box
-        return low + (high - low) * torch.rand(n, 3, generator=generator, dtype=self.dtype)
-
     def simulate(self, theta: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Images ``(N, 1, size, size)`` for parameters ``(N, 3)``."""
         grid = (torch.arange(self.size, dtype=theta.dtype) + 0.5) / self.size
@@ -81,7 +90,7 @@ class GaussianBlob(SBITask):
         return (image + self.noise * noise).unsqueeze(1)
 
 
-class Oscillator(SBITask):
+class Oscillator(_BoxTask):
     r"""A damped oscillation observed at ``length`` regular times with Gaussian noise.
 
     :math:`\theta = (f, \gamma, a)`: frequency :math:`f \in [0.5, 2]`, damping
@@ -116,14 +125,6 @@ class Oscillator(SBITask):
         """Lower and upper corners ``(3,)`` of the box-uniform prior."""
         return (torch.tensor([0.5, 0.1, 0.5], dtype=self.dtype),
                 torch.tensor([2.0, 1.0, 1.5], dtype=self.dtype))  # fmt: skip
-
-    def prior(self) -> torch.distributions.Distribution:
-        low, high = self.box
-        return torch.distributions.Independent(torch.distributions.Uniform(low, high), 1)
-
-    def sample_prior(self, n: int, generator: torch.Generator | None = None) -> Tensor:
-        low, high = self.box
-        return low + (high - low) * torch.rand(n, 3, generator=generator, dtype=self.dtype)
 
     def simulate(self, theta: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Series ``(N, length)`` for parameters ``(N, 3)``."""
