@@ -8,7 +8,13 @@ import importlib as _importlib
 from typing import Any as _Any
 
 from calib_lightning import baselines, classifiers, evaluation, functional, kernels, losses, tasks
-from calib_lightning.losses import CoverageLoss, KCCSDLoss
+from calib_lightning.losses import (
+    BalancingLoss,
+    CoverageLoss,
+    KCCSDLoss,
+    LatentCoverageLoss,
+    LatentScale,
+)
 from calib_lightning.metrics import (
     KCCSD,
     LC2ST,
@@ -39,6 +45,7 @@ __all__ = [
     "LC2ST",
     "LC2STNF",
     "TARP",
+    "BalancingLoss",
     "CalibrationCallback",
     "CoverageLoss",
     "DensityCoverage",
@@ -49,6 +56,8 @@ __all__ = [
     "LC2STNFCallback",
     "LatentCalibration",
     "LatentCalibrationCallback",
+    "LatentCoverageLoss",
+    "LatentScale",
     "MisspecificationResult",
     "Posterior",
     "RankCalibration",

@@ -136,6 +136,11 @@ class Posterior:
         """Map ``theta`` ``(*, N, D)`` to the standard-normal base space: ``(*, N, D)``."""
         raise NotImplementedError
 
+    def log_prob_and_latent(self, theta: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``(log_prob, to_latent)`` of ``theta`` ``(N, D)``: ``(N,)`` and ``(N, D)``, with
+        their graphs. Flows override this to share one pass of the network."""
+        return self.log_prob(theta, x), self.to_latent(theta, x)
+
     def sample_and_log_prob(self, x: Tensor, num_posterior_samples: int) -> tuple[Tensor, Tensor]:
         """Samples ``(S, N, D)`` and their log-densities ``(S, N)``, without gradient.
 

@@ -55,6 +55,7 @@ __all__ = [
     "draws",
     "embed",
     "latents",
+    "log_prob_and_latent",
     "pair_and_base_scores",
     "reparameterized_draws",
     "scores",
@@ -144,6 +145,18 @@ def latents(
         z = as_posterior(posterior).to_latent(theta, x)
     check_finite("posterior latents", z)
     return z
+
+
+def log_prob_and_latent(
+    posterior: Posterior | Any, theta: Tensor, x: Tensor
+) -> tuple[Tensor, Tensor]:
+    r""":math:`\log q(\theta_i \mid x_i)` ``(N,)`` and :math:`z_i` ``(N, D)`` with their graphs,
+    from one pass of a zuko flow (the NLL and a latent loss share it), checked finite."""
+    check_pairs(theta, x)
+    log_q, z = as_posterior(posterior).log_prob_and_latent(theta, x)
+    check_finite("posterior log_prob at theta", log_q)
+    check_finite("posterior latents", z)
+    return log_q, z
 
 
 def draws(

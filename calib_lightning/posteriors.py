@@ -164,6 +164,19 @@ class DistributionPosterior(Posterior):
     def to_latent(self, theta: Tensor, x: Tensor) -> Tensor:
         return self._evaluate(theta, x, _to_standard_normal)
 
+    def log_prob_and_latent(self, theta: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+        both = self._evaluate(theta, x, _log_prob_and_latent)
+        return both[..., 0], both[..., 1:]
+
+
+def _log_prob_and_latent(dist: Distribution, value: Tensor) -> Tensor:
+    """``[log q, z]`` stacked ``(*, 1 + D)``; one transform pass for a zuko flow."""
+    transform, base = getattr(dist, "transform", None), getattr(dist, "base", None)
+    if base is None or not hasattr(transform, "call_and_ladj"):
+        return torch.cat([dist.log_prob(value).unsqueeze(-1), _to_standard_normal(dist, value)], -1)
+    z, ladj = transform.call_and_ladj(value)
+    return torch.cat([(base.log_prob(z) + ladj).unsqueeze(-1), _to_standard_normal(base, z)], -1)
+
 
 def _to_standard_normal(dist: Distribution, value: Tensor) -> Tensor:
     """Invert ``dist``'s generative map down to a standard normal base."""

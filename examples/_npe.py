@@ -28,7 +28,13 @@ from torch.distributions.transforms import AffineTransform
 from zuko.distributions import NormalizingFlow
 from zuko.transforms import ComposedTransform
 
-from calib_lightning.losses import CoverageLoss, KCCSDLoss
+from calib_lightning.losses import (
+    BalancingLoss,
+    CoverageLoss,
+    KCCSDLoss,
+    LatentCoverageLoss,
+    log_prob_and_latent,
+)
 
 __all__ = [
     "NPE",
@@ -52,18 +58,22 @@ def log_prob(flow: nn.Module, theta: Tensor, x: Tensor) -> Tensor:
 def regularized_loss(
     flow: nn.Module, regularizer: nn.Module | None, weight: float, theta: Tensor, x: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``(nll + weight * regularizer, nll, regularizer)`` on a batch, one pass of a zuko
-    flow shared between the NLL and the latent KCCSD (``latent=``) or the coverage loss
-    (``log_prob=``)."""
-    dist = flow(x)
-    latent, ladj = dist.transform.call_and_ladj(theta)
-    log_q = dist.base.log_prob(latent) + ladj
+    """``(nll + weight * regularizer, nll, regularizer)`` on a batch.
+
+    The flow runs once: :func:`calib_lightning.losses.log_prob_and_latent` gives the
+    log-density for the NLL and the latent, and the regularizer takes whichever of the two
+    it uses (``latent=`` for the latent losses, ``log_prob=`` for the coverage and
+    balancing losses). Other regularizers evaluate the flow themselves.
+    """
+    log_q, latent = log_prob_and_latent(flow, theta, x)
     nll = -log_q.mean()
     if regularizer is None or weight == 0:
         return nll, nll, torch.zeros_like(nll)
-    if isinstance(regularizer, KCCSDLoss) and regularizer.space == "latent":
+    if isinstance(regularizer, LatentCoverageLoss) or (
+        isinstance(regularizer, KCCSDLoss) and regularizer.space == "latent"
+    ):
         reg = regularizer(flow, theta, x, latent=latent)
-    elif isinstance(regularizer, CoverageLoss):
+    elif isinstance(regularizer, CoverageLoss | BalancingLoss):
         reg = regularizer(flow, theta, x, log_prob=log_q)
     else:
         reg = regularizer(flow, theta, x)

@@ -21,7 +21,26 @@ References:
     Probability." NeurIPS 2023.
 """
 
+from calib_lightning.evaluation import log_prob_and_latent
+from calib_lightning.losses.balancing import BalancingLoss
 from calib_lightning.losses.coverage import CoverageLoss
 from calib_lightning.losses.kccsd import KCCSDLoss, kccsd_loss, latent_kccsd_loss
+from calib_lightning.losses.latent import (
+    LatentCoverageLoss,
+    latent_coverage_levels,
+    latent_coverage_loss,
+)
+from calib_lightning.losses.scale import LatentScale
 
-__all__ = ["CoverageLoss", "KCCSDLoss", "kccsd_loss", "latent_kccsd_loss"]
+__all__ = [
+    "BalancingLoss",
+    "CoverageLoss",
+    "KCCSDLoss",
+    "LatentCoverageLoss",
+    "LatentScale",
+    "kccsd_loss",
+    "latent_coverage_levels",
+    "latent_coverage_loss",
+    "latent_kccsd_loss",
+    "log_prob_and_latent",
+]

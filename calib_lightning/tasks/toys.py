@@ -51,6 +51,10 @@ class GaussianToy:
         noise = torch.randn(n, self.dim, generator=generator, dtype=self.dtype)
         return theta, theta + self.noise_std * noise
 
+    def prior(self) -> Distribution:
+        """The prior :math:`N(0, I_D)`, event shape ``(D,)``."""
+        return normal(torch.zeros(self.dim, dtype=self.dtype), 1.0)
+
     def posterior(
         self, variance_scale: float = 1.0, shift: float = 0.0
     ) -> _ToyPosterior:
