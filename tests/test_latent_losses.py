@@ -187,17 +187,31 @@ def test_balancing_loss_widens_an_over_confident_model():
     assert float(model.log_sd.detach()) > start + 0.3
 
 
+@pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("sd_factor", [0.5, 1.0, 1.6])
-def test_latent_scale_fitted_on_held_out_pairs_calibrates_new_pairs(sd_factor):
+def test_latent_scale_fitted_on_held_out_pairs_calibrates_new_pairs(sd_factor, shared):
     toy = GaussianToy(dim=3, noise_std=0.5)
     model = _toy_model(toy, sd_factor=sd_factor)
     theta, x = toy.sample(500, _gen(3000))  # a validation split
-    scaled = LatentScale(model).fit(theta, x)
+    scaled = LatentScale(model, shared=shared).fit(theta, x)
     assert torch.allclose(scaled.scale, torch.full((3,), 1 / sd_factor), rtol=0.12)
+    if shared:
+        assert torch.equal(scaled.scale, scaled.scale[:1].expand(3))
     before, after = _held_out_coverage_error(model, toy), _held_out_coverage_error(scaled, toy)
     if sd_factor != 1.0:
         assert after < 0.3 * before, (before, after)
     assert after < 0.03
+
+
+def test_hpd_target_finds_the_scale_that_calibrates_highest_density_regions():
+    toy = GaussianToy(dim=2, noise_std=0.5)
+    for sd_factor in (0.6, 1.5):
+        model = _toy_model(toy, sd_factor=sd_factor)
+        theta, x = toy.sample(300, _gen(3100))
+        scaled = LatentScale(model).fit(theta, x, target="hpd", num_posterior_samples=50,
+                                        num_scales=21)  # fmt: skip
+        assert abs(math.log(float(scaled.scale[0]) * sd_factor)) < 0.15
+        assert _held_out_coverage_error(scaled, toy) < 0.3 * _held_out_coverage_error(model, toy)
 
 
 def test_latent_scale_wraps_a_zuko_flow_and_round_trips_its_state():
@@ -254,6 +268,8 @@ def test_bad_input_raises_clear_errors():
         LatentScale(3)
     with pytest.raises(ValueError, match="steps"):
         LatentScale(flow).fit(theta, x, steps=0)
+    with pytest.raises(ValueError, match="target must be 'latent' or 'hpd', got 'ranks'"):
+        LatentScale(flow).fit(theta, x, target="ranks")
     uniform = LatentScale(lambda obs: torch.distributions.Independent(
         torch.distributions.Uniform(obs[:, :2] - 1, obs[:, :2] + 1), 1))  # fmt: skip
     uniform.log_scale = torch.zeros(2)

@@ -18,6 +18,8 @@ is the flow counterpart of temperature scaling for classifiers (Guo et al., 2017
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 from torch.distributions import Distribution, Independent, Normal, TransformedDistribution
@@ -43,6 +45,8 @@ class LatentScale(nn.Module):
 
     Arguments:
         flow: callable ``x -> distribution`` as above.
+        shared: one scale for every coordinate (1 number fitted instead of ``D``: less
+            noise from a small validation split, blind to per-coordinate errors).
 
     Example:
         >>> from calib_lightning.tasks import GaussianToy
@@ -53,11 +57,11 @@ class LatentScale(nn.Module):
         True
     """
 
-    def __init__(self, flow: nn.Module) -> None:
+    def __init__(self, flow: nn.Module, shared: bool = False) -> None:
         super().__init__()
         if not callable(flow):
             raise ValueError(f"flow must be callable x -> distribution, got {flow!r}")
-        self.flow = flow
+        self.flow, self.shared = flow, bool(shared)
         self.register_buffer("log_scale", torch.zeros(0))
 
     @property
@@ -98,26 +102,68 @@ class LatentScale(nn.Module):
         theta: Tensor,
         x: Tensor,
         *,
+        target: str = "latent",
         steps: int = 200,
         lr: float = 0.05,
+        num_posterior_samples: int = 100,
+        num_scales: int = 41,
     ) -> LatentScale:
         r"""Fit :math:`s` on held-out pairs ``theta (n, D)``, ``x (n, *X)`` (pairs the flow
         did not train on, e.g. the validation split); returns ``self``.
 
-        One pass of the flow (its latents, no gradient), then ``steps`` Adam steps on
-        :math:`\log s` minimizing :func:`~calib_lightning.losses.latent_coverage_loss`
-        of :math:`z / s`, from the root mean square of each coordinate of :math:`z`.
+        ``target="latent"`` (sampling-free): one pass of the flow (its latents, no
+        gradient), then ``steps`` Adam steps on :math:`\log s` minimizing
+        :func:`~calib_lightning.losses.latent_coverage_loss` of :math:`z / s`, from the
+        root mean square of each coordinate of :math:`z`.
+
+        ``target="hpd"``: the expected coverage of the highest-density regions, the one
+        :class:`~calib_lightning.RankCalibration` reports. For each of ``num_scales``
+        shared scales on a log grid over ``[1/2, 2]`` (the same random numbers for all),
+        each truth's HPD level among ``num_posterior_samples`` draws; the scale whose
+        sorted levels are closest to the uniform quantiles (mean squared gap) wins. It
+        samples ``num_scales * num_posterior_samples`` draws per pair once; it implies
+        ``shared``.
         """
         check_pairs(theta, x, min_rows=2)
-        check_positive("steps", steps, integer=True)
+        if target not in ("latent", "hpd"):
+            raise ValueError(f"target must be 'latent' or 'hpd', got {target!r}")
+        for name, value in (("steps", steps), ("num_posterior_samples", num_posterior_samples),
+                            ("num_scales", num_scales)):  # fmt: skip
+            check_positive(name, value, integer=True)
         check_positive("lr", lr)
+        dim = theta.shape[1]
+        if target == "hpd":
+            log_scale = self._hpd_scale(theta, x, num_posterior_samples, num_scales)
+            self.log_scale = log_scale.expand(dim).to(torch.float32).clone()
+            return self
         z = evaluation.latents(self.flow, theta, x).detach().to(torch.float64)
-        log_scale = (0.5 * z.pow(2).mean(0).clamp_min(1e-12).log()).requires_grad_(True)
+        start = z.pow(2).mean() if self.shared else z.pow(2).mean(0)
+        log_scale = (0.5 * start.clamp_min(1e-12).log()).requires_grad_(True)
         optimizer = torch.optim.Adam([log_scale], lr=lr)
         for _ in range(steps):
             optimizer.zero_grad()
             loss = latent_coverage_loss(z / log_scale.exp())
             loss.backward()
             optimizer.step()
-        self.log_scale = log_scale.detach().to(self.log_scale.device, torch.float32)
+        log_scale = log_scale.detach().expand(dim)
+        self.log_scale = log_scale.to(self.log_scale.device, torch.float32).clone()
         return self
+
+    def _hpd_scale(self, theta: Tensor, x: Tensor, draws: int, num_scales: int) -> Tensor:
+        """The grid scale whose held-out HPD levels are closest to uniform."""
+        n = theta.shape[0]
+        quantiles = (torch.arange(n, dtype=torch.float64) + 0.5) / n
+        grid = torch.linspace(-math.log(2.0), math.log(2.0), num_scales, dtype=torch.float64)
+        gaps = []
+        for log_s in grid:
+            self.log_scale = torch.full((theta.shape[1],), float(log_s), device=theta.device)
+            above = torch.zeros(n, dtype=torch.float64, device=theta.device)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)  # common random numbers across the grid
+                for chunk in evaluation.draw_chunks(self, theta, x, draws):
+                    rows = slice(chunk.start, chunk.start + chunk.theta.shape[0])
+                    higher = chunk.log_prob > chunk.log_prob_theta.unsqueeze(0)
+                    above[rows] += higher.to(torch.float64).sum(0).cpu()
+            levels = torch.sort(above / draws).values
+            gaps.append(float((levels - quantiles).pow(2).mean()))
+        return grid[int(torch.tensor(gaps).argmin())].to(torch.float32)
