@@ -58,7 +58,8 @@ def test_manual_backward_matches_autograd():
         (expected,) = torch.autograd.grad(loss, flat)
         with torch.no_grad():
             delta = (torch.sigmoid(logits) - y) / y.shape[1]
-            got = MLPEnsemble._backward(MLPEnsemble._views(flat, layout), inputs, delta)
+            grads = MLPEnsemble._backward(MLPEnsemble._views(flat, layout), inputs, delta)
+        got = torch.cat([grad.reshape(2, -1) for grad in grads], 1)  # the flat layout
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
 
 

@@ -37,6 +37,45 @@ _CHUNK_ELEMENTS = 1 << 19  # hidden activations held at once when predicting
 MAX_DEFAULT_WIDTH = 512
 
 
+class _Adam:
+    """Adam on lists of tensors (no autograd): torch's fused kernel where the device has one
+    (one pass over the weights; CPU since torch 2.4), else the same update written out."""
+
+    betas, eps = (0.9, 0.999), 1e-8
+
+    def __init__(self, learning_rate: float, dtype: torch.dtype) -> None:
+        self.learning_rate, self.count = learning_rate, 0
+        self.step_tensor = torch.zeros((), dtype=torch.float32)
+        self.fused = hasattr(torch, "_fused_adam_") and dtype in (torch.float32, torch.float64)
+
+    def step(
+        self,
+        params: list[Tensor],
+        grads: list[Tensor],
+        moments: list[Tensor],
+        squares: list[Tensor],
+    ) -> None:
+        self.count += 1
+        beta1, beta2 = self.betas
+        if self.fused:
+            self.step_tensor.fill_(self.count)
+            try:
+                torch._fused_adam_(
+                    params, grads, moments, squares, [], [self.step_tensor] * len(params),
+                    lr=self.learning_rate, beta1=beta1, beta2=beta2, weight_decay=0.0,
+                    eps=self.eps, amsgrad=False, maximize=False,
+                )  # fmt: skip
+                return
+            except (RuntimeError, NotImplementedError):  # no fused kernel for this device
+                self.fused = False
+        size = -self.learning_rate / (1 - beta1**self.count)
+        for param, grad, moment, square in zip(params, grads, moments, squares, strict=True):
+            moment.lerp_(grad, 1 - beta1)
+            square.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (square / (1 - beta2**self.count)).sqrt_().add_(self.eps)
+            param.addcdiv_(moment, denom, value=size)
+
+
 class MLPEnsemble(nn.Module):
     r"""``K`` independent ReLU MLP classifiers trained at once as one batched network.
 
@@ -197,8 +236,9 @@ class MLPEnsemble(nn.Module):
         return (h * params[-2].transpose(1, 2)).sum(-1) + params[-1][..., 0], inputs
 
     @staticmethod
-    def _backward(params: list[Tensor], inputs: list[Tensor], delta: Tensor) -> Tensor:
-        """Gradient of the members' losses, flat ``(k, P)``, from ``delta = dloss/dlogits``."""
+    def _backward(params: list[Tensor], inputs: list[Tensor], delta: Tensor) -> list[Tensor]:
+        """Gradients of the members' losses, shaped like ``params``, from
+        ``delta = dloss/dlogits``."""
         delta = delta.unsqueeze(-1)  # (k, B, 1)
         last = len(inputs) - 1
         grads = [delta.sum(1, keepdim=True), (inputs[last] * delta).sum(1).unsqueeze(-1)]
@@ -209,8 +249,7 @@ class MLPEnsemble(nn.Module):
             grads.append(torch.bmm(inputs[i].transpose(1, 2), delta))
             if i:
                 delta = torch.bmm(delta, params[2 * i].transpose(1, 2))
-        k = delta.shape[0]
-        return torch.cat([g.reshape(k, -1) for g in reversed(grads)], 1)
+        return grads[::-1]
 
     def fit(self, features: Features, labels: Tensor) -> MLPEnsemble:
         """Train all members; see the module docstring for the layout of the inputs."""
@@ -245,20 +284,17 @@ class MLPEnsemble(nn.Module):
         members = torch.arange(k_all, device=device)
         val_x = gather(blocks, members, val_rows) if num_val else None
         val_y = gather_labels(labels, members, val_rows) if num_val else None
-        decay = (
-            torch.cat([torch.full((r * c,), float(r > 1), dtype=dtype) for _, r, c in layout]).to(
-                device
-            )
-            * self.weight_decay
-        )  # weights only, not biases
-
-        best, final = flat.clone(), torch.empty_like(flat)
-        moments, squares = torch.zeros_like(flat), torch.zeros_like(flat)
+        # one contiguous tensor per weight and bias: the gradients are written per layer
+        # and one fused Adam step updates them all (no flat copy of the gradient per step)
+        params = [view.contiguous() for view in self._views(flat, layout)]
+        best, final = [p.clone() for p in params], [torch.empty_like(p) for p in params]
+        moments = [torch.zeros_like(p) for p in params]
+        squares = [torch.zeros_like(p) for p in params]
         best_loss = torch.full((k_all,), float("inf"), dtype=dtype, device=device)
         wait = torch.zeros(k_all, dtype=torch.long, device=device)
         epochs = torch.zeros(k_all, dtype=torch.long)
         active = members.clone()  # original indices of the members still training
-        beta1, beta2, eps, step = 0.9, 0.999, 1e-8, 0
+        adam = _Adam(self.learning_rate, dtype)
         for epoch in range(1, self.max_epochs + 1):
             order = torch.stack(
                 [torch.randperm(num_train, generator=gens[int(k)]) for k in active.cpu()]
@@ -268,21 +304,17 @@ class MLPEnsemble(nn.Module):
             for start in range(0, num_train, self.batch_size):
                 batch = order[:, start : start + self.batch_size]
                 y = gather_labels(labels, active, batch)
-                params = self._views(flat, layout)
                 logits, inputs = self._forward(params, gather(blocks, active, batch), keep=True)
-                grad = self._backward(params, inputs, (torch.sigmoid(logits) - y) / y.shape[1])
+                grads = self._backward(params, inputs, (torch.sigmoid(logits) - y) / y.shape[1])
                 if val_x is None:
                     loss = F.binary_cross_entropy_with_logits(logits, y, reduction="none")
                     train_loss += loss.sum(-1)
-                if self.weight_decay:
-                    grad.addcmul_(flat, decay)
-                step += 1
-                moments.lerp_(grad, 1 - beta1)
-                squares.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                denom = (squares / (1 - beta2**step)).sqrt_().add_(eps)
-                flat.addcdiv_(moments, denom, value=-self.learning_rate / (1 - beta1**step))
+                if self.weight_decay:  # L2 on the weights only, not the biases
+                    for grad, param in zip(grads[::2], params[::2], strict=True):
+                        grad.add_(param, alpha=self.weight_decay)
+                adam.step(params, grads, moments, squares)
             if val_x is not None:
-                logits, _ = self._forward(self._views(flat, layout), val_x)
+                logits, _ = self._forward(params, val_x)
                 loss = F.binary_cross_entropy_with_logits(logits, val_y, reduction="none")
                 monitored = loss.mean(-1)
             else:
@@ -290,23 +322,24 @@ class MLPEnsemble(nn.Module):
             improved = monitored < best_loss - self.tol
             best_loss = torch.where(improved, monitored, best_loss)
             wait = torch.where(improved, torch.zeros_like(wait), wait + 1)
-            best = torch.where(improved[:, None], flat, best)
+            kept = improved[:, None, None]
+            best = [torch.where(kept, p, b) for p, b in zip(params, best, strict=True)]
             done = (wait >= self.patience) | (epoch == self.max_epochs)
             if bool(done.any()):
                 finished = active[done]
                 epochs[finished.cpu()] = epoch
-                final[finished] = best[done]
+                for out, b in zip(final, best, strict=True):
+                    out[finished] = b[done]
                 keep = ~done
-                active, flat, best = active[keep], flat[keep], best[keep]
-                moments, squares = moments[keep], squares[keep]
-                best_loss, wait = best_loss[keep], wait[keep]
+                active, best_loss, wait = active[keep], best_loss[keep], wait[keep]
+                params, best = [p[keep] for p in params], [b[keep] for b in best]
+                moments, squares = [m[keep] for m in moments], [v[keep] for v in squares]
                 if val_x is not None:
                     val_x, val_y = val_x[keep], val_y[keep]
                 if len(active) == 0:
                     break
-        for i, view in enumerate(self._views(final, layout)):
-            name = f"weight{i // 2}" if i % 2 == 0 else f"bias{i // 2}"
-            setattr(self, name, view.contiguous())
+        for i, tensor in enumerate(final):
+            setattr(self, f"weight{i // 2}" if i % 2 == 0 else f"bias{i // 2}", tensor)
         self.loc, self.scale, self.epochs = loc.contiguous(), scale.contiguous(), epochs
         return self
 
