@@ -34,7 +34,7 @@ __all__ = ["MLPEnsemble"]
 
 _CHUNK_ELEMENTS = 1 << 19  # hidden activations held at once when predicting
 #: the default hidden width is ``min(10 * F, MAX_DEFAULT_WIDTH)`` for ``F`` input features
-MAX_DEFAULT_WIDTH = 512
+MAX_DEFAULT_WIDTH = 128
 
 
 class _Adam:
@@ -93,12 +93,15 @@ class MLPEnsemble(nn.Module):
     Arguments:
         num_members: ``K``.
         hidden_features: widths of the hidden layers; ``None``: two layers of
-            ``min(10 * F, 512)`` units for ``F`` input features: sbibm's C2ST
-            architecture (``10 * F``, the L-C2ST paper's classifier) up to ``F = 51``,
-            which keeps the paper's sbibm tasks unchanged (two moons ``F = 4``, SLCP
-            ``F = 13``, Bernoulli GLM ``F = 20``: widths 40 to 200), bounded beyond, so
-            a flattened 32 x 32 image gives 0.8 M weights per member instead of 116 M
-            (embed such ``x`` first: ``LC2STNF(..., embedding=...)``).
+            ``min(10 * F, 128)`` units for ``F`` input features: sbibm's C2ST
+            architecture (``10 * F``, the L-C2ST paper's classifier) up to ``F = 12``
+            (two moons ``F = 4``: 40 units; SLCP ``F = 13``: 128 instead of 130), bounded
+            beyond. A fit costs about the square of the width; at ``F = 19`` (three
+            parameters and a 16-feature image embedding) and ``F = 20`` (a 10-D Gaussian
+            task) 128 units matched the power of ``10 * F`` at a fifth of the time
+            (``examples/benchmarks/results/scale.md``). A flattened 32 x 32 image gives
+            0.15 M weights per member instead of 116 M (embed such ``x`` first:
+            ``LC2STNF(..., embedding=...)``).
         learning_rate: Adam step size.
         batch_size: rows per mini-batch. Early stopping ends training after a few epochs;
             64 rows (rather than 256) give each member four times the Adam steps in them
