@@ -199,3 +199,17 @@ def test_fused_adam_step_equals_the_written_out_update(monkeypatch):
     assert torch.equal(fused.epochs, written.epochs)
     for name in ("weight0", "bias0", "weight1", "bias1", "weight2", "bias2"):
         torch.testing.assert_close(getattr(fused, name), getattr(written, name), rtol=0, atol=1e-9)
+
+
+def test_prediction_in_member_groups_equals_one_batched_pass(monkeypatch):
+    """Many rows are predicted a few members at a time: the same probabilities."""
+    import calib_lightning.classifiers.mlp as mlp
+
+    g = torch.Generator().manual_seed(10)
+    own, shared, labels = _logistic_data(4, 200, g)
+    ensemble = MLPEnsemble(4, hidden_features=(8, 6), max_epochs=5).fit([own, shared], labels)
+    query = [torch.randn(4, 3000, 2, generator=g, dtype=torch.float64), shared[:1].expand(3000, 1)]
+    monkeypatch.setattr(mlp, "_CHUNK_ELEMENTS", 2**14)  # one member per pass, 2048-row chunks
+    grouped = ensemble.predict_proba(query)
+    monkeypatch.setattr(mlp, "_CHUNK_ELEMENTS", 2**40)  # all members and rows at once
+    torch.testing.assert_close(grouped, ensemble.predict_proba(query), rtol=0, atol=1e-12)

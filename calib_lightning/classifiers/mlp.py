@@ -363,10 +363,19 @@ class MLPEnsemble(nn.Module):
         first = weights[0] / self.scale.unsqueeze(-1)
         bias0 = biases[0] - (self.loc / self.scale).unsqueeze(1) @ weights[0]
         slices = np.cumsum([0, *widths])
-        width = max(w.shape[-1] for w in weights)
-        chunk = max(1, _CHUNK_ELEMENTS // (self.num_members * width))
+        width, rows = max(w.shape[-1] for w in weights), blocks[0].shape[-2]
+        # members per pass: all at once when their activations fit the budget, else fewer
+        # members with more rows each (one large matrix product beats many small batched ones)
+        group = min(self.num_members, max(1, _CHUNK_ELEMENTS // (rows * width)))
+        chunk = max(1, _CHUNK_ELEMENTS // (group * width))
+        out = []
         with threads(self.num_threads):
-            return self._predict(blocks, first, bias0, weights, biases, slices, chunk)
+            for lo in range(0, self.num_members, group):
+                k = slice(lo, lo + group)
+                parts = [b[k] if b.ndim == 3 else b for b in blocks]
+                params = [first[k], bias0[k], [w[k] for w in weights], [b[k] for b in biases]]
+                out.append(self._predict(parts, *params, slices, chunk))
+        return torch.cat(out)
 
     def _predict(
         self,
