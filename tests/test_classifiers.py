@@ -58,7 +58,8 @@ def test_manual_backward_matches_autograd():
         (expected,) = torch.autograd.grad(loss, flat)
         with torch.no_grad():
             delta = (torch.sigmoid(logits) - y) / y.shape[1]
-            got = MLPEnsemble._backward(MLPEnsemble._views(flat, layout), inputs, delta)
+            grads = MLPEnsemble._backward(MLPEnsemble._views(flat, layout), inputs, delta)
+        got = torch.cat([grad.reshape(2, -1) for grad in grads], 1)  # the flat layout
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
 
 
@@ -175,3 +176,40 @@ def test_bad_input_is_rejected_with_a_clear_message():
     fitted = MLPEnsemble(2, max_epochs=2).fit(features, (features[:, 0] > 0).float())
     with pytest.raises(ValueError, match="3 columns"):
         fitted.predict_proba(torch.randn(5, 4))
+
+
+def test_default_width_is_ten_units_per_feature_up_to_128():
+    """sbibm's ``10 F`` units for few features, 128 at most (an embedding, a flat image)."""
+    g = torch.Generator().manual_seed(8)
+    for features, width in ((4, 40), (19, 128), (1027, 128)):
+        x = torch.randn(40, features, generator=g)
+        fitted = MLPEnsemble(1, max_epochs=1).fit(x, (x[:, 0] > 0).float())
+        assert fitted.weight0.shape == (1, features, width)
+        assert fitted.weight1.shape == (1, width, width)
+
+
+def test_fused_adam_step_equals_the_written_out_update(monkeypatch):
+    """torch's fused Adam kernel and the fallback written out train the same ensemble."""
+    g = torch.Generator().manual_seed(9)
+    own, shared, labels = _logistic_data(3, 300, g)
+    settings = {"hidden_features": (8, 6), "max_epochs": 30, "weight_decay": 1e-3}
+    fused = MLPEnsemble(3, **settings).fit([own, shared], labels)
+    monkeypatch.delattr(torch, "_fused_adam_")
+    written = MLPEnsemble(3, **settings).fit([own, shared], labels)
+    assert torch.equal(fused.epochs, written.epochs)
+    for name in ("weight0", "bias0", "weight1", "bias1", "weight2", "bias2"):
+        torch.testing.assert_close(getattr(fused, name), getattr(written, name), rtol=0, atol=1e-9)
+
+
+def test_prediction_in_member_groups_equals_one_batched_pass(monkeypatch):
+    """Many rows are predicted a few members at a time: the same probabilities."""
+    import calib_lightning.classifiers.mlp as mlp
+
+    g = torch.Generator().manual_seed(10)
+    own, shared, labels = _logistic_data(4, 200, g)
+    ensemble = MLPEnsemble(4, hidden_features=(8, 6), max_epochs=5).fit([own, shared], labels)
+    query = [torch.randn(4, 3000, 2, generator=g, dtype=torch.float64), shared[:1].expand(3000, 1)]
+    monkeypatch.setattr(mlp, "_CHUNK_ELEMENTS", 2**14)  # one member per pass, 2048-row chunks
+    grouped = ensemble.predict_proba(query)
+    monkeypatch.setattr(mlp, "_CHUNK_ELEMENTS", 2**40)  # all members and rows at once
+    torch.testing.assert_close(grouped, ensemble.predict_proba(query), rtol=0, atol=1e-12)

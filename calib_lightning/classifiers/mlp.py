@@ -34,7 +34,46 @@ __all__ = ["MLPEnsemble"]
 
 _CHUNK_ELEMENTS = 1 << 19  # hidden activations held at once when predicting
 #: the default hidden width is ``min(10 * F, MAX_DEFAULT_WIDTH)`` for ``F`` input features
-MAX_DEFAULT_WIDTH = 512
+MAX_DEFAULT_WIDTH = 128
+
+
+class _Adam:
+    """Adam on lists of tensors (no autograd): torch's fused kernel where the device has one
+    (one pass over the weights; CPU since torch 2.4), else the same update written out."""
+
+    betas, eps = (0.9, 0.999), 1e-8
+
+    def __init__(self, learning_rate: float, dtype: torch.dtype) -> None:
+        self.learning_rate, self.count = learning_rate, 0
+        self.step_tensor = torch.zeros((), dtype=torch.float32)
+        self.fused = hasattr(torch, "_fused_adam_") and dtype in (torch.float32, torch.float64)
+
+    def step(
+        self,
+        params: list[Tensor],
+        grads: list[Tensor],
+        moments: list[Tensor],
+        squares: list[Tensor],
+    ) -> None:
+        self.count += 1
+        beta1, beta2 = self.betas
+        if self.fused:
+            self.step_tensor.fill_(self.count)
+            try:
+                torch._fused_adam_(
+                    params, grads, moments, squares, [], [self.step_tensor] * len(params),
+                    lr=self.learning_rate, beta1=beta1, beta2=beta2, weight_decay=0.0,
+                    eps=self.eps, amsgrad=False, maximize=False,
+                )  # fmt: skip
+                return
+            except (RuntimeError, NotImplementedError):  # no fused kernel for this device
+                self.fused = False
+        size = -self.learning_rate / (1 - beta1**self.count)
+        for param, grad, moment, square in zip(params, grads, moments, squares, strict=True):
+            moment.lerp_(grad, 1 - beta1)
+            square.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (square / (1 - beta2**self.count)).sqrt_().add_(self.eps)
+            param.addcdiv_(moment, denom, value=size)
 
 
 class MLPEnsemble(nn.Module):
@@ -54,12 +93,15 @@ class MLPEnsemble(nn.Module):
     Arguments:
         num_members: ``K``.
         hidden_features: widths of the hidden layers; ``None``: two layers of
-            ``min(10 * F, 512)`` units for ``F`` input features: sbibm's C2ST
-            architecture (``10 * F``, the L-C2ST paper's classifier) up to ``F = 51``,
-            which keeps the paper's sbibm tasks unchanged (two moons ``F = 4``, SLCP
-            ``F = 13``, Bernoulli GLM ``F = 20``: widths 40 to 200), bounded beyond, so
-            a flattened 32 x 32 image gives 0.8 M weights per member instead of 116 M
-            (embed such ``x`` first: ``LC2STNF(..., embedding=...)``).
+            ``min(10 * F, 128)`` units for ``F`` input features: sbibm's C2ST
+            architecture (``10 * F``, the L-C2ST paper's classifier) up to ``F = 12``
+            (two moons ``F = 4``: 40 units; SLCP ``F = 13``: 128 instead of 130), bounded
+            beyond. A fit costs about the square of the width; at ``F = 19`` (three
+            parameters and a 16-feature image embedding) and ``F = 20`` (a 10-D Gaussian
+            task) 128 units matched the power of ``10 * F`` at a fifth of the time
+            (``examples/benchmarks/results/scale.md``). A flattened 32 x 32 image gives
+            0.15 M weights per member instead of 116 M (embed such ``x`` first:
+            ``LC2STNF(..., embedding=...)``).
         learning_rate: Adam step size.
         batch_size: rows per mini-batch. Early stopping ends training after a few epochs;
             64 rows (rather than 256) give each member four times the Adam steps in them
@@ -197,8 +239,9 @@ class MLPEnsemble(nn.Module):
         return (h * params[-2].transpose(1, 2)).sum(-1) + params[-1][..., 0], inputs
 
     @staticmethod
-    def _backward(params: list[Tensor], inputs: list[Tensor], delta: Tensor) -> Tensor:
-        """Gradient of the members' losses, flat ``(k, P)``, from ``delta = dloss/dlogits``."""
+    def _backward(params: list[Tensor], inputs: list[Tensor], delta: Tensor) -> list[Tensor]:
+        """Gradients of the members' losses, shaped like ``params``, from
+        ``delta = dloss/dlogits``."""
         delta = delta.unsqueeze(-1)  # (k, B, 1)
         last = len(inputs) - 1
         grads = [delta.sum(1, keepdim=True), (inputs[last] * delta).sum(1).unsqueeze(-1)]
@@ -209,8 +252,7 @@ class MLPEnsemble(nn.Module):
             grads.append(torch.bmm(inputs[i].transpose(1, 2), delta))
             if i:
                 delta = torch.bmm(delta, params[2 * i].transpose(1, 2))
-        k = delta.shape[0]
-        return torch.cat([g.reshape(k, -1) for g in reversed(grads)], 1)
+        return grads[::-1]
 
     def fit(self, features: Features, labels: Tensor) -> MLPEnsemble:
         """Train all members; see the module docstring for the layout of the inputs."""
@@ -245,20 +287,17 @@ class MLPEnsemble(nn.Module):
         members = torch.arange(k_all, device=device)
         val_x = gather(blocks, members, val_rows) if num_val else None
         val_y = gather_labels(labels, members, val_rows) if num_val else None
-        decay = (
-            torch.cat([torch.full((r * c,), float(r > 1), dtype=dtype) for _, r, c in layout]).to(
-                device
-            )
-            * self.weight_decay
-        )  # weights only, not biases
-
-        best, final = flat.clone(), torch.empty_like(flat)
-        moments, squares = torch.zeros_like(flat), torch.zeros_like(flat)
+        # one contiguous tensor per weight and bias: the gradients are written per layer
+        # and one fused Adam step updates them all (no flat copy of the gradient per step)
+        params = [view.contiguous() for view in self._views(flat, layout)]
+        best, final = [p.clone() for p in params], [torch.empty_like(p) for p in params]
+        moments = [torch.zeros_like(p) for p in params]
+        squares = [torch.zeros_like(p) for p in params]
         best_loss = torch.full((k_all,), float("inf"), dtype=dtype, device=device)
         wait = torch.zeros(k_all, dtype=torch.long, device=device)
         epochs = torch.zeros(k_all, dtype=torch.long)
         active = members.clone()  # original indices of the members still training
-        beta1, beta2, eps, step = 0.9, 0.999, 1e-8, 0
+        adam = _Adam(self.learning_rate, dtype)
         for epoch in range(1, self.max_epochs + 1):
             order = torch.stack(
                 [torch.randperm(num_train, generator=gens[int(k)]) for k in active.cpu()]
@@ -268,21 +307,17 @@ class MLPEnsemble(nn.Module):
             for start in range(0, num_train, self.batch_size):
                 batch = order[:, start : start + self.batch_size]
                 y = gather_labels(labels, active, batch)
-                params = self._views(flat, layout)
                 logits, inputs = self._forward(params, gather(blocks, active, batch), keep=True)
-                grad = self._backward(params, inputs, (torch.sigmoid(logits) - y) / y.shape[1])
+                grads = self._backward(params, inputs, (torch.sigmoid(logits) - y) / y.shape[1])
                 if val_x is None:
                     loss = F.binary_cross_entropy_with_logits(logits, y, reduction="none")
                     train_loss += loss.sum(-1)
-                if self.weight_decay:
-                    grad.addcmul_(flat, decay)
-                step += 1
-                moments.lerp_(grad, 1 - beta1)
-                squares.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                denom = (squares / (1 - beta2**step)).sqrt_().add_(eps)
-                flat.addcdiv_(moments, denom, value=-self.learning_rate / (1 - beta1**step))
+                if self.weight_decay:  # L2 on the weights only, not the biases
+                    for grad, param in zip(grads[::2], params[::2], strict=True):
+                        grad.add_(param, alpha=self.weight_decay)
+                adam.step(params, grads, moments, squares)
             if val_x is not None:
-                logits, _ = self._forward(self._views(flat, layout), val_x)
+                logits, _ = self._forward(params, val_x)
                 loss = F.binary_cross_entropy_with_logits(logits, val_y, reduction="none")
                 monitored = loss.mean(-1)
             else:
@@ -290,23 +325,24 @@ class MLPEnsemble(nn.Module):
             improved = monitored < best_loss - self.tol
             best_loss = torch.where(improved, monitored, best_loss)
             wait = torch.where(improved, torch.zeros_like(wait), wait + 1)
-            best = torch.where(improved[:, None], flat, best)
+            kept = improved[:, None, None]
+            best = [torch.where(kept, p, b) for p, b in zip(params, best, strict=True)]
             done = (wait >= self.patience) | (epoch == self.max_epochs)
             if bool(done.any()):
                 finished = active[done]
                 epochs[finished.cpu()] = epoch
-                final[finished] = best[done]
+                for out, b in zip(final, best, strict=True):
+                    out[finished] = b[done]
                 keep = ~done
-                active, flat, best = active[keep], flat[keep], best[keep]
-                moments, squares = moments[keep], squares[keep]
-                best_loss, wait = best_loss[keep], wait[keep]
+                active, best_loss, wait = active[keep], best_loss[keep], wait[keep]
+                params, best = [p[keep] for p in params], [b[keep] for b in best]
+                moments, squares = [m[keep] for m in moments], [v[keep] for v in squares]
                 if val_x is not None:
                     val_x, val_y = val_x[keep], val_y[keep]
                 if len(active) == 0:
                     break
-        for i, view in enumerate(self._views(final, layout)):
-            name = f"weight{i // 2}" if i % 2 == 0 else f"bias{i // 2}"
-            setattr(self, name, view.contiguous())
+        for i, tensor in enumerate(final):
+            setattr(self, f"weight{i // 2}" if i % 2 == 0 else f"bias{i // 2}", tensor)
         self.loc, self.scale, self.epochs = loc.contiguous(), scale.contiguous(), epochs
         return self
 
@@ -327,10 +363,19 @@ class MLPEnsemble(nn.Module):
         first = weights[0] / self.scale.unsqueeze(-1)
         bias0 = biases[0] - (self.loc / self.scale).unsqueeze(1) @ weights[0]
         slices = np.cumsum([0, *widths])
-        width = max(w.shape[-1] for w in weights)
-        chunk = max(1, _CHUNK_ELEMENTS // (self.num_members * width))
+        width, rows = max(w.shape[-1] for w in weights), blocks[0].shape[-2]
+        # members per pass: all at once when their activations fit the budget, else fewer
+        # members with more rows each (one large matrix product beats many small batched ones)
+        group = min(self.num_members, max(1, _CHUNK_ELEMENTS // (rows * width)))
+        chunk = max(1, _CHUNK_ELEMENTS // (group * width))
+        out = []
         with threads(self.num_threads):
-            return self._predict(blocks, first, bias0, weights, biases, slices, chunk)
+            for lo in range(0, self.num_members, group):
+                k = slice(lo, lo + group)
+                parts = [b[k] if b.ndim == 3 else b for b in blocks]
+                params = [first[k], bias0[k], [w[k] for w in weights], [b[k] for b in biases]]
+                out.append(self._predict(parts, *params, slices, chunk))
+        return torch.cat(out)
 
     def _predict(
         self,

@@ -108,7 +108,7 @@ class LC2STNF(LocalC2ST):
             ``(n, F)`` (any trailing shape is flattened), or ``None`` (``x`` flattened).
             Held by reference, outside the ``state_dict``; :meth:`set_embedding`
             replaces it. Use it for images and time series: the default classifier's
-            width grows with ``F`` up to 512 units, and a summary with few, informative
+            width grows with ``F`` up to 128 units, and a summary with few, informative
             features gives the classifiers power that raw pixels do not.
         embedding_batch_size: rows per call of ``embedding``.
 
