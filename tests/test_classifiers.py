@@ -189,12 +189,28 @@ def test_default_width_is_ten_units_per_feature_up_to_128():
 
 
 def test_fused_adam_step_equals_the_written_out_update(monkeypatch):
-    """torch's fused Adam kernel and the fallback written out train the same ensemble."""
+    """torch's fused Adam kernel (public functional Adam) and the fallback written out train
+    the same ensemble."""
+    import torch.optim.adam as torch_adam
+
     g = torch.Generator().manual_seed(9)
     own, shared, labels = _logistic_data(3, 300, g)
     settings = {"hidden_features": (8, 6), "max_epochs": 30, "weight_decay": 1e-3}
+    calls, real = [], torch_adam.adam
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs["fused"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch_adam, "adam", counted)
     fused = MLPEnsemble(3, **settings).fit([own, shared], labels)
-    monkeypatch.delattr(torch, "_fused_adam_")
+    assert calls
+    assert all(calls)  # the fused kernel ran at every step
+
+    def unavailable(*args, **kwargs):
+        raise RuntimeError("no fused kernel on this device")
+
+    monkeypatch.setattr(torch_adam, "adam", unavailable)
     written = MLPEnsemble(3, **settings).fit([own, shared], labels)
     assert torch.equal(fused.epochs, written.epochs)
     for name in ("weight0", "bias0", "weight1", "bias1", "weight2", "bias2"):

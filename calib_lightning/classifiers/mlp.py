@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+import torch.optim.adam as torch_adam
 from torch import Tensor, nn
 
 from calib_lightning._checks import check_positive, check_probability
@@ -38,15 +39,16 @@ MAX_DEFAULT_WIDTH = 128
 
 
 class _Adam:
-    """Adam on lists of tensors (no autograd): torch's fused kernel where the device has one
-    (one pass over the weights; CPU since torch 2.4), else the same update written out."""
+    """Adam on lists of tensors (no autograd): torch's public functional Adam with its fused
+    kernel where the device has one (one pass over the weights; CPU since torch 2.4), else
+    the same update written out."""
 
     betas, eps = (0.9, 0.999), 1e-8
 
-    def __init__(self, learning_rate: float, dtype: torch.dtype) -> None:
+    def __init__(self, learning_rate: float, dtype: torch.dtype, fused: bool = True) -> None:
         self.learning_rate, self.count = learning_rate, 0
-        self.step_tensor = torch.zeros((), dtype=torch.float32)
-        self.fused = hasattr(torch, "_fused_adam_") and dtype in (torch.float32, torch.float64)
+        self.fused = fused and dtype in (torch.float32, torch.float64)
+        self.steps: list[Tensor] = []  # torch's step counters, one per tensor
 
     def step(
         self,
@@ -58,12 +60,13 @@ class _Adam:
         self.count += 1
         beta1, beta2 = self.betas
         if self.fused:
-            self.step_tensor.fill_(self.count)
+            # the functional Adam adds one to each counter before the update
+            self.steps = [torch.tensor(float(self.count - 1), device=p.device) for p in params]
             try:
-                torch._fused_adam_(
-                    params, grads, moments, squares, [], [self.step_tensor] * len(params),
-                    lr=self.learning_rate, beta1=beta1, beta2=beta2, weight_decay=0.0,
-                    eps=self.eps, amsgrad=False, maximize=False,
+                torch_adam.adam(
+                    params, grads, moments, squares, [], self.steps, fused=True,
+                    amsgrad=False, beta1=beta1, beta2=beta2, lr=self.learning_rate,
+                    weight_decay=0.0, eps=self.eps, maximize=False,
                 )  # fmt: skip
                 return
             except (RuntimeError, NotImplementedError):  # no fused kernel for this device
