@@ -32,7 +32,8 @@ SCRIPTS = sorted(
 EXPECTED = {
     "npe_two_moons.py": ["Calibration on 64 held-out pairs", "lc2st_nf", "Cost of the checks"],
     "npe_slcp_nflows.py": ["Calibration on 64 held-out pairs", "lc2st_nf", "Cost of the checks"],
-    "npe_regularized.py": ["plain NPE", "NPE + 10 * KCCSD", "joint-rank p-value"],
+    "npe_regularized.py": ["plain NPE", "LatentScale (val)", "NPE + 5 * latent coverage",
+                           "joint-rank p-value"],
     "diagnose_posthoc.py": ["Verdict: ", "misspecification", "report: "],
     "kccsd_demo.py": ["MGM, calibrated (delta=0)", "HGM, variance inflated near c"],
     "callback_overhead.py": ["| npe_two_moons |", "| npe_slcp_nflows |", "wrote "],
