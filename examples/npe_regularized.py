@@ -19,7 +19,7 @@ Two ways to act on calibration, both printed at the end on held-out pairs:
    that early stopping already keeps aside (the package's recommendation; see the
    regularizer study in ``examples/benchmarks/README.md``)::
 
-       calibrated = cl.LatentScale(flow).fit(theta_val, x_val, target="hpd")
+       calibrated = cl.LatentScale(flow).fit(theta_val, x_val)
 
 Run (about a minute on one core)::
 
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
                           log_dir=args.log_dir)  # fmt: skip
         report(name, flow)
         if regularizer is None:  # the recommended step: latent scales from the validation split
-            scaled = cl.LatentScale(flow).fit(theta[val], x[val], target="hpd")
+            scaled = cl.LatentScale(flow).fit(theta[val], x[val])
             report("plain NPE + LatentScale (val)", scaled)
 
 

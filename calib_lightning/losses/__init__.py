@@ -1,17 +1,19 @@
-r"""Differentiable calibration regularizers for neural posterior estimation.
+r"""Calibration terms for neural posterior estimation, and a held-out latent scale.
 
-Two losses to add to the negative log-likelihood of an NPE,
-``loss = nll + weight * regularizer(posterior, theta, x)``, computed on the training
-batch. Both evaluate the model through :mod:`calib_lightning.evaluation` (latents,
-scores, reparameterized draws, with their graphs), so its input checks apply.
+* :class:`LatentScale`: rescales a trained flow's latent by ``D`` numbers fitted on
+  held-out pairs (the validation split); the package's recommendation at small
+  budgets, where NPE is over-confident on new pairs (:mod:`.scale`).
+* Losses to add to the negative log-likelihood of an NPE,
+  ``loss = nll + weight * regularizer(posterior, theta, x)``, on the training batch:
+  :class:`LatentCoverageLoss` (sampling-free coverage of the flow's own regions,
+  :mod:`.latent`), :class:`BalancingLoss` (balanced NPE, :mod:`.balancing`),
+  :class:`KCCSDLoss` (Glaser et al. 2023, :mod:`.kccsd`) and :class:`CoverageLoss`
+  (Falkiewicz et al. 2023, without ``torchsort``, :mod:`.coverage`).
+* :func:`log_prob_and_latent`: the NLL's log-density and the latent from one pass of
+  the flow, so a latent or log-density regularizer adds no second forward pass.
 
-* :class:`KCCSDLoss`: the kernel calibration-conditional Stein discrepancy of
-  Glaser et al. (2023) as a U-statistic on the batch, normalized to ``[-1/(n-1), 1]``,
-  by default on the flow's latent calibration problem
-  (:mod:`calib_lightning.losses.kccsd`).
-* :class:`CoverageLoss`: the differentiable expected-coverage regularizer of
-  Falkiewicz et al. (2023), with a straight-through rank and ``torch.sort`` (no
-  ``torchsort``) (:mod:`calib_lightning.losses.coverage`).
+All evaluate the model through :mod:`calib_lightning.evaluation`, so its input checks
+apply.
 
 References:
     Glaser, Widmann, Lindsten, Gretton. "Fast and Scalable Score-Based Kernel
@@ -19,6 +21,9 @@ References:
     Falkiewicz, Takeishi, Shekhzadeh, Wehenkel, Delaunoy, Louppe, Kalousis.
     "Calibrating Neural Simulation-Based Inference with Differentiable Coverage
     Probability." NeurIPS 2023.
+    Delaunoy, Miller, Forré, Weniger, Louppe. "Balancing Simulation-based Inference for
+    Conservative Posteriors." AABI 2023.
+    Guo, Pleiss, Sun, Weinberger. "On Calibration of Modern Neural Networks." ICML 2017.
 """
 
 from calib_lightning.evaluation import log_prob_and_latent
