@@ -79,7 +79,8 @@ class LatentScale(nn.Module):
         dist = self.flow(x)
         if self.log_scale.numel() == 0:
             return dist
-        scale = self.log_scale.exp().to(x.dtype if x.is_floating_point() else None)
+        dtype = x.dtype if x.is_floating_point() else None
+        scale = self.log_scale.exp().to(device=x.device, dtype=dtype)
         zero = torch.zeros_like(scale)
         if hasattr(dist, "transform") and hasattr(dist, "base"):  # zuko: z = f(theta)
             from zuko.distributions import NormalizingFlow
@@ -134,7 +135,7 @@ class LatentScale(nn.Module):
         dim = theta.shape[1]
         if target == "hpd":
             log_scale = self._hpd_scale(theta, x, num_posterior_samples, num_scales)
-            self.log_scale = log_scale.expand(dim).to(torch.float32).clone()
+            self.log_scale = log_scale.expand(dim).to(self.log_scale.device, torch.float32).clone()
             return self
         z = evaluation.latents(self.flow, theta, x).detach().to(torch.float64)
         start = z.pow(2).mean() if self.shared else z.pow(2).mean(0)
