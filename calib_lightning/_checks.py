@@ -24,6 +24,7 @@ __all__ = [
     "check_positive",
     "check_probability",
     "check_same_device_dtype",
+    "check_shape",
     "model_dtype",
     "model_errors",
 ]
@@ -51,6 +52,16 @@ def check_finite(name: str, value: Tensor) -> Tensor:
             raise ValueError(
                 f"{name} must be finite, got {count} NaN/inf entries{where}"
             )
+    return value
+
+
+def check_shape(name: str, value: Tensor, shape: tuple[int, ...], what: str = "") -> Tensor:
+    """Raise unless ``value`` has ``shape``; ``what`` describes it in the message (default:
+    the shape itself), e.g. ``"the shape of theta (8, 2)"``."""
+    value = _as_tensor(name, value)
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f"{name} must have {what or f'shape {tuple(shape)}'}, "
+                         f"got {tuple(value.shape)}")  # fmt: skip
     return value
 
 

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.distributions import Distribution
 
 from calib_lightning import evaluation
-from calib_lightning._checks import check_finite, check_pairs
+from calib_lightning._checks import check_finite, check_pairs, check_shape
 from calib_lightning.posteriors import Posterior
 
 __all__ = ["BalancingLoss"]
@@ -84,10 +84,7 @@ class BalancingLoss(nn.Module):
                                                   torch.cat([x, x]))[0]  # fmt: skip
             log_prob, log_q_marginal = both.chunk(2)
         else:
-            if log_prob.shape != theta.shape[:1]:
-                raise ValueError(
-                    f"log_prob must have shape ({theta.shape[0]},), got {tuple(log_prob.shape)}"
-                )
+            check_shape("log_prob", log_prob, theta.shape[:1])
             log_q_marginal = evaluation.log_prob_and_latent(posterior, shuffled, x)[0]
         log_prior = self.prior_log_prob(torch.cat([theta, shuffled]))
         check_finite("prior log_prob at theta", log_prior)

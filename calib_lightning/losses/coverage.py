@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from calib_lightning import evaluation
-from calib_lightning._checks import check_finite, check_pairs, check_positive
+from calib_lightning._checks import check_finite, check_pairs, check_positive, check_shape
 from calib_lightning.posteriors import Posterior
 
 __all__ = ["CoverageLoss"]
@@ -107,10 +107,7 @@ class CoverageLoss(nn.Module):
         )
         if log_prob is not None:
             log_q_true = log_prob
-        if log_q_true.shape != theta.shape[:1]:
-            raise ValueError(
-                f"log_prob must have shape ({theta.shape[0]},), got {tuple(log_q_true.shape)}"
-            )
+        check_shape("log_prob", log_q_true, theta.shape[:1])
         check_finite("posterior log_prob at theta", log_q_true)
         above = _straight_through_step(log_q - log_q_true, self.temperature)
         jitter = torch.rand(theta.shape[0], dtype=theta.dtype, device=theta.device)

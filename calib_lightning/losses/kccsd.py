@@ -28,6 +28,7 @@ from calib_lightning._checks import (
     check_pairs,
     check_points,
     check_positive,
+    check_shape,
 )
 from calib_lightning._moments import std_or_one
 from calib_lightning.functional.kccsd import gaussian_base_points
@@ -291,11 +292,7 @@ class KCCSDLoss(nn.Module):
                 points = evaluation.latents(posterior, theta, x, create_graph=True)
             else:
                 points = latent
-            if points.shape != theta.shape:
-                raise ValueError(
-                    f"latent must have the shape of theta {tuple(theta.shape)}, "
-                    f"got {tuple(points.shape)}"
-                )
+            check_shape("latent", points, theta.shape, f"the shape of theta {tuple(theta.shape)}")
         else:
             std = _batch_std(theta)
             score = evaluation.scores(posterior, theta, x, create_graph=True)

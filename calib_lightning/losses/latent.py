@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from calib_lightning import evaluation
-from calib_lightning._checks import check_finite, check_pairs
+from calib_lightning._checks import check_finite, check_pairs, check_shape
 from calib_lightning.posteriors import Posterior
 
 __all__ = ["LatentCoverageLoss", "latent_coverage_levels", "latent_coverage_loss"]
@@ -128,11 +128,8 @@ class LatentCoverageLoss(nn.Module):
         check_pairs(theta, x, min_rows=2)
         if latent is None:
             latent = evaluation.latents(posterior, theta, x, create_graph=True)
-        elif latent.shape != theta.shape:
-            raise ValueError(
-                f"latent must have the shape of theta {tuple(theta.shape)}, "
-                f"got {tuple(latent.shape)}"
-            )
+        else:
+            check_shape("latent", latent, theta.shape, f"the shape of theta {tuple(theta.shape)}")
         return latent_coverage_loss(
             latent, conservative=self.conservative, marginal=self.marginal
         )
