@@ -122,6 +122,8 @@ class CalibrationCallback(DrawSharing):
     name: ClassVar[str] = "calibration"
     #: history keys drawn in the ``history`` figure; subclasses choose.
     history_keys: ClassVar[tuple[str, ...]] = ("p_value",)
+    #: the ``history`` figure's panel titles by key (first part): which test a p-value is
+    history_titles: ClassVar[dict[str, str]] = {}
     #: the metric class a subclass requires (``None``: any metric with update/compute).
     metric_type: ClassVar[type | None] = None
 
@@ -205,7 +207,9 @@ class CalibrationCallback(DrawSharing):
             return {}
         title = f"{self.tag_name}: calibration over training"
         history = {k: self.history[k] for k in keys}
-        return {"history": plot_history(self.epochs, history, level=self.level, title=title)}
+        figure = plot_history(self.epochs, history, level=self.level, title=title,
+                              titles=self.history_titles)  # fmt: skip
+        return {"history": figure}
 
     def verdict_key(self) -> str | None:
         """The history key the verdict of a check is read from, at ``level``.
