@@ -167,3 +167,20 @@ def test_p_value_keys_and_their_log10():
     assert float(out["log10_p_value/3"]) == pytest.approx(-3.0, abs=1e-6)  # from float32 1e-3
     nan = logged_scalars({"p_value": torch.tensor(math.nan)})
     assert math.isnan(float(nan["log10_p_value"]))
+
+
+def test_summary_table_prints_tiny_p_values_of_every_p_value_field():
+    theta, x = GaussianToy(dim=2).sample(8, torch.Generator().manual_seed(0))
+
+    class Marginal(CalibrationCallback):
+        name = "marginal"
+        history_keys = ("marginal_p_values", "statistic")
+
+    callback = Marginal(FixedResult(), theta, x)
+    callback.epochs = [0, 3]
+    callback.history = {"marginal_p_values/0": [0.5, TINY], "marginal_p_values/1": [0.5, 0.0],
+                        "statistic": [1e-100, 2.0]}  # fmt: skip
+    rows = {line.split()[1]: line for line in summary_table([callback]).splitlines()[1:]}
+    assert rows["marginal_p_values/0"].split()[-1] == "1e-100"
+    assert "< 2.2e-308" in rows["marginal_p_values/1"]  # never 0
+    assert rows["statistic"].split()[2] == "1e-100"
