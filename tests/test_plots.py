@@ -127,7 +127,7 @@ def test_rank_figures_stay_bounded_at_a_hundred_parameters_and_draw_the_worst():
     assert len(titles) == 60  # ten rows of six: the 59 worst dimensions and the joint
     assert {"θ8", "θ94"} <= set(titles)
     assert titles[-1] == "joint"
-    assert "smallest p-values" in fig._suptitle.get_text()
+    assert "smallest chi-square p-values" in fig._suptitle.get_text()
     shown = [int(t[1:]) - 1 for t in titles[:-1]]
     others = sorted(set(range(d)) - set(shown))
     assert float(ranks.marginal_p_values[shown].max()) <= float(

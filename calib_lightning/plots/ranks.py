@@ -126,7 +126,7 @@ def plot_rank_histograms(
     shown = ""
     if parameters is None and d > room:
         parameters = worst_first(marginal_p.tolist(), room)
-        shown = f"; the {room} of D = {d} dimensions with the smallest p-values"
+        shown = f"; the {room} of D = {d} dimensions with the smallest chi-square p-values"
     chosen, names = select_parameters(d, parameters, labels)
     counts, edges = _binned_counts(hist, b)
     n = int(hist[0].sum())
@@ -253,7 +253,7 @@ def plot_rank_ecdf(
                  label=f"{_JOINT}: ECDF band {format_p_value(ecdf_p[d])}")  # fmt: skip
     axes[0].set_ylabel("ECDF(t) − t", fontsize=8)
     if others:
-        what = "with the smallest p-values" if worst else "chosen"
+        what = "with the smallest ECDF band p-values" if worst else "chosen"
         axes[0].set_title(f"Marginal ranks of D = {d}: in colour the {len(chosen)} {what}",
                           fontsize=9)  # fmt: skip
     else:
