@@ -25,6 +25,7 @@ from torchmetrics.utilities.data import dim_zero_cat
 
 import calib_lightning as cl
 from calib_lightning.callbacks import CalibrationCallback, KCCSDCallback, summary_table
+from calib_lightning.callbacks._scalars import is_p_value
 from calib_lightning.tasks import GaussianToy, TwoMoons
 
 KEYS = ("statistic", "p_value", "bandwidth", "distribution_bandwidth", "num_pairs")
@@ -561,6 +562,7 @@ def test_rank_callback_logs_scalars_figures_and_rank_histograms(tmp_path, shift)
         }
         | {f"ecdf_p_values/{d}" for d in (0, 1, 2)}
     )
+    expected |= {f"log10_{k}" for k in expected if is_p_value(k)}  # beside every p-value
     assert set(acc.Tags()["scalars"]) - {"epoch"} == {f"calibration/ranks/{k}" for k in expected}
     figures = {"history", "ecdf", "rank_histograms", "expected_coverage", "recovery",
                "z_score_contraction"}
@@ -611,6 +613,9 @@ def test_lc2st_nf_callback_logs_per_observation_tests_maps_and_reference_scores(
             "coverage", "oracle_c2st", "misspecification_p_value")  # fmt: skip
     expected = {f"calibration/lc2st_nf/{k}/{o}" for k in keys for o in (0, 1)}
     expected.add("calibration/lc2st_nf/global_p_value")  # the O local tests combined
+    expected |= {f"calibration/lc2st_nf/log10_{k}" for k in ("global_p_value", "p_value/0",
+                 "p_value/1", "mmd_p_value/0", "mmd_p_value/1", "misspecification_p_value/0",
+                 "misspecification_p_value/1")}  # fmt: skip
     assert set(acc.Tags()["scalars"]) - {"epoch"} == expected
     figures = {"history", "pp", "probability_map/0", "probability_map/1"}
     assert set(acc.Tags()["images"]) == {f"calibration/lc2st_nf/{f}" for f in figures}
@@ -791,7 +796,8 @@ def test_underflowing_p_values_are_logged_and_kept_above_zero(tmp_path):
     assert callback.history["global_p_value"][0] > 0
     with open(f"{logger.log_dir}/metrics.csv") as f:
         (row,) = [r for r in csv.DictReader(f) if r.get("calibration/ranks/p_value")]
-    assert float(row["calibration/ranks/p_value"]) == pytest.approx(torch.finfo(torch.float32).tiny)
+    assert float(row["calibration/ranks/p_value"]) == P_VALUE_FLOOR  # float64 reaches the CSV
+    assert float(row["calibration/ranks/log10_p_value"]) == pytest.approx(math.log10(P_VALUE_FLOOR))
     assert "< 2.2e-308" in summary_table([callback])
 
 

@@ -429,6 +429,7 @@ def test_callback_logs_scalars_figures_and_histograms(tmp_path, variance_scale):
     expected = ({"global_p_value", "p_value", "coverage_error", "num_pairs"}
                 | {f"marginal_p_values/{d}" for d in (0, 1)}
                 | {f"ecdf_p_values/{d}" for d in (0, 1, 2)})  # fmt: skip
+    expected |= {f"log10_{k}" for k in expected if k != "coverage_error" and "p_value" in k}
     assert set(acc.Tags()["scalars"]) - {"epoch"} == {f"calibration/latent/{k}" for k in expected}
     figures = {"history", "ecdf", "histograms", "expected_coverage"}
     assert set(acc.Tags()["images"]) == {f"calibration/latent/{f}" for f in figures}

@@ -232,12 +232,12 @@ def test_plot_marks_each_observation_and_switches_to_log_axis():
     assert ax.get_xscale() == "linear"
     assert len(ax.get_lines()) == 3
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert any(label.startswith("$x_o$ 0: p = ") for label in labels)
+    assert any(label.startswith("$x_o$ 0: conformal p = ") for label in labels)
     far = cl.misspecification_test(torch.tensor([[0.0, 0.0], [40.0, 40.0]]), x)
     ax = plot_misspecification(far, max_legend=1).axes[0]
     assert ax.get_xscale() == "log"
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert any(label.startswith("$x_o$ 1: p = ") for label in labels)  # smallest p named
+    assert any(label.startswith("$x_o$ 1: conformal p = ") for label in labels)  # smallest p
     assert not any(label.startswith("$x_o$ 0") for label in labels)
     assert any("1 more" in label for label in labels)
     with pytest.raises(ValueError, match="result must contain 'score'"):

@@ -10,11 +10,14 @@ smallest p-value, how many Holm rejects) and every one of them on request.
 
 import io
 import math
+import re
 from types import SimpleNamespace
 
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
+from matplotlib.collections import QuadMesh
+from matplotlib.text import Text
 from torch.distributions import Independent, Normal
 
 import calib_lightning as cl
@@ -124,7 +127,7 @@ def test_rank_figures_stay_bounded_at_a_hundred_parameters_and_draw_the_worst():
     assert len(titles) == 60  # ten rows of six: the 59 worst dimensions and the joint
     assert {"θ8", "θ94"} <= set(titles)
     assert titles[-1] == "joint"
-    assert "smallest p-values" in fig._suptitle.get_text()
+    assert "smallest chi-square p-values" in fig._suptitle.get_text()
     shown = [int(t[1:]) - 1 for t in titles[:-1]]
     others = sorted(set(range(d)) - set(shown))
     assert float(ranks.marginal_p_values[shown].max()) <= float(
@@ -132,7 +135,7 @@ def test_rank_figures_stay_bounded_at_a_hundred_parameters_and_draw_the_worst():
     )
     ecdf = plot_rank_ecdf(ranks)
     legend = [t.get_text() for t in ecdf.axes[0].get_legend().get_texts()]
-    coloured = [t.split()[0] for t in legend if t.startswith("θ")]
+    coloured = [t.split(":")[0] for t in legend if t.startswith("θ")]
     assert len(coloured) == 5
     assert {"θ8", "θ94"} <= set(coloured)
     assert any(t.startswith("95 other dimensions") for t in legend)
@@ -165,10 +168,11 @@ def test_parameters_select_and_labels_name_the_panels():
     ranks = summarize_ranks(_rank_counts(d, bad=(5,)))
     fig = plot_rank_histograms(ranks, labels=names, parameters=[5, 1])
     assert [ax.get_title().split()[0] for ax in fig.axes] == ["p5", "p1", "joint"]
-    assert fig.axes[0].get_title() == f"p5  ({format_p_value(ranks.marginal_p_values[5])})"
+    assert fig.axes[0].get_title() == (
+        f"p5  chi-square {format_p_value(ranks.marginal_p_values[5])}")
     fig = plot_rank_ecdf(ranks, labels=names, parameters=[2, 6])
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert [t.split()[0] for t in legend if t.startswith("p")] == ["p2", "p6"]
+    assert [t.split(":")[0] for t in legend if t.startswith("p")] == ["p2", "p6"]
     assert any(t.startswith("6 other dimensions") for t in legend)
     assert "the 2 chosen" in fig.axes[0].get_title()
     fig = plot_rank_ecdf(ranks, labels=names)  # D > 6: the five worst, p5 among them
@@ -349,3 +353,132 @@ def test_diagnose_passes_parameters_to_the_report_figures():
     assert [ax.get_title().split()[0] for ax in recovered] == ["p6", "p2"]
     with pytest.raises(ValueError, match=r"parameters must be a non-empty list .* \[0, 8\)"):
         cl.diagnose(toy.posterior(), theta, x, checks=("ranks",), parameters=[9])
+
+
+# -- what the figures say: reference lines, fixed colours, named tests -----------------
+def _reference_line(ax):
+    """The dotted horizontal line of a history panel: its height and label."""
+    (line,) = [line for line in ax.lines if line.get_linestyle() == ":"]
+    assert set(line.get_ydata()) == {line.get_ydata()[0]}
+    return float(line.get_ydata()[0]), line.get_label()
+
+
+def test_history_reference_lines_sit_at_the_calibrated_value():
+    history = {
+        "oracle_c2st/0": [0.99, 0.9, 0.7],  # a classifier's accuracy: chance is 0.5
+        "statistic": [3.0, 1.0, 0.1],
+        "coverage_error": [-0.2, -0.1, 0.0],
+        "density": [0.2, 0.6, 0.9],
+    }
+    fig = plot_history([0, 1, 2], history)
+    (c2st, statistic, coverage, density) = fig.axes
+    assert _reference_line(c2st) == (0.5, "0.5: chance (indistinguishable)")
+    assert _reference_line(statistic)[0] == 0.0
+    assert _reference_line(coverage)[0] == 0.0
+    assert _reference_line(density)[0] == 1.0
+    low, high = c2st.get_ylim()  # the line is inside the axes, not on their edge
+    assert low < 0.5 < high
+    assert "chance" in " ".join(t.get_text() for t in c2st.texts)
+    assert "over-" in coverage.get_title()
+    # a quantity without a known calibrated value gets no line rather than a wrong one
+    fig = plot_history([0, 1, 2], {"contraction/0": [0.1, 0.5, 0.8]})
+    assert not [line for line in fig.axes[0].lines if line.get_linestyle() == ":"]
+
+
+def test_oracle_c2st_history_of_the_lc2st_callback_is_referenced_at_chance():
+    from calib_lightning.callbacks import LC2STNFCallback
+
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(40, torch.Generator().manual_seed(0))
+    callback = LC2STNFCallback(theta, x, observations=x[:2], misspecification=False)
+    callback.epochs = [0, 1]
+    callback.history = {"global_p_value": [1e-3, 0.4], "p_value/0": [1e-3, 0.2],
+                        "oracle_c2st/0": [0.9, 0.55]}  # fmt: skip
+    fig = callback.figures(_lc2st_like(2))["history"]
+    panels = {ax.get_ylabel(): ax for ax in fig.axes}
+    assert _reference_line(panels["oracle_c2st/0"])[0] == 0.5
+    assert panels["oracle_c2st/0"].get_title() == "oracle C2ST accuracy"
+    assert panels["p_value/0"].get_title() == "L-C2ST-NF at one x_o"
+    level = [line for line in panels["p_value/0"].lines if line.get_linestyle() == "--"]
+    assert [float(line.get_ydata()[0]) for line in level] == [0.05]
+
+
+def test_history_p_value_axis_reaches_the_smallest_p_value_of_the_run():
+    values = [1e-150, 1e-40, 3e-6, 0.2]
+    fig = plot_history([0, 1, 2, 3], {"p_value": values})
+    (ax,) = fig.axes
+    low, high = ax.get_ylim()
+    assert low < 1e-150
+    assert high >= 1.0
+    (curve,) = [line for line in ax.lines if line.get_color() == "tab:blue"]
+    assert list(curve.get_ydata()) == values  # drawn where they are: nothing clipped
+    assert not [line for line in ax.lines if line.get_marker() == "v"]
+    (level,) = [line for line in ax.lines if line.get_linestyle() == "--"]
+    assert float(level.get_ydata()[0]) == 0.05
+    # a calibrated run keeps the usual axis (down to 1e-4)
+    (ax,) = plot_history([0, 1], {"p_value": [0.3, 0.6]}).axes
+    assert 1e-5 < ax.get_ylim()[0] < 1e-4
+
+
+def _map_colours(fig):
+    meshes = [c for ax in fig.axes for c in ax.collections if isinstance(c, QuadMesh)]
+    assert meshes
+    return {mesh.get_clim() for mesh in meshes}
+
+
+def test_probability_map_colour_scale_is_the_same_for_any_data():
+    g = torch.Generator().manual_seed(5)
+    samples = torch.randn(2000, 2, generator=g)
+    near_chance = 0.5 + 0.05 * (torch.rand(2000, generator=g) - 0.5)  # epoch k: 0.475-0.525
+    far = torch.sigmoid(3 * samples[:, 0])  # epoch k + 1: 0.001-0.999
+    colours = [_map_colours(plot_probability_map(samples, p)) for p in (near_chance, far)]
+    assert colours[0] == colours[1] == {(0.0, 1.0)}
+    fig = plot_probability_map(samples, far)
+    (bar,) = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    assert "classifier output" in bar.get_ylabel()
+    ticks = " ".join(t.get_text() for t in bar.get_yticklabels())
+    for meaning in ("too much mass", "too little mass", "chance"):
+        assert meaning in ticks
+    narrow = plot_probability_map(samples, far, color_range=0.25)  # fixed too, and says so
+    assert _map_colours(narrow) == {(0.25, 0.75)}
+    with pytest.raises(ValueError, match=r"color_range must lie in \(0, 0.5\], got 0.7"):
+        plot_probability_map(samples, far, color_range=0.7)
+
+
+_P_TEXT = re.compile(r"\bp [=<]")
+_NAMED = re.compile(r"(chi-square|ECDF band|L-C2ST-NF|L-C2ST|TARP|conformal|global) p [=<]")
+
+
+def _p_value_texts(fig):
+    texts = [t.get_text() for t in fig.findobj(Text)]
+    return [line for text in texts for line in text.split("\n") if _P_TEXT.search(line)]
+
+
+def test_every_p_value_in_a_legend_or_title_names_its_test():
+    ranks = summarize_ranks(_rank_counts(2, bad=(1,)))
+    histograms, ecdf = plot_rank_histograms(ranks), plot_rank_ecdf(ranks)
+    # one parameter, two tests, two different p-values: each says which test it is
+    title = histograms.axes[1].get_title()
+    legend = [t.get_text() for t in ecdf.axes[0].get_legend().get_texts()]
+    assert title == f"θ2  chi-square {format_p_value(ranks.marginal_p_values[1])}"
+    assert f"θ2: ECDF band {format_p_value(ranks.ecdf_p_values[1])}" in legend
+    g = torch.Generator().manual_seed(6)
+    theta = torch.randn(60, 2, generator=g)
+    samples = theta + 0.5 * torch.randn(40, 60, 2, generator=g)
+    x_sim = torch.randn(200, 3, generator=g)
+    figures = {
+        "rank_histograms": histograms, "ecdf": ecdf,
+        "pp": plot_pp(_lc2st_like(3)),
+        "tarp": plot_tarp(tarp(samples, theta)),
+        "misspecification": cl.plots.plot_misspecification(
+            cl.misspecification_test(x_sim[:3] + 4, x_sim)),
+    }  # fmt: skip
+    for name, fig in figures.items():
+        texts = _p_value_texts(fig)
+        assert texts, name
+        unnamed = [t for t in texts if not _NAMED.search(t)]
+        assert not unnamed, (name, unnamed)
+    assert "L-C2ST-NF p =" in figures["pp"].axes[0].get_title()
+    lc2st = _lc2st_like(1)
+    lc2st.samples = torch.zeros(1, 5, 2)  # L-C2ST (not NF) keeps its evaluation draws
+    assert "L-C2ST p =" in plot_pp(lc2st).axes[0].get_title()

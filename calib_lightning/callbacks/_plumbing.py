@@ -27,7 +27,6 @@ __all__ = [
     "find_part",
     "last_epoch",
     "local_batches",
-    "loggable",
     "share_draws",
     "tensor_scalars",
     "to_cpu",
@@ -149,14 +148,6 @@ def to_cpu(result: Any) -> Any:
     if isinstance(result, Result):
         return result.apply(lambda v: v.detach().cpu())
     return {k: v.detach().cpu() if isinstance(v, Tensor) else v for k, v in result.items()}
-
-
-def loggable(key: str, value: Tensor) -> Tensor:
-    """float32 for the loggers; p-values floored at the smallest normal float32."""
-    out = value.float()
-    if key.split("/")[0].endswith("p_value"):
-        out = out.clamp_min(torch.finfo(torch.float32).tiny)
-    return out
 
 
 def describe(value: object) -> str:

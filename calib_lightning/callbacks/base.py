@@ -37,11 +37,11 @@ from calib_lightning.callbacks._plumbing import (
     find_estimator,
     last_epoch,
     local_batches,
-    loggable,
     share_draws,
     tensor_scalars,
     to_cpu,
 )
+from calib_lightning.callbacks._scalars import logged_scalars
 from calib_lightning.plots.history import plot_history
 from calib_lightning.posteriors import Posterior, as_posterior
 from calib_lightning.results import Result
@@ -99,8 +99,11 @@ class CalibrationCallback(DrawSharing):
         check_on: the stages that run checks: ``"fit"`` (the schedule above),
             ``"validate"``, ``"test"``.
 
-    Logged p-values are floored at the smallest normal float32 (loggers store float32);
-    ``history`` keeps the float64 values.
+    Scalars are logged in float64, and every p-value also as its log10 under
+    ``log10_{key}`` (e.g. ``calibration/ranks/log10_p_value``): TensorBoard stores
+    scalars in float32, where a p-value below about 1e-38 reads as 0, but its log10 is
+    exact (:mod:`calib_lightning.callbacks._scalars`). ``history`` keeps the float64
+    p-values (not their log10).
 
     Attributes:
         history: scalar key -> its value at each check (``nan`` where it was missing
@@ -119,6 +122,8 @@ class CalibrationCallback(DrawSharing):
     name: ClassVar[str] = "calibration"
     #: history keys drawn in the ``history`` figure; subclasses choose.
     history_keys: ClassVar[tuple[str, ...]] = ("p_value",)
+    #: the ``history`` figure's panel titles by key (first part): which test a p-value is
+    history_titles: ClassVar[dict[str, str]] = {}
     #: the metric class a subclass requires (``None``: any metric with update/compute).
     metric_type: ClassVar[type | None] = None
 
@@ -202,7 +207,9 @@ class CalibrationCallback(DrawSharing):
             return {}
         title = f"{self.tag_name}: calibration over training"
         history = {k: self.history[k] for k in keys}
-        return {"history": plot_history(self.epochs, history, level=self.level, title=title)}
+        figure = plot_history(self.epochs, history, level=self.level, title=title,
+                              titles=self.history_titles)  # fmt: skip
+        return {"history": figure}
 
     def verdict_key(self) -> str | None:
         """The history key the verdict of a check is read from, at ``level``.
@@ -332,7 +339,8 @@ class CalibrationCallback(DrawSharing):
         keys = list(self.history) or list(self.history_keys)
         nan = torch.tensor(math.nan)
         pl_module.log_dict(
-            {f"{self.prefix}/{self.tag_name}/{k}": nan for k in keys},
+            {f"{self.prefix}/{self.tag_name}/{k}": v
+             for k, v in logged_scalars(dict.fromkeys(keys, nan)).items()},
             on_step=False, on_epoch=True,
         )  # fmt: skip
         self._record(epoch, dict.fromkeys(keys, math.nan), stage)
@@ -344,7 +352,7 @@ class CalibrationCallback(DrawSharing):
         result, self.last_extras = self._compute(trainer, pl_module)
         scalars = {k: v.detach().reshape(()) for k, v in self.scalars(result).items()}
         logged = {
-            f"{self.prefix}/{self.tag_name}/{k}": loggable(k, v) for k, v in scalars.items()
+            f"{self.prefix}/{self.tag_name}/{k}": v for k, v in logged_scalars(scalars).items()
         }
         pl_module.log_dict(
             logged, on_step=False, on_epoch=True,

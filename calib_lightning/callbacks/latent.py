@@ -112,6 +112,11 @@ class LatentCalibrationCallback(CalibrationCallback):
 
     name: ClassVar[str] = "latent"
     history_keys: ClassVar[tuple[str, ...]] = ("global_p_value", "p_value", "coverage_error")
+    history_titles: ClassVar[dict[str, str]] = {
+        "global_p_value": "all latent tests combined (verdict)",
+        "p_value": "latent radius: chi-square",
+        "coverage_error": "latent-ball coverage error",
+    }
     metric_type: ClassVar[type] = LatentCalibration
 
     def __init__(

@@ -19,6 +19,7 @@ from calib_lightning.evaluation import draws
 from calib_lightning.functional.reference import compare_to_reference
 from calib_lightning.metrics.lc2st import LC2STNF, LC2STResult
 from calib_lightning.misspecification import misspecification_test
+from calib_lightning.plots._format import format_p_value
 from calib_lightning.plots._grid import as_indices, select_parameters
 from calib_lightning.plots.lc2st import MAX_MAP_PARAMETERS, plot_pp, plot_probability_map
 from calib_lightning.posteriors import Posterior
@@ -96,6 +97,11 @@ class LC2STNFCallback(CalibrationCallback):
 
     name: ClassVar[str] = "lc2st_nf"
     history_keys: ClassVar[tuple[str, ...]] = ("global_p_value", "p_value", "oracle_c2st")
+    history_titles: ClassVar[dict[str, str]] = {
+        "global_p_value": "L-C2ST-NF, all x_o combined (verdict)",
+        "p_value": "L-C2ST-NF at one x_o",
+        "oracle_c2st": "oracle C2ST accuracy",
+    }
     metric_type: ClassVar[type] = LC2STNF
 
     def __init__(
@@ -202,7 +208,7 @@ class LC2STNFCallback(CalibrationCallback):
 
     def figures(self, result: LC2STResult) -> dict[str, Figure]:
         figures = super().figures(result)
-        figures["pp"] = plot_pp(result, level=self.level)
+        figures["pp"] = plot_pp(result, level=self.level, test="L-C2ST-NF")
         if "map_samples" in self.last_extras:
             maps = zip(
                 self.last_extras["map_samples"], self.last_extras["map_probabilities"], strict=True
@@ -213,7 +219,7 @@ class LC2STNFCallback(CalibrationCallback):
                 figures[f"probability_map/{o}"] = plot_probability_map(
                     samples, probs, labels=self.labels, parameters=self.parameters,
                     truth=truth, pp=pp,
-                    title=f"observation {o}: p = {float(result.p_value[o]):.3g}",
+                    title=f"observation {o}: L-C2ST-NF {format_p_value(result.p_value[o], 3)}",
                 )  # fmt: skip
         return figures
 

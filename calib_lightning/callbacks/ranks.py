@@ -141,6 +141,11 @@ class RankCalibrationCallback(CalibrationCallback):
 
     name: ClassVar[str] = "ranks"
     history_keys: ClassVar[tuple[str, ...]] = ("global_p_value", "p_value", "coverage_error")
+    history_titles: ClassVar[dict[str, str]] = {
+        "global_p_value": "all rank tests combined (verdict)",
+        "p_value": "joint energy rank: chi-square",
+        "coverage_error": "HPD coverage error",
+    }
     metric_type: ClassVar[type] = RankCalibration
 
     def __init__(

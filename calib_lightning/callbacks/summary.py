@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 import torch
 
+from calib_lightning.callbacks._scalars import is_p_value
 from calib_lightning.callbacks.base import CalibrationCallback
 from calib_lightning.functional.combine import combine_p_values
 from calib_lightning.plots._format import format_p_value
@@ -31,7 +32,8 @@ def summary_table(callbacks: Iterable[object], level: float | None = None) -> st
     calibration. The other p-values say *where* a rejected check fails; judged one by
     one at ``level`` they would flag a calibrated model far more often than ``level``.
 
-    p-values at the analytic floor print as ``< 2.2e-308``, never as 0; a check that
+    p-values print from the float64 history, however small (``1e-100``); those at the
+    analytic floor print as ``< 2.2e-308``, never as 0; a check that
     failed (``on_error="warn"``) shows ``nan`` and the verdict "check failed".
 
     Arguments:
@@ -93,6 +95,6 @@ def summary_table(callbacks: Iterable[object], level: float | None = None) -> st
 
 
 def _format(key: str, value: float) -> str:
-    if key.split("/")[0].endswith("p_value"):
+    if is_p_value(key):  # global_p_value, p_value/0, marginal_p_values/1, ...
         return format_p_value(value, digits=4, name="")
     return f"{value:.4g}"

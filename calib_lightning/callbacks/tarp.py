@@ -54,6 +54,9 @@ class TARPCallback(CalibrationCallback):
 
     name: ClassVar[str] = "tarp"
     history_keys: ClassVar[tuple[str, ...]] = ("p_value", "coverage_error")
+    history_titles: ClassVar[dict[str, str]] = {
+        "p_value": "TARP test (Monte Carlo band)", "coverage_error": "TARP coverage error",
+    }  # fmt: skip
     metric_type: ClassVar[type] = TARP
 
     def __init__(

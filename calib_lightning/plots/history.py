@@ -2,8 +2,10 @@
 
 Some diagnostics have no natural picture of a single check (KCCSD is one number and
 its p-value); what a user watches is how they move while the estimator trains.
-:func:`plot_history` draws one panel per scalar, p-values on a log axis with the
-test level marked, so the epoch at which calibration is reached (or lost) is visible.
+:func:`plot_history` draws one panel per scalar: p-values on a log axis that reaches the
+smallest p-value of the run, with the test level marked, so the epoch at which
+calibration is reached (or lost) is visible however small the p-values are; other
+scalars with a line at their value for a calibrated estimator (:data:`CALIBRATED`).
 """
 
 from __future__ import annotations
@@ -11,16 +13,78 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import LogLocator, MaxNLocator
 
 from calib_lightning._checks import check_probability
+from calib_lightning.functional.bands import P_VALUE_FLOOR
+from calib_lightning.plots._format import format_p_value
 from calib_lightning.plots._grid import MAX_COLUMNS, panel_grid  # wraps many scalars into rows
 
-__all__ = ["MAX_COLUMNS", "plot_history"]
+__all__ = ["CALIBRATED", "MAX_COLUMNS", "plot_history"]
+
+#: the value of a scalar (by the first part of its key) for a calibrated estimator, and
+#: how its reference line is labelled; scalars not listed get no line
+CALIBRATED: dict[str, tuple[float, str]] = {
+    "statistic": (0.0, "0: calibrated"),  # KCCSD's C-hat, the L-C2ST statistic T
+    "coverage_error": (0.0, "0: calibrated"),
+    "oracle_c2st": (0.5, "0.5: chance (indistinguishable)"),  # a classifier's accuracy
+    "mmd": (0.0, "0: same distribution"),
+    "frechet_distance": (0.0, "0: same distribution"),
+    "density": (1.0, "1: same distribution"),
+}
+_TOP = 1e-4  # the p-value axis reaches at least this low, so calibrated runs look alike
 
 
-_FLOOR = 1e-4  # bottom of the p-value axis; smaller values are drawn clipped to it
+def _is_p_value(name: str) -> bool:
+    # "p_value", "global_p_value", and entries "p_value/0", "marginal_p_values/1", ...
+    return name.split("/")[0].endswith(("p_value", "p_values"))
+
+
+def _p_value_panel(ax: Axes, epochs: list[int], values: list[float], level: float | None,
+                   first: bool) -> None:  # fmt: skip
+    """Log axis down to the run's smallest p-value; values at the float64 floor (or 0) as
+    downward triangles on it: they are upper bounds."""
+    floored = [(e, P_VALUE_FLOOR) for e, v in zip(epochs, values, strict=True)
+               if v <= P_VALUE_FLOOR]  # fmt: skip
+    drawn = [v if math.isnan(v) else min(max(v, P_VALUE_FLOOR), 1.0) for v in values]
+    finite = [v for v in drawn if not math.isnan(v)]
+    low = min([_TOP, *finite] + ([level] if level is not None else []))
+    ax.set_yscale("log")
+    bottom = math.log10(low) - 0.06 * math.log10(1.25 / low)  # a margin of 6 % of the span
+    ax.set_ylim(10 ** max(bottom, -320.0), 1.25)  # below the floor, above float64's 5e-324
+    ax.yaxis.set_major_locator(LogLocator(numticks=6))
+    if level is not None:
+        ax.axhline(level, color="tab:red", ls="--", lw=1, label=f"level {level:g}")
+    ax.plot(epochs, drawn, marker="o", ms=3, color="tab:blue")
+    if level is not None:  # checks at which the test rejects
+        rejected = [(e, v) for e, v in zip(epochs, drawn, strict=True) if v < level]
+        if rejected:
+            ax.plot(*zip(*rejected, strict=True), ls="none", marker="o", ms=4, color="tab:red")
+    if floored:
+        ax.plot(*zip(*floored, strict=True), ls="none", marker="v", ms=6, color="tab:red",
+                label=format_p_value(0.0) + " (float64 floor)")  # fmt: skip
+    if (level is not None and first) or floored:  # the level line: said once
+        ax.legend(loc="lower right", fontsize="small", frameon=False)
+
+
+def _scalar_panel(ax: Axes, name: str, epochs: list[int], values: list[float],
+                  reference: tuple[float, str] | None) -> None:  # fmt: skip
+    if reference is not None:
+        ax.axhline(reference[0], color="0.35", ls=":", lw=1.2, label=reference[1])
+    ax.plot(epochs, values, marker="o", ms=3, color="tab:blue")
+    shown = [v for v in values if math.isfinite(v)] + ([reference[0]] if reference else [])
+    if shown:  # the reference line inside the axes, never on their edge
+        low, high = min(shown), max(shown)
+        pad = 0.08 * (high - low) if high > low else 0.5 * max(abs(high), 1e-3)
+        ax.set_ylim(low - pad, high + pad)
+    if reference is not None:  # named beside the line, on the side with more room
+        value, label = reference
+        above = (value - ax.get_ylim()[0]) < 0.5 * (ax.get_ylim()[1] - ax.get_ylim()[0])
+        ax.annotate(label, (0.02, value), xycoords=("axes fraction", "data"),
+                    xytext=(0, 3 if above else -3), textcoords="offset points",
+                    va="bottom" if above else "top", fontsize="small", color="0.3")  # fmt: skip
 
 
 def plot_history(
@@ -29,19 +93,22 @@ def plot_history(
     *,
     level: float | None = 0.05,
     title: str | None = None,
+    titles: Mapping[str, str] | None = None,
+    references: Mapping[str, tuple[float, str] | None] | None = None,
     panel_size: tuple[float, float] = (3.2, 2.5),
 ) -> Figure:
     r"""Plot calibration scalars against the training epoch, one panel per scalar.
 
-    Keys ending in ``p_value`` are drawn on a logarithmic axis clipped to
-    :math:`[10^{-4}, 1]` with a dashed line at ``level``: points below the line (red)
-    are checks at which the test rejects :math:`H_0` ("the posterior is calibrated").
-    p-values below :math:`10^{-4}` are drawn as downward triangles on the bottom edge
-    and the legend says they are clipped.
-    Other scalars (statistics, coverage errors) are drawn on a linear axis with a
-    dotted line at zero, their value under perfect calibration; ``coverage_error`` and
-    ``atc`` panels say which side is over-confident (``Reading the sign`` in
-    :mod:`calib_lightning.functional.sbc`). Missing values
+    Keys whose first part ends in ``p_value`` or ``p_values`` are drawn on a
+    logarithmic axis from 1 down to the smallest p-value of the run (at least down to
+    :math:`10^{-4}`), with a dashed line at ``level``: points below the line (red) are
+    checks at which the test rejects :math:`H_0` ("the posterior is calibrated").
+    p-values at the analytic floor :data:`~calib_lightning.functional.bands.P_VALUE_FLOOR`
+    (or 0) are upper bounds, drawn as downward triangles and named in the legend. Other
+    scalars are drawn on a linear axis with a dotted line at their value for a calibrated
+    estimator (:data:`CALIBRATED`: 0 for statistics and coverage errors, 0.5 for a
+    classifier's accuracy); ``coverage_error`` panels say which side is over-confident
+    (``Reading the sign`` in :mod:`calib_lightning.functional.sbc`). Missing values
     (``nan``) leave gaps.
 
     Arguments:
@@ -49,6 +116,10 @@ def plot_history(
         history: scalar name -> values, each of length ``C``.
         level: test level marked on p-value panels; ``None`` for no line.
         title: figure title.
+        titles: panel titles, by key or by the key's first part (e.g. ``{"p_value":
+            "KCCSD (wild bootstrap)"}``): which test each p-value is.
+        references: reference lines ``(value, label)`` by the key's first part, or
+            ``None`` for no line; added to (and overriding) :data:`CALIBRATED`.
         panel_size: width and height of one panel in inches.
 
     Returns:
@@ -56,10 +127,12 @@ def plot_history(
         :data:`MAX_COLUMNS` to a row.
 
     Example:
-        >>> fig = plot_history([0, 1, 2], {"p_value": [0.001, 0.03, 0.4],
+        >>> fig = plot_history([0, 1, 2], {"p_value": [1e-30, 0.03, 0.4],
         ...                                "statistic": [0.2, 0.05, 0.001]})
         >>> [ax.get_ylabel() for ax in fig.axes]
         ['p_value', 'statistic']
+        >>> bool(fig.axes[0].get_ylim()[0] < 1e-30)  # the axis reaches the smallest p-value
+        True
 
     References:
         Glaser, Widmann, Lindsten, Gretton. "Fast and Scalable Score-Based Kernel
@@ -76,37 +149,22 @@ def plot_history(
                 f"history[{name!r}] must have one value per epoch ({len(epochs)}), "
                 f"got {len(values)}"
             )
+    lines = {**CALIBRATED, **(references or {})}
+    titles = titles or {}
     fig, axes = panel_grid(len(history), panel_size, max_columns=MAX_COLUMNS, min_width=0.0,
                            extra_height=0.3 if title is not None else 0.0)  # fmt: skip
     for k, (ax, (name, values)) in enumerate(zip(axes, history.items(), strict=True)):
         values = [float(v) for v in values]
-        # "p_value", "global_p_value", and entries "p_value/0", "marginal_p_values/1", ...
-        is_p_value = name.split("/")[0].endswith(("p_value", "p_values"))
-        if is_p_value:
-            clipped = [(e, _FLOOR) for e, v in zip(epochs, values, strict=True) if v < _FLOOR]
-            values = [v if math.isnan(v) else min(max(v, _FLOOR), 1.0) for v in values]
-            ax.set_yscale("log")
-            ax.set_ylim(0.6 * _FLOOR, 1.25)
-            if level is not None:
-                ax.axhline(level, color="tab:red", ls="--", lw=1, label=f"level {level:g}")
+        first = name.split("/")[0]
+        if _is_p_value(name):
+            _p_value_panel(ax, epochs, values, level, first=k == 0)
         else:
-            ax.axhline(0.0, color="0.6", ls=":", lw=1)
-            if name.split("/")[0] in ("coverage_error",):  # the package's sign convention
-                ax.text(0.98, 0.04, "< 0: over-confident\n> 0: under-confident",
-                        transform=ax.transAxes, ha="right", va="bottom", fontsize="small",
-                        color="0.3")  # fmt: skip
-        ax.plot(epochs, values, marker="o", ms=3, color="tab:blue")
-        if is_p_value and level is not None:  # checks at which the test rejects
-            rejected = [(e, v) for e, v in zip(epochs, values, strict=True) if v < level]
-            if rejected:
-                ax.plot(*zip(*rejected, strict=True), ls="none", marker="o", ms=4,
-                        color="tab:red")  # fmt: skip
-        if is_p_value:
-            if clipped:
-                ax.plot(*zip(*clipped, strict=True), ls="none", marker="v", ms=6,
-                        color="tab:red", label=f"p < {_FLOOR:g} (clipped)")  # fmt: skip
-            if (level is not None and k == 0) or clipped:  # the level line: said once
-                ax.legend(loc="lower right", fontsize="small", frameon=False)
+            _scalar_panel(ax, name, epochs, values, lines.get(first))
+        panel_title = titles.get(name, titles.get(first)) or ""
+        if first == "coverage_error":  # the package's sign convention, above the data
+            panel_title += "\n< 0: over-, > 0: under-confident"
+        if panel_title:
+            ax.set_title(panel_title.strip("\n"), fontsize=9)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("epoch")
         ax.set_ylabel(name)

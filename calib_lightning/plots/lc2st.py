@@ -87,9 +87,13 @@ def plot_pp(
     observations: Sequence[int] | None = None,
     names: Sequence[str] | None = None,
     level: float = 0.05,
+    test: str | None = None,
     panel_size: tuple[float, float] = (3.2, 3.0),
 ) -> Figure:
     r"""PP-plot per reference observation: ECDF of :math:`d(\theta_j, x_o)` and the null band.
+
+    Each panel's title names the test of its p-value (``"L-C2ST-NF p = 0.01"``), the
+    figure's title the combination of all of them (``global_p_value``).
 
     Arguments:
         result: the :class:`~calib_lightning.metrics.lc2st.LC2STResult` of ``compute()``
@@ -100,11 +104,15 @@ def plot_pp(
         level: test level at which a panel is marked "rejected" (each observation's test
             alone) and at which the title judges ``global_p_value``, the verdict over
             all observations.
+        test: the test's name in titles; default ``"L-C2ST"`` for a result with
+            evaluation ``samples`` (:class:`~calib_lightning.LC2ST`), else ``"L-C2ST-NF"``.
         panel_size: inches per panel.
     """
     grid, ecdf, band, stat, p = _get(
         result, "pp_grid", "pp_ecdf", "pp_band", "statistic", "p_value"
     )
+    if test is None:
+        test = "L-C2ST" if getattr(result, "samples", None) is not None else "L-C2ST-NF"
     num_obs = ecdf.shape[0]
     picks = list(range(num_obs)) if observations is None else list(observations)
     if not picks or any(not -num_obs <= i < num_obs for i in picks):
@@ -123,7 +131,8 @@ def plot_pp(
     for ax, i, k in zip(axes, picks, range(len(picks)), strict=False):
         verdict = "rejected" if p[i] <= level else "not rejected"
         name = names[k] if names is not None else f"observation {i}"
-        title = f"{name}: {verdict}\nT = {stat[i]:.2g}, {format_p_value(p[i], 3)}"
+        p_text = format_p_value(p[i], 3, name=f"{test} p")
+        title = f"{name}: {verdict}\nT = {stat[i]:.2g}, {p_text}"
         _pp_axes(ax, grid, ecdf[i], band[:, i], title)
     for ax in axes[len(picks) :]:
         ax.set_visible(False)
@@ -133,8 +142,9 @@ def plot_pp(
     if global_p_value is not None and num_obs > 1:  # one observation: its p is the verdict
         global_p = float(global_p_value)
         verdict = "rejected" if global_p <= level else "not rejected"
-        title += (f"\nall observations together: global {format_p_value(global_p, 3)}, "
-                  f"{verdict} (the verdict; each panel is one observation's test alone)")
+        title += (f"\nall observations together: global {test} "
+                  f"{format_p_value(global_p, 3)}, {verdict} (the verdict; each panel is "
+                  "one observation's test alone)")
     # wrap to the figure's width (about 0.075 inch per character at 10 pt)
     width = max(30, int(fig.get_figwidth() / 0.075))
     fig.suptitle("\n".join(textwrap.fill(line, width) for line in title.split("\n")), fontsize=10)
@@ -163,7 +173,7 @@ def plot_probability_map(
     min_count: int = 5,
     pp: tuple[Tensor, Tensor, Tensor] | None = None,
     title: str | None = None,
-    color_range: float = 0.25,
+    color_range: float = 0.5,
     range_quantile: float = 0.005,
     panel_size: float = 2.4,
 ) -> Figure:
@@ -178,7 +188,9 @@ def plot_probability_map(
     :math:`d` over its samples: red (:math:`d < 1/2`) where the estimator puts too much
     mass relative to the true posterior, blue (:math:`d > 1/2`) too little, white-ish
     where the classifier is at chance. Bins with fewer than ``min_count`` samples stay
-    blank.
+    blank. The colour scale is fixed, :math:`[1/2 - r, 1/2 + r]` with ``r =
+    color_range`` (default the whole :math:`[0, 1]`), whatever the data: maps of two
+    epochs, two observations or a callback and the report compare colour for colour.
 
     Arguments:
         samples: posterior samples :math:`\theta_s \sim q(\cdot \mid x_o)`, ``(S, D)``.
@@ -193,8 +205,9 @@ def plot_probability_map(
         min_count: samples a bin needs to be coloured.
         pp: ``(pp_grid, pp_ecdf[o], pp_band[:, o])`` to draw the PP-plot in the free corner.
         title: figure title.
-        color_range: smallest half-width of the colour scale around 1/2 (wider when the
-            bin means spread further), so that chance-level noise stays pale.
+        color_range: half-width :math:`r` of the fixed colour scale around 1/2, in
+            ``(0, 0.5]``; bin means beyond it take the end colours (the colour bar's
+            arrows say so).
         range_quantile: axes span the ``range_quantile`` to ``1 - range_quantile``
             quantiles of each parameter, so that a few outliers do not squeeze the bulk.
         panel_size: inches per panel.
@@ -213,6 +226,8 @@ def plot_probability_map(
     check_positive("bins", bins, integer=True)
     if truth is not None and tuple(np.shape(truth)) != (num_dims,):
         raise ValueError(f"truth must have shape ({num_dims},), got {tuple(np.shape(truth))}")
+    if not 0 < color_range <= 0.5:
+        raise ValueError(f"color_range must lie in (0, 0.5], got {color_range!r}")
     if not 0 <= range_quantile < 0.5:
         raise ValueError(f"range_quantile must lie in [0, 0.5), got {range_quantile!r}")
     theta, dim = theta[:, chosen], len(chosen)
@@ -225,9 +240,7 @@ def plot_probability_map(
                            theta[:, [j, i]] if i != j else theta[:, [i]], min_count)
         for i in range(dim) for j in range(i + 1)
     }  # fmt: skip
-    deviations = [np.abs(m - 0.5) for _, m in panels.values() if np.isfinite(m).any()]
-    spread = max((float(np.nanmax(d)) for d in deviations), default=0.0)
-    half = min(0.5, max(color_range, spread))
+    half = float(color_range)  # fixed: the same colours at every check and in the report
     norm, cmap = Normalize(0.5 - half, 0.5 + half), colormaps[_CMAP]
 
     side = max(dim, 2)
@@ -262,17 +275,21 @@ def plot_probability_map(
         _pp_axes(axes[0, side - 1], grid, ecdf, band, "PP-plot")
         axes[0, side - 1].set_axis_on()
         axes[0, side - 1].legend(loc="best", fontsize=6, framealpha=0.8)
-    bar = fig.colorbar(ScalarMappable(norm, cmap), ax=axes, shrink=0.8, aspect=30)
-    bar.set_ticks([0.5 - half, 0.5, 0.5 + half])
+    bar = fig.colorbar(ScalarMappable(norm, cmap), ax=axes, shrink=0.8, aspect=30,
+                       extend="neither" if half >= 0.5 else "both")  # fmt: skip
+    bar.set_ticks(np.linspace(0.5 - half, 0.5 + half, 5))
     bar.set_ticklabels(
         [
-            f"{0.5 - half:.2f}\nestimator:\ntoo much mass",
-            "0.5\nconsistent",
-            f"{0.5 + half:.2f}\nestimator:\ntoo little mass",
+            f"{0.5 - half:.2g}\nestimator:\ntoo much mass",
+            "",
+            "0.5\nchance:\nconsistent",
+            "",
+            f"{0.5 + half:.2g}\nestimator:\ntoo little mass",
         ],
         fontsize=7,
     )
-    bar.set_label("mean classifier output d(θ, x_o) in the bin", fontsize=8)
+    bar.set_label("mean classifier output in the bin, d(θ, x_o) = P(true posterior | θ, x_o)",
+                  fontsize=8)  # fmt: skip
     heading = title or "Where the estimator puts too much (red) or too little (blue) mass"
     if dim < num_dims:
         heading += f"\n{', '.join(names)} of D = {num_dims} parameters (parameters= picks others)"

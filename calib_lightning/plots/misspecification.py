@@ -105,12 +105,13 @@ def plot_misspecification(
     right = high * 1.4 if log else high + 0.08 * (high - low)  # room for a line at the top
     threshold = _rejection_threshold(calibration, level)
     if threshold is not None and threshold < right:
-        ax.axvspan(threshold, right, color="tab:red", alpha=0.1, lw=0, label=f"p < {level:g}")
+        ax.axvspan(threshold, right, color="tab:red", alpha=0.1, lw=0,
+                   label=f"conformal p < {level:g}")  # fmt: skip
     order = np.argsort(p_value, kind="stable")  # the most suspicious observations first
     for rank, o in enumerate(order):
         position = max(score[o], low) if log else score[o]
         if rank < max_legend:
-            label = f"$x_o$ {o}: {format_p_value(p_value[o])}"
+            label = f"$x_o$ {o}: {format_p_value(p_value[o], name='conformal p')}"
             ax.axvline(position, color=_COLORS[rank % len(_COLORS)], lw=1.6, label=label)
         else:
             ax.axvline(position, color="0.35", lw=0.8, alpha=0.7)
@@ -121,7 +122,8 @@ def plot_misspecification(
     ax.set_xlim(low / 1.15 if log else low - 0.04 * (high - low), right)
     heading = None
     if getattr(result, "global_p_value", None) is not None and score.size > 1:
-        heading = format_p_value(float(result.global_p_value), name="global p")
+        heading = format_p_value(float(result.global_p_value),
+                                 name="combined conformal p")  # fmt: skip
     ax.set_xlabel("score: distance to k-th nearest simulation" + (" (log)" if log else ""))
     ax.set_ylabel("simulations")
     ax.legend(loc="upper right", fontsize=7, title=heading, title_fontsize=8, framealpha=0.9)

@@ -82,7 +82,9 @@ def plot_rank_histograms(
     band holds every bar of a calibrated posterior with probability at least
     :math:`1 - \alpha` (binomial quantiles at level :math:`\alpha / B` per bin,
     Bonferroni over the ``B`` bins). Bars show observed / expected counts (bins may
-    differ by one rank value), so calibration is the dashed line at 1.
+    differ by one rank value), so calibration is the dashed line at 1. Each panel's
+    title names its test: ``"θ1  chi-square p = 0.03"`` (the ECDF figure's legend gives
+    the ECDF band test of the same ranks, another test with another p-value).
 
     Panels wrap into rows of ``max_columns``; at most ten rows are drawn, so the figure
     stays bounded at any ``D`` (about 18 x 24 inches at ``D = 50``): beyond 59
@@ -124,7 +126,7 @@ def plot_rank_histograms(
     shown = ""
     if parameters is None and d > room:
         parameters = worst_first(marginal_p.tolist(), room)
-        shown = f"; the {room} of D = {d} dimensions with the smallest p-values"
+        shown = f"; the {room} of D = {d} dimensions with the smallest chi-square p-values"
     chosen, names = select_parameters(d, parameters, labels)
     counts, edges = _binned_counts(hist, b)
     n = int(hist[0].sum())
@@ -145,14 +147,15 @@ def plot_rank_histograms(
         colors = ["tab:red" if o else "tab:blue" for o in outside]
         ax.bar(left, row / expected, width=width, align="edge", color=colors, alpha=0.8, lw=0)
         ax.axhline(1.0, color="0.3", ls="--", lw=1)
-        ax.set_title(f"{name}  ({format_p_value(pv)})", fontsize=9)
+        ax.set_title(f"{name}  chi-square {format_p_value(pv)}", fontsize=9)
         ax.set_xlim(0, 1)
         ax.set_ylim(bottom=0)
     outer_labels(axes, max_columns, "rank of the truth / (M + 1)",
                  "observed / expected", locate=False)  # fmt: skip
     heading_and_note(
         fig,
-        f"Rank histograms ({b} bins, N = {n}{shown}): flat at 1 = calibrated\n"
+        f"Rank histograms ({b} bins, N = {n}{shown}): flat at 1 = calibrated; "
+        f"each title: the chi-square test of its bins\n"
         f"a calibrated posterior keeps all bars in the grey band with prob. ≥ "
         f"{1 - float(test_level):.0%}; red bars lie outside",
         "Per dimension: ∪-shape = posterior too narrow (over-confident); ∩-shape = too "
@@ -179,7 +182,9 @@ def plot_rank_ecdf(
     lines the pointwise band :math:`\pm z_{1-\alpha/2} \sqrt{t (1 - t) / N}` (each point
     alone; a calibrated curve crosses them often).
 
-    Up to six dimensions, every curve is drawn in colour with its p-value in the legend.
+    Up to six dimensions, every curve is drawn in colour with the p-value of its ECDF
+    band test in the legend (``"θ1: ECDF band p = 0.003"``; the rank histograms' titles
+    give the chi-square test of the same ranks, a different test with another p-value).
     Beyond, fifty coloured curves would be unreadable: the ``max_highlighted``
     dimensions with the smallest ECDF p-values (or those ``parameters`` picks) are drawn
     in colour and named, every other dimension as a thin grey line behind them (so a
@@ -243,12 +248,12 @@ def plot_rank_ecdf(
                                 if k == 0 else None))  # fmt: skip
     for k, (i, name) in enumerate(zip(chosen, names, strict=True)):
         axes[0].plot(tt, [0, *dev[i], 0], color=f"C{k}", lw=1.3, zorder=3,
-                     label=f"{name} ({format_p_value(ecdf_p[i])})")  # fmt: skip
+                     label=f"{name}: ECDF band {format_p_value(ecdf_p[i])}")  # fmt: skip
     axes[1].plot(tt, [0, *dev[d], 0], color="k", lw=1.5,
-                 label=f"{_JOINT} ({format_p_value(ecdf_p[d])})")  # fmt: skip
+                 label=f"{_JOINT}: ECDF band {format_p_value(ecdf_p[d])}")  # fmt: skip
     axes[0].set_ylabel("ECDF(t) − t", fontsize=8)
     if others:
-        what = "with the smallest p-values" if worst else "chosen"
+        what = "with the smallest ECDF band p-values" if worst else "chosen"
         axes[0].set_title(f"Marginal ranks of D = {d}: in colour the {len(chosen)} {what}",
                           fontsize=9)  # fmt: skip
     else:
@@ -257,7 +262,7 @@ def plot_rank_ecdf(
     for ax in axes:  # below the axes: never over a curve
         entries = len(ax.get_legend_handles_labels()[1])
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13),
-                  ncol=min(3, entries), frameon=False)  # fmt: skip
+                  ncol=min(2, entries), frameon=False)  # fmt: skip
     axes[0].text(0.02, 0.98,
                  "read by shape: above 0 on the left, below on the right: too narrow\n"
                  "  (over-confident)\n"
@@ -272,10 +277,12 @@ def plot_rank_ecdf(
                  transform=axes[1].transAxes, **_NOTE)  # fmt: skip
     top = max(abs(dev).max(), float(simultaneous.abs().max()))
     axes[0].set_ylim(-1.1 * top, 1.9 * top)
-    title = "ECDF − t: inside the grey band everywhere = calibrated"
+    title = ("ECDF − t: inside the grey band everywhere = calibrated (the ECDF band test "
+             "rejects where a curve leaves it)")
     global_p_value = getattr(result, "global_p_value", None)
     if global_p_value is not None:
-        title += f"   (all tests combined: global {format_p_value(global_p_value)})"
+        title += (f"\nglobal {format_p_value(global_p_value)}: all chi-square and ECDF "
+                  "band tests combined (the verdict)")
     fig.suptitle(title, fontsize=10)
     return fig
 

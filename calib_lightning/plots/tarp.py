@@ -62,7 +62,7 @@ def plot_tarp(
     ax.fill_between(c[upper], c[upper], coverage[upper], where=coverage[upper] < c[upper],
                     color="tab:red", alpha=0.25, lw=0, label="over-confident (too narrow)")
     ax.plot(c, coverage, color="black", lw=1.6, label="expected coverage")
-    summary = [format_p_value(result.p_value, digits=3),
+    summary = [format_p_value(result.p_value, digits=3, name="TARP p"),
                f"coverage error = {float(result.coverage_error):+.3f}"]  # fmt: skip
     ax.text(0.03, 0.97, ", ".join(summary), transform=ax.transAxes, va="top", fontsize=9)
     ax.text(0.03, 0.89, "read c > 1/2: above = too wide,\nbelow = over-confident;\n"
