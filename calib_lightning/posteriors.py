@@ -322,13 +322,7 @@ class SbiPosterior(Posterior):
     def to_latent(self, theta: Tensor, x: Tensor) -> Tensor:
         x = self._prepare_x(x)
         inner = self._prepare_theta(theta, x)
-        return self._flow().to_latent(inner, x).to(theta.dtype)
-
-    def _flow(self) -> Posterior:
-        """The adapter of the flow inside the estimator, ``x`` going through its embedding."""
-        if not hasattr(self, "_inner"):
-            self._inner = _sbi_flow(self.module)
-        return self._inner
+        return _sbi_flow(self.module).to_latent(inner, x).to(theta.dtype)
 
 
 class _EmbeddedFlow(torch.nn.Module):
