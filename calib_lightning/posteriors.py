@@ -52,6 +52,7 @@ from torch.distributions import (
     Normal,
     TransformedDistribution,
 )
+from zuko.lazy import LazyDistribution
 
 from calib_lightning._model_info import (
     default_dtype,
@@ -274,11 +275,18 @@ class SbiPosterior(Posterior):
     ``DirectPosterior``.
 
     The estimator is diagnosed as trained, without the prior-support rejection that
-    ``DirectPosterior`` adds when sampling. ``to_latent`` uses the estimator's
-    ``inverse_transform`` (flows only). Samples and their log-densities come from
+    ``DirectPosterior`` adds when sampling. Samples and their log-densities come from
     separate ``sample`` and ``log_prob`` calls, never from sbi's
     ``sample_and_log_prob`` (its nflows version mismatches samples and conditions
     in sbi 0.27).
+
+    ``to_latent`` (flows only: ``NFlowsFlow``, ``ZukoFlow``) passes ``x`` through the
+    estimator's embedding net, which z-scores ``x`` in sbi's builders, before the flow,
+    exactly as ``log_prob`` and ``sample`` do: it goes through the nflows or zuko flow
+    the estimator wraps, never through sbi's ``inverse_transform`` (in sbi 0.27,
+    ``NFlowsFlow.inverse_transform`` skips the embedding net, so the latents of the
+    model's own samples are not standard normal when ``x`` is not standardized).
+    Another estimator (a mixture density network) raises a :class:`ValueError`.
 
     Arguments:
         module: the estimator.
@@ -314,8 +322,37 @@ class SbiPosterior(Posterior):
     def to_latent(self, theta: Tensor, x: Tensor) -> Tensor:
         x = self._prepare_x(x)
         inner = self._prepare_theta(theta, x)
-        with self._errors(inner, x):
-            return self.module.inverse_transform(inner, x).to(theta.dtype)
+        return _sbi_flow(self.module).to_latent(inner, x).to(theta.dtype)
+
+
+class _EmbeddedFlow(torch.nn.Module):
+    """``x -> flow(embedding(x))``: a zuko flow conditioned on an embedding of ``x``."""
+
+    def __init__(self, embedding: torch.nn.Module, flow: torch.nn.Module) -> None:
+        super().__init__()
+        self.embedding, self.flow = embedding, flow
+
+    def forward(self, x: Tensor) -> Distribution:
+        return self.flow(self.embedding(x))
+
+
+def _sbi_flow(estimator: Any) -> Posterior:
+    """An adapter for the nflows or zuko flow inside an sbi estimator, embedding included.
+
+    ``NFlowsFlow.net`` is an nflows ``Flow`` that holds the embedding net itself (its
+    ``log_prob`` and ``transform_to_noise`` embed the context); ``ZukoFlow.net`` is a zuko
+    flow that sbi calls on ``embedding_net(x)``.
+    """
+    net, embedding = getattr(estimator, "net", None), getattr(estimator, "embedding_net", None)
+    if is_nflows(net):
+        return NflowsPosterior(net)
+    if isinstance(net, LazyDistribution) and isinstance(embedding, torch.nn.Module):
+        return DistributionPosterior(_EmbeddedFlow(embedding, net))
+    raise ValueError(
+        "to_latent needs an sbi flow estimator (NFlowsFlow, whose net is an nflows Flow, or "
+        "ZukoFlow, whose net is a zuko flow with an embedding_net), got "
+        f"{type(estimator).__name__} with net {type(net).__name__}"
+    )
 
 
 def as_posterior(obj: Any) -> Posterior:

@@ -1,0 +1,239 @@
+"""Latents right for every adapter: with ``x`` far from standardized (``x = 10 theta + 5``),
+the latents of a model's own samples are standard normal and its ``log_prob`` is the change
+of variables of its latents, for every backend ``cl.as_posterior`` wraps.
+
+The flows are briefly fitted (a few full-batch Adam steps), so that they depend on ``x`` as
+a trained estimator does; the property holds for any parameters.
+"""
+
+import math
+from collections.abc import Callable
+
+import pytest
+import torch
+import zuko
+from nflows.distributions.normal import ConditionalDiagonalNormal, StandardNormal
+from nflows.flows.base import Flow
+from nflows.transforms import CompositeTransform, MaskedAffineAutoregressiveTransform
+from scipy import stats
+from torch import nn
+from torch.distributions import (
+    AffineTransform,
+    ExpTransform,
+    Independent,
+    MultivariateNormal,
+    Normal,
+    TransformedDistribution,
+)
+
+import calib_lightning as cl
+
+D = 2
+OFFSET, SCALE, NOISE = 5.0, 10.0, 2.0
+NUM_TRAIN, NUM_FIT_STEPS = 1000, 30
+NUM_SAMPLES = 2000  # pairs (x_i, theta_i ~ q(. | x_i)) in the normality checks
+NUM_JACOBIAN = 40  # pairs in the change-of-variables check
+KS_LEVEL = 1e-3  # family-wise over the D coordinates of one adapter (Bonferroni)
+
+
+def simulate(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gaussian linear task with ``x`` offset by 5 and scaled by 10, float64."""
+    g = torch.Generator().manual_seed(seed)
+    theta = torch.randn(n, D, generator=g, dtype=torch.float64)
+    x = SCALE * theta + OFFSET + NOISE * torch.randn(n, D, generator=g, dtype=torch.float64)
+    return theta, x
+
+
+def fit(module: nn.Module, obj: object, steps: int = NUM_FIT_STEPS) -> None:
+    """A few full-batch Adam steps on the NLL, through the adapter, so ``q`` depends on ``x``."""
+    theta, x = simulate(NUM_TRAIN, seed=1)
+    post = cl.as_posterior(obj)
+    optimizer = torch.optim.Adam(module.parameters(), lr=1e-2)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        (-post.log_prob(theta, x).mean()).backward()
+        optimizer.step()
+
+
+def zuko_flow(name: str) -> object:
+    torch.manual_seed(0)
+    if name == "CNF":
+        return zuko.flows.CNF(D, D, hidden_features=(16, 16)).double()  # untrained: slow
+    flow = getattr(zuko.flows, name)(D, D, transforms=2, hidden_features=(32, 32)).double()
+    fit(flow, flow)
+    return flow
+
+
+def nflows_flow(embedding: bool = False, conditional_base: bool = False) -> object:
+    torch.manual_seed(0)
+    width = 4 if embedding else D
+    embedding_net = nn.Sequential(nn.Linear(D, width), nn.Tanh()) if embedding else None
+    if embedding:
+        with torch.no_grad():  # start in tanh's range for x of scale 10
+            embedding_net[0].weight.div_(SCALE)
+            embedding_net[0].bias.sub_(embedding_net[0].weight.sum(1) * OFFSET)
+    transform = CompositeTransform(
+        [
+            MaskedAffineAutoregressiveTransform(D, hidden_features=32, context_features=width)
+            for _ in range(2)
+        ]
+    )
+    base = (
+        ConditionalDiagonalNormal([D], context_encoder=nn.Linear(width, 2 * D))
+        if conditional_base
+        else StandardNormal([D])
+    )
+    flow = Flow(transform, base, embedding_net).double()
+    fit(flow, flow)
+    return flow
+
+
+def sbi_estimator(model: str, direct_posterior: bool = False) -> object:
+    """An sbi estimator from sbi's own builder, its z-scoring fitted on the offset, scaled x."""
+    pytest.importorskip("sbi")
+    from sbi.neural_nets import posterior_nn
+
+    theta, x = simulate(NUM_TRAIN, seed=1)
+    torch.manual_seed(0)
+    build = posterior_nn(model=model, hidden_features=32, num_transforms=2)
+    estimator = build(theta.float(), x.float()).double()
+    fit(estimator, estimator)
+    if not direct_posterior:
+        return estimator
+    from sbi.inference.posteriors import DirectPosterior
+
+    prior = MultivariateNormal(torch.zeros(D), torch.eye(D))
+    return DirectPosterior(posterior_estimator=estimator, prior=prior)
+
+
+def _loc(x: torch.Tensor) -> torch.Tensor:
+    """The exact posterior mean of the task: a shrunken, standardized ``x``."""
+    gain = SCALE / (SCALE**2 + NOISE**2)
+    return gain * (x - OFFSET)
+
+
+def independent_normal(x: torch.Tensor) -> Independent:
+    sd = SCALE * NOISE / (SCALE**2 + NOISE**2) ** 0.5 / SCALE
+    return Independent(Normal(_loc(x), torch.full_like(x, sd)), 1)
+
+
+_TRIL = torch.tensor([[0.3, 0.0], [0.15, 0.2]], dtype=torch.float64)
+
+
+def multivariate_normal(x: torch.Tensor) -> MultivariateNormal:
+    mixing = torch.tensor([[1.0, 0.5], [-0.3, 1.0]], dtype=torch.float64)
+    return MultivariateNormal(_loc(x) @ mixing.T, scale_tril=_TRIL.to(x))
+
+
+def transformed(x: torch.Tensor) -> TransformedDistribution:
+    """A log-normal-like posterior: ``exp(loc(x) + scale(x) z)``, non-linear in ``z``."""
+    base = Independent(Normal(torch.zeros_like(x), torch.ones_like(x)), 1)
+    scale = 0.3 + 0.1 * torch.sigmoid(_loc(x))
+    affine = AffineTransform(0.5 * _loc(x), scale, event_dim=1)
+    return TransformedDistribution(base, [affine, ExpTransform()])
+
+
+ADAPTERS: dict[str, Callable[[], object]] = {
+    "zuko-maf": lambda: zuko_flow("MAF"),
+    "zuko-nsf": lambda: zuko_flow("NSF"),
+    "zuko-cnf": lambda: zuko_flow("CNF"),
+    "nflows": lambda: nflows_flow(),
+    "nflows-embedding": lambda: nflows_flow(embedding=True),
+    "nflows-embedding-conditional-base": lambda: nflows_flow(True, conditional_base=True),
+    "sbi-maf": lambda: sbi_estimator("maf"),
+    "sbi-nsf": lambda: sbi_estimator("nsf"),
+    "sbi-zuko-maf": lambda: sbi_estimator("zuko_maf"),
+    "sbi-zuko-nsf": lambda: sbi_estimator("zuko_nsf"),
+    "sbi-direct-posterior": lambda: sbi_estimator("maf", direct_posterior=True),
+    "transformed-distribution": lambda: transformed,
+    "independent-normal": lambda: independent_normal,
+    "multivariate-normal": lambda: multivariate_normal,
+}
+SLOW = {"zuko-cnf"}  # an ODE per sample: fewer samples, looser change-of-variables tolerance
+
+
+def assert_standard_normal(z: torch.Tensor) -> None:
+    """Mean, covariance and per-coordinate KS test of ``z (n, D)`` against N(0, I)."""
+    n = z.shape[0]
+    z = z.detach().double()
+    assert torch.isfinite(z).all()
+    mean = z.mean(0)
+    assert mean.abs().max() < 4 / n**0.5, f"latent mean {mean.tolist()}"
+    cov = torch.cov(z.T)
+    error = (cov - torch.eye(D, dtype=z.dtype)).abs().max()
+    assert error < 5 * (2 / n) ** 0.5, f"latent covariance {cov.tolist()}"
+    p_values = [stats.kstest(z[:, d].numpy(), "norm").pvalue for d in range(D)]
+    assert min(p_values) > KS_LEVEL / D, f"KS p-values {p_values}"
+
+
+def change_of_variables(post: cl.Posterior, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    r""":math:`\log N(z; 0, I) + \log|\det \partial z / \partial \theta|`, Jacobian by autograd.
+
+    Each ``z_i`` depends on ``theta_i`` only, so ``D`` backward passes give every Jacobian.
+    """
+    theta = theta.detach().requires_grad_(True)
+    z = post.to_latent(theta, x)
+    rows = [torch.autograd.grad(z[:, d].sum(), theta, retain_graph=True)[0] for d in range(D)]
+    jacobian = torch.stack(rows, dim=-2)  # (n, D, D): d z_d / d theta_e
+    log_normal = -0.5 * z.square().sum(-1) - 0.5 * D * math.log(2 * math.pi)
+    return (log_normal + torch.linalg.slogdet(jacobian)[1]).detach()
+
+
+@pytest.fixture(scope="module", params=list(ADAPTERS))
+def adapter(request: pytest.FixtureRequest) -> tuple[str, cl.Posterior]:
+    return request.param, cl.as_posterior(ADAPTERS[request.param]())
+
+
+def test_latents_of_own_samples_are_standard_normal(adapter):
+    name, post = adapter
+    n = 500 if name in SLOW else NUM_SAMPLES
+    _, x = simulate(n, seed=2)  # one sample at each of n distinct, unstandardized x
+    torch.manual_seed(3)
+    theta = post.sample(x, 1)[0]
+    with torch.no_grad():
+        z = post.to_latent(theta, x)
+    assert z.shape == (n, D)
+    assert z.dtype == torch.float64
+    assert_standard_normal(z)
+
+
+def test_log_prob_is_the_change_of_variables_of_the_latents(adapter):
+    name, post = adapter
+    _, x = simulate(NUM_JACOBIAN, seed=4)
+    torch.manual_seed(5)
+    theta = post.sample(x, 1)[0]
+    expected = change_of_variables(post, theta, x)
+    tolerance = 1e-3 if name in SLOW else 1e-7
+    torch.testing.assert_close(post.log_prob(theta, x), expected, rtol=tolerance, atol=tolerance)
+    log_prob, z = post.log_prob_and_latent(theta, x)
+    torch.testing.assert_close(log_prob, expected, rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(z, post.to_latent(theta, x), rtol=tolerance, atol=tolerance)
+
+
+def test_the_check_sees_a_flow_that_skips_its_embedding():
+    """The defect of sbi 0.27's ``NFlowsFlow.inverse_transform``: raw ``x`` into the flow
+    instead of the embedding net's z-scored ``x``. The normality check must reject it."""
+    estimator = sbi_estimator("maf")
+    post = cl.as_posterior(estimator)
+    _, x = simulate(NUM_SAMPLES, seed=2)
+    torch.manual_seed(3)
+    theta = post.sample(x, 1)[0]
+    with torch.no_grad():
+        skipped, _ = estimator.net._transform(theta, context=x)  # no embedding net
+        assert_standard_normal(post.to_latent(theta, x))
+    with pytest.raises(AssertionError):
+        assert_standard_normal(skipped)
+
+
+def test_an_sbi_estimator_without_a_flow_has_no_latent():
+    pytest.importorskip("sbi")
+    from sbi.neural_nets import posterior_nn
+
+    theta, x = simulate(200, seed=1)
+    estimator = posterior_nn(model="mdn", hidden_features=8, num_components=2)(
+        theta.float(), x.float()
+    )
+    post = cl.as_posterior(estimator)
+    assert post.sample(x[:5].float(), 2).shape == (2, 5, D)
+    with pytest.raises(ValueError, match="to_latent needs an sbi flow estimator"):
+        post.to_latent(theta[:5].float(), x[:5].float())
