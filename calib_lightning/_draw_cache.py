@@ -34,7 +34,7 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import Tensor, nn
 
-from calib_lightning._posterior_base import Posterior
+from calib_lightning.posteriors.base import Posterior
 
 __all__ = [
     "MAX_SHARED_ELEMENTS",

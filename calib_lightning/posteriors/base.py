@@ -1,7 +1,7 @@
 """The :class:`Posterior` base class and the input checks every adapter shares.
 
-Adapters (:mod:`calib_lightning.posteriors`) subclass :class:`Posterior`; see that
-module for the shape and dtype conventions.
+Adapters (the other modules of :mod:`calib_lightning.posteriors`) subclass
+:class:`Posterior`; see the package docstring for the shape and dtype conventions.
 """
 
 from __future__ import annotations
@@ -166,5 +166,3 @@ class Posterior:
             log_prob = self.log_prob(leaf, x)
             (grad,) = torch.autograd.grad(log_prob.sum(), leaf, create_graph=create_graph)
         return grad
-
-
