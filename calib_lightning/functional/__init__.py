@@ -16,6 +16,7 @@ from calib_lightning.functional.bootstrap import (
     wild_bootstrap,
 )
 from calib_lightning.functional.combine import combine_p_values, monte_carlo_p_value
+from calib_lightning.functional.distance_rank import distance_log_prob
 from calib_lightning.functional.kccsd import (
     KCCSDTest,
     gaussian_base_points,
@@ -116,6 +117,7 @@ __all__ = [
     "coverage_error",
     "default_num_bins",
     "density_coverage",
+    "distance_log_prob",
     "draw_moments",
     "ecdf_levels",
     "ecdf_test",

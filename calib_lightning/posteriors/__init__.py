@@ -9,7 +9,13 @@ one module per estimator family:
 * :mod:`~calib_lightning.posteriors.distributions`: any callable ``x -> Distribution``
   (zuko flows, Gaussians);
 * :mod:`~calib_lightning.posteriors.flows`: nflows ``Flow`` s;
-* :mod:`~calib_lightning.posteriors.sbi`: sbi's density estimators.
+* :mod:`~calib_lightning.posteriors.sbi`: sbi's density estimators;
+* :mod:`~calib_lightning.posteriors.samples`: samples-only posteriors
+  (:class:`SamplePosterior`).
+
+An adapter lists what it can compute in ``capabilities`` (:data:`CAPABILITIES`: sample,
+log_prob, score, to_latent); a method it cannot support raises a :class:`ValueError`
+naming the missing capability and the checks that need it.
 
 Shape convention, identical for every backend:
 
@@ -51,18 +57,29 @@ from __future__ import annotations
 from typing import Any
 
 from calib_lightning._model_info import is_nflows, sbi_estimator
-from calib_lightning.posteriors.base import Posterior, check_width
+from calib_lightning.posteriors.base import (
+    CAPABILITIES,
+    Posterior,
+    check_width,
+    supports,
+    unsupported,
+)
 from calib_lightning.posteriors.distributions import DistributionPosterior
 from calib_lightning.posteriors.flows import NflowsPosterior
+from calib_lightning.posteriors.samples import SamplePosterior
 from calib_lightning.posteriors.sbi import SbiPosterior
 
 __all__ = [
+    "CAPABILITIES",
     "DistributionPosterior",
     "NflowsPosterior",
     "Posterior",
+    "SamplePosterior",
     "SbiPosterior",
     "as_posterior",
     "check_width",
+    "supports",
+    "unsupported",
 ]
 
 
@@ -70,7 +87,8 @@ def as_posterior(obj: Any) -> Posterior:
     """Wrap a conditional density estimator in the package's :class:`Posterior` interface.
 
     Arguments:
-        obj: a :class:`Posterior` (returned as is), an ``nflows`` ``Flow``, a zuko flow
+        obj: a :class:`Posterior` (returned as is, e.g. a :class:`SamplePosterior` for a
+            callable that returns samples only), an ``nflows`` ``Flow``, a zuko flow
             (any ``zuko.lazy.LazyDistribution``), an sbi density estimator or
             ``DirectPosterior``, or any callable ``x -> torch.distributions.Distribution``
             with event shape ``(D,)``.
