@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from calib_lightning._checks import check_pairs, check_positive, check_probability
+from calib_lightning._fit_check import check_fits
 from calib_lightning._random import cuda_devices, seeded
 from calib_lightning.diagnosis._report import Diagnosis
 from calib_lightning.evaluation import draw_chunks, draws
@@ -132,6 +133,7 @@ def diagnose(
         raise ValueError(f"checks {[c for c in checks if c in _LOCAL]} need observations, "
                          "got observations=None")  # fmt: skip
     post = as_posterior(posterior)
+    check_fits(post, theta, x, observations=observations)  # names the argument that is wrong
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     devices = cuda_devices(post, theta, x, observations)
