@@ -27,8 +27,8 @@ def check_fits(
     """Raise the metrics' ``ValueError`` now if the data do not fit the estimator.
 
     In this order: ``theta`` against the event size ``D`` when the model tells it
-    (:func:`~calib_lightning.evaluation.check_event_size`); one draw at the first two
-    rows of ``x`` (the adapters' errors for ``x``'s shape and dtype); ``theta``'s width
+    (:func:`~calib_lightning.evaluation.check_event_size`); ``x`` against the context
+    shape when the model tells it; one draw at the first two rows of ``x`` (the adapters' errors for ``x``'s shape and dtype); ``theta``'s width
     against the draw's; ``observations`` against ``x``: the estimator accepted ``x``, so
     the observations must have its shape ``*X``. The draw runs under ``torch.no_grad``
     with torch's generators forked (CPU and ``x``'s CUDA device): the caller's random
@@ -52,6 +52,8 @@ def check_fits(
     post = as_posterior(posterior)
     post = post.posterior if isinstance(post, SharedDraws) else post
     check_event_size(post, theta, x)  # reads D from x[:1] at most
+    if isinstance(post, Posterior):
+        post._prepare_x(x)  # x's shape against the context, when the model tells it
     devices = [x.device.index or 0] if x.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices), torch.no_grad():
         drawn = post.sample(x[:2], 1)

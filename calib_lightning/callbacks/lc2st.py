@@ -75,7 +75,8 @@ class LC2STNFCallback(CalibrationCallback):
             the probability maps draw; default the first four.
         map_num_posterior_samples: posterior samples per observation for the probability
             maps.
-        seed: seeds the samples drawn for figures and reference scores.
+        seed: seeds the checks (:class:`~calib_lightning.callbacks.CalibrationCallback`)
+            and the samples drawn for figures and reference scores.
         misspecification: test each observation against the calibration ``x``
             (needs ``x`` as a tensor).
         embedding: the embedding network the classifiers see ``x`` through, resolved at
@@ -125,7 +126,7 @@ class LC2STNFCallback(CalibrationCallback):
             if observations is None:
                 raise ValueError("observations must be given (O, X) when no metric is, got None")
             metric = LC2STNF(observations=observations)
-        super().__init__(metric, theta, x, **kwargs)
+        super().__init__(metric, theta, x, seed=seed, **kwargs)
         if observations is not None and not torch.equal(
             observations.to(metric.observations), metric.observations
         ):
