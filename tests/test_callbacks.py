@@ -893,3 +893,12 @@ def test_setup_check_runs_at_validate_and_test_and_on_dataloaders(data):
     CountingNPE.steps = 0
     trainer(max_epochs=1, callbacks=[callback]).fit(module, loader(theta, x))
     assert CountingNPE.steps > 0
+
+
+def test_lc2st_nf_callback_names_truths_and_reference_samples_of_the_wrong_width(data):
+    from calib_lightning.callbacks import LC2STNFCallback
+
+    theta, x = data[1]
+    for name, value in (("truths", torch.zeros(2, 3)), ("reference_samples", torch.zeros(5, 2, 3))):
+        with pytest.raises(ValueError, match=rf"{name} must have shape .* and D = 2 like theta"):
+            LC2STNFCallback(theta, x, observations=x[:2], **{name: value})

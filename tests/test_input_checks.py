@@ -353,3 +353,22 @@ def test_metrics_accept_integer_x_like_float_x(metric):
     expected = run_metric(metric, model, theta, x, x[:2])
     got = run_metric(metric, model, theta, x.long(), x[:2])
     assert_same_results(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("metric_type", [cl.RankCalibration, cl.LatentCalibration])
+def test_num_dims_that_disagree_with_theta_and_the_posterior_name_num_dims(metric_type):
+    """theta fits the posterior (D = 3): the metric's num_dims is what is wrong."""
+    theta, x = pairs()
+    with pytest.raises(ValueError, match=r"num_dims must equal theta's D = 3, got num_dims = 2"):
+        metric_type(num_dims=2).update(zuko_model(), theta, x)
+    with pytest.raises(ValueError, match=wrong_width("24, 2")):  # theta against the posterior
+        metric_type(num_dims=2).update(zuko_model(), theta[:, :2], x)
+
+
+def test_reference_samples_of_the_wrong_width_are_named_before_any_check():
+    theta, x = pairs()
+    with pytest.raises(ValueError, match=r"reference_samples must have shape \(S_ref, O, D\) "
+                                         r"for the O observations and D = 3 parameters, got "
+                                         r"\(10, 2, 2\)"):  # fmt: skip
+        cl.diagnose(zuko_model(), theta, x, observations=x[:2],
+                    reference_samples=torch.zeros(10, 2, 2))  # fmt: skip

@@ -136,15 +136,18 @@ class LC2STNFCallback(CalibrationCallback):
                 f"{_describe(observations)}"
             )
         num_obs = metric.observations.shape[0]
+        num_dims = theta.shape[1] if isinstance(theta, Tensor) and theta.ndim == 2 else None
         for name, value, ndim, expected in (
             ("truths", truths, 2, "(O, D)"),
             ("reference_samples", reference_samples, 3, "(S_ref, O, D)"),
         ):
             if value is not None and (
                 not isinstance(value, Tensor) or value.ndim != ndim or value.shape[-2] != num_obs
+                or num_dims not in (None, value.shape[-1])
             ):
                 raise ValueError(
-                    f"{name} must have shape {expected} with O = {num_obs} observations, "
+                    f"{name} must have shape {expected} with O = {num_obs} observations"
+                    f"{'' if num_dims is None else f' and D = {num_dims} like theta'}, "
                     f"got {_describe(value)}"
                 )
         check_positive("map_num_posterior_samples", map_num_posterior_samples, integer=True)

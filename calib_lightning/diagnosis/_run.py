@@ -134,6 +134,15 @@ def diagnose(
                          "got observations=None")  # fmt: skip
     post = as_posterior(posterior)
     check_fits(post, theta, x, observations=observations)  # names the argument that is wrong
+    if reference_samples is not None and (
+        observations is None or reference_samples.ndim != 3
+        or reference_samples.shape[1:] != (observations.shape[0], theta.shape[1])
+    ):  # fmt: skip
+        raise ValueError(
+            "reference_samples must have shape (S_ref, O, D) for the O observations and "
+            f"D = {theta.shape[1]} parameters, got {tuple(reference_samples.shape)} with "
+            f"observations={None if observations is None else tuple(observations.shape)}"
+        )
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     devices = cuda_devices(post, theta, x, observations)
@@ -173,14 +182,6 @@ def diagnose(
 
         timed("lc2st_nf", run_lc2st)
     if reference_samples is not None:
-        if observations is None or reference_samples.ndim != 3 or (
-                reference_samples.shape[1] != observations.shape[0]):
-            raise ValueError(
-                "reference_samples must have shape (S_ref, O, D) for the O observations, got "
-                f"{tuple(reference_samples.shape)} with observations="
-                f"{None if observations is None else tuple(observations.shape)}"
-            )
-
         def run_reference(generator: torch.Generator) -> Any:
             samples = draws(post, observations, reference_samples.shape[0])
             return compare_to_reference(samples, reference_samples.to(samples), vendi=False,
