@@ -28,11 +28,12 @@ def check_fits(
 
     In this order: ``theta`` against the event size ``D`` when the model tells it
     (:func:`~calib_lightning.evaluation.check_event_size`); ``x`` against the context
-    shape when the model tells it; one draw at the first two rows of ``x`` (the adapters' errors for ``x``'s shape and dtype); ``theta``'s width
-    against the draw's; ``observations`` against ``x``: the estimator accepted ``x``, so
-    the observations must have its shape ``*X``. The draw runs under ``torch.no_grad``
-    with torch's generators forked (CPU and ``x``'s CUDA device): the caller's random
-    stream is unchanged.
+    shape when the model tells it; one ``log_prob`` at the first two pairs (the adapters'
+    errors for the widths the model fails on). Where ``log_prob`` fails or is not
+    supported, one draw at two rows of ``x`` instead (its errors name ``x``) and
+    ``theta``'s width against the draw's. Last, ``observations`` against ``x``: the
+    estimator accepted ``x``, so the observations must have its shape ``*X``. Nothing is
+    drawn from the caller's random stream (a draw runs with torch's generators forked).
 
     Arguments:
         posterior: anything :func:`calib_lightning.as_posterior` accepts.
@@ -54,10 +55,14 @@ def check_fits(
     check_event_size(post, theta, x)  # reads D from x[:1] at most
     if isinstance(post, Posterior):
         post._prepare_x(x)  # x's shape against the context, when the model tells it
-    devices = [x.device.index or 0] if x.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), torch.no_grad():
-        drawn = post.sample(x[:2], 1)
-    check_width(theta, drawn.shape[-1])
+    try:
+        with torch.no_grad():
+            post.log_prob(theta[:2], x[:2])
+    except (ValueError, NotImplementedError):  # a samples-only estimator, or a mistake:
+        devices = [x.device.index or 0] if x.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            drawn = post.sample(x[:2], 1)  # which the draw (naming x) or theta's width tells
+        check_width(theta, drawn.shape[-1])
     if observations is not None and (
         not isinstance(observations, Tensor)
         or observations.ndim < 2
