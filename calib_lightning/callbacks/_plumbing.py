@@ -260,9 +260,10 @@ class SetupCheck(Callback):
         The first batch of this process's pairs (and the metric's ``observations``, if it
         has some) go through :func:`~calib_lightning._fit_check.check_fits`: ``theta``'s
         width against ``D``, ``x``'s shape against the context, the observations' shape
-        against ``x``; one posterior draw at two rows, in eval mode, with the random state
-        forked. Its ``ValueError`` is the one the metric would raise at the first check,
-        raised whatever ``on_error``; other errors are left to the check.
+        against ``x``; one ``log_prob`` at two pairs (a draw, with the random state forked,
+        for a samples-only estimator), in eval mode. Its ``ValueError`` is the one the
+        metric would raise at the first check, raised whatever ``on_error``; other errors
+        are left to the check.
         """
         estimator = self._find_estimator(pl_module)
         batches = self._local_batches(trainer, pl_module.device, pl_module.dtype)
