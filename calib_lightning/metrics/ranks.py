@@ -17,7 +17,7 @@ from calib_lightning._moments import (
     moments,
     variance_from_moments,
 )
-from calib_lightning.evaluation import draw_chunks
+from calib_lightning.evaluation import check_event_size, draw_chunks
 from calib_lightning.functional.bands import P_VALUE_FLOOR
 from calib_lightning.functional.combine import COMBINATION_METHODS, combine_p_values
 from calib_lightning.functional.ranks import (
@@ -275,6 +275,7 @@ class RankCalibration(LazyDimension):
     def update(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> None:
         """Rank the true parameters ``theta (N, D)`` among posterior draws at ``x (N, *X)``."""
         check_pairs(theta, x)
+        check_event_size(posterior, theta, x)  # theta against the posterior first
         self._allocate(theta.shape[1])
         draws = posterior_ranks(
             posterior, theta, x, self.num_posterior_samples,
