@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from calib_lightning._checks import check_choice, check_positive, check_probability
-from calib_lightning.callbacks._figures import figure_sinks
+from calib_lightning.callbacks._figures import write_figures
 from calib_lightning.callbacks._plumbing import (
     STAGES,
     DrawSharing,
@@ -412,15 +412,5 @@ class CalibrationCallback(DrawSharing, SetupCheck):
 
     def _write_figures(self, trainer: Trainer, result: Result | dict[str, Tensor]) -> None:
         """Send the figures and histograms to every logger (:mod:`._figures`)."""
-        sinks = figure_sinks(trainer)
-        step = max(trainer.global_step - 1, 0)  # the step Lightning gives epoch-end scalars
-        epoch, base = trainer.current_epoch, f"{self.prefix}/{self.tag_name}"
-        for key, figure in self.figures(result).items():
-            for sink in sinks:
-                sink.figure(f"{base}/{key}", figure, step, epoch)
-            figure.clear()
-        for key, values in self.histograms(result).items():
-            for sink in sinks:
-                if sink.histogram is not None:
-                    sink.histogram(f"{base}/{key}", values.detach().cpu(), step, epoch)
-
+        base = f"{self.prefix}/{self.tag_name}"
+        write_figures(trainer, base, self.figures(result), self.histograms(result))
