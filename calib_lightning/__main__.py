@@ -8,7 +8,8 @@ Example::
 
 ``--data`` is a file written with ``torch.save`` holding a dict with ``theta`` ``(N, D)``
 and ``x`` ``(N, *X)`` (held-out calibration pairs) and optionally ``observations``
-``(O, *X)``; it is read with ``weights_only=True``.
+``(O, *X)``; it is read with ``weights_only=True``. ``--seed`` (default 0) seeds every
+check (:func:`calib_lightning.diagnose`): the same seed gives the same report.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--checks", default=None, help="comma-separated subset of the checks")
     run.add_argument("--labels", default=None, help="comma-separated parameter names")
     run.add_argument("--level", type=float, default=0.05)
+    run.add_argument("--seed", type=int, default=0,
+                     help="seeds every check's randomness: one seed, the same report (default: 0)")
     args = parser.parse_args(argv)
 
     from calib_lightning.callbacks._plumbing import find_estimator
@@ -71,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             checks=args.checks.split(",") if args.checks else None,
             labels=args.labels.split(",") if args.labels else None,
             num_posterior_samples=args.num_posterior_samples, level=args.level,
+            seed=args.seed,
         )  # fmt: skip
     page = diagnosis.save(args.out)
     print(diagnosis.verdict[0].upper() + diagnosis.verdict[1:])

@@ -817,3 +817,88 @@ def test_history_figure_wraps_many_scalars_and_reads_every_p_value_on_a_log_axis
     scales = {ax.get_ylabel(): ax.get_yscale() for ax in visible}
     assert scales["p_value/7"] == "log"
     assert scales["statistic"] == "linear"
+
+
+class CountingNPE(TestedNPE):
+    """Counts its training steps: a setup error must come before the first."""
+
+    steps = 0
+
+    def training_step(self, batch, batch_idx):
+        type(self).steps += 1
+        return super().training_step(batch, batch_idx)
+
+
+WRONG_THETA = r"theta must have D = 2 columns like the posterior's event shape \(2,\), got shape"
+
+
+def every_callback(theta, x, observations):
+    from calib_lightning.callbacks import (
+        LatentCalibrationCallback,
+        LC2STNFCallback,
+        RankCalibrationCallback,
+        TARPCallback,
+    )
+
+    quiet = {"log_figures": False, "on_error": "warn"}  # a setup error raises all the same
+    return {
+        "ranks": lambda: RankCalibrationCallback(theta, x, **quiet),
+        "tarp": lambda: TARPCallback(theta, x, **quiet),
+        "kccsd": lambda: KCCSDCallback(theta, x, metric=metric(), **quiet),
+        "latent": lambda: LatentCalibrationCallback(theta, x, **quiet),
+        "lc2st_nf": lambda: LC2STNFCallback(
+            theta, x, metric=cl.LC2STNF(observations, num_null=3, num_posterior_samples=16),
+            **quiet,
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", ["ranks", "tarp", "kccsd", "latent", "lc2st_nf"])
+def test_calibration_data_that_do_not_fit_the_estimator_fail_at_the_start_of_fit(data, name):
+    """Issue 22: ``RankCalibrationCallback(theta[:, :1], x)`` on a 2-parameter flow raises
+    the metric's ValueError before the first training step, not NaN after an epoch."""
+    (theta, x), (theta_cal, x_cal) = data
+    cases = [
+        (theta_cal[:, :1], x_cal, x_cal[:2], WRONG_THETA + r" \(96, 1\)"),
+        (torch.cat([theta_cal, theta_cal], 1), x_cal, x_cal[:2], WRONG_THETA + r" \(96, 4\)"),
+        (theta_cal, x_cal[:, :1], x_cal[:2, :1],
+         r"x must have shape \(N, 2\) for this posterior's context, got \(96, 1\)"),
+    ]  # fmt: skip
+    if name == "lc2st_nf":
+        cases.append((theta_cal, x_cal, x_cal[:2, :1],
+                      r"observations must have shape \(O, 2\) like x \(96, 2\)"))  # fmt: skip
+    for bad_theta, bad_x, observations, match in cases:
+        callback = every_callback(bad_theta, bad_x, observations)[name]()
+        CountingNPE.steps = 0
+        with pytest.raises(ValueError, match=match):
+            trainer(max_epochs=1, callbacks=[callback]).fit(CountingNPE(), loader(theta, x))
+        assert CountingNPE.steps == 0
+        assert callback.epochs == []
+
+
+def test_setup_check_runs_at_validate_and_test_and_on_dataloaders(data):
+    (theta, x), (theta_cal, x_cal) = data
+    module = CountingNPE()
+    for stage in ("validate", "test"):
+        callback = KCCSDCallback(theta_cal[:, :1], x_cal, metric=metric(), check_on=(stage,))
+        run = getattr(trainer(callbacks=[callback]), stage)
+        with pytest.raises(ValueError, match=WRONG_THETA + r" \(96, 1\)"):
+            run(module, loader(theta_cal, x_cal), verbose=False)
+    callback = KCCSDCallback(dataloader=loader(theta_cal[:, :1], x_cal, batch_size=32),
+                             metric=metric())  # fmt: skip
+    with pytest.raises(ValueError, match=WRONG_THETA + r" \(32, 1\)"):
+        trainer(max_epochs=1, callbacks=[callback]).fit(module, loader(theta, x))
+    # a stage that runs no check checks nothing: fit with check_on=("test",) trains
+    callback = KCCSDCallback(theta_cal[:, :1], x_cal, metric=metric(), check_on=("test",))
+    CountingNPE.steps = 0
+    trainer(max_epochs=1, callbacks=[callback]).fit(module, loader(theta, x))
+    assert CountingNPE.steps > 0
+
+
+def test_lc2st_nf_callback_names_truths_and_reference_samples_of_the_wrong_width(data):
+    from calib_lightning.callbacks import LC2STNFCallback
+
+    theta, x = data[1]
+    for name, value in (("truths", torch.zeros(2, 3)), ("reference_samples", torch.zeros(5, 2, 3))):
+        with pytest.raises(ValueError, match=rf"{name} must have shape .* and D = 2 like theta"):
+            LC2STNFCallback(theta, x, observations=x[:2], **{name: value})

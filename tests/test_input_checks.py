@@ -290,13 +290,32 @@ def test_metrics_name_theta_of_the_wrong_width(metric, model, width):
 @pytest.mark.parametrize("model", ["zuko-maf", "sbi"])
 def test_metrics_name_x_narrower_than_the_context(metric, model):
     theta, x = pairs()
-    # the local tests compare x with their reference observations first
-    if metric.startswith("LC2ST"):
-        match = r"x must have X = 2 features like observations, got shape \(24, 1\)"
-    else:
-        match = r"x must have shape \(N, 2\) for this posterior's context, got \(24, 1\)"
+    # the local tests too: x is checked against the context before the observations
+    match = r"x must have shape \(N, 2\) for this posterior's context, got \(24, 1\)"
     with pytest.raises(ValueError, match=match):
         run_metric(metric, MODELS[model](), theta, x[:, :1], x[:2])
+
+
+@pytest.mark.parametrize("metric", ["LC2STNF", "LC2ST"])
+@pytest.mark.parametrize("model", ["zuko-maf", "sbi"])
+def test_local_metrics_name_observations_narrower_than_x(metric, model):
+    """Issue 22: x fits the posterior, the observations do not; the error names them."""
+    theta, x = pairs()
+    match = r"observations must have shape \(O, 2\) like x and the posterior's context, got \(2"
+    with pytest.raises(ValueError, match=match):
+        run_metric(metric, MODELS[model](), theta, x, x[:2, :1])
+
+
+@pytest.mark.parametrize("model", ["zuko-maf", "torch-callable"])
+def test_diagnose_names_observations_of_the_wrong_width(model):
+    """Issue 22: ``cl.diagnose(flow, theta, x, observations=x_o[:, :1])`` blames the
+    observations, whether or not the adapter can read the context width."""
+    theta, x = pairs()
+    match = r"observations must have shape \(O, 2\) like x \(24, 2\).*got \(2, 1\)"
+    with pytest.raises(ValueError, match=match):
+        cl.diagnose(MODELS[model](), theta, x, observations=x[:2, :1])
+    with pytest.raises(ValueError, match=wrong_width("24, 2")):
+        cl.diagnose(MODELS[model](), theta[:, :2], x, observations=x[:2])
 
 
 @pytest.mark.parametrize("metric", list(METRICS))
@@ -334,3 +353,22 @@ def test_metrics_accept_integer_x_like_float_x(metric):
     expected = run_metric(metric, model, theta, x, x[:2])
     got = run_metric(metric, model, theta, x.long(), x[:2])
     assert_same_results(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("metric_type", [cl.RankCalibration, cl.LatentCalibration])
+def test_num_dims_that_disagree_with_theta_and_the_posterior_name_num_dims(metric_type):
+    """theta fits the posterior (D = 3): the metric's num_dims is what is wrong."""
+    theta, x = pairs()
+    with pytest.raises(ValueError, match=r"num_dims must equal theta's D = 3, got num_dims = 2"):
+        metric_type(num_dims=2).update(zuko_model(), theta, x)
+    with pytest.raises(ValueError, match=wrong_width("24, 2")):  # theta against the posterior
+        metric_type(num_dims=2).update(zuko_model(), theta[:, :2], x)
+
+
+def test_reference_samples_of_the_wrong_width_are_named_before_any_check():
+    theta, x = pairs()
+    with pytest.raises(ValueError, match=r"reference_samples must have shape \(S_ref, O, D\) "
+                                         r"for the O observations and D = 3 parameters, got "
+                                         r"\(10, 2, 2\)"):  # fmt: skip
+        cl.diagnose(zuko_model(), theta, x, observations=x[:2],
+                    reference_samples=torch.zeros(10, 2, 2))  # fmt: skip

@@ -18,7 +18,7 @@ counts are drawn in the figures too (rank histograms), so nothing is lost elsewh
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +33,7 @@ from lightning.pytorch.loggers import (
 from matplotlib.figure import Figure
 from torch import Tensor
 
-__all__ = ["FigureSink", "figure_sinks", "png_path"]
+__all__ = ["FigureSink", "figure_sinks", "png_path", "write_figures"]
 
 
 def png_path(root: str | os.PathLike, tag: str, epoch: int) -> Path:
@@ -116,3 +116,18 @@ def figure_sinks(trainer: Trainer) -> list[FigureSink]:
     sinks = [_sink(logger, fallback) for logger in trainer.loggers]
     return sinks or [_files(fallback)]
 
+
+def write_figures(
+    trainer: Trainer, base: str, figures: Mapping[str, Figure], histograms: Mapping[str, Tensor]
+) -> None:
+    """Send a check's figures and histograms, tagged ``{base}/{key}``, to every logger."""
+    sinks = figure_sinks(trainer)
+    step = max(trainer.global_step - 1, 0)  # the step Lightning gives epoch-end scalars
+    for key, figure in figures.items():
+        for sink in sinks:
+            sink.figure(f"{base}/{key}", figure, step, trainer.current_epoch)
+        figure.clear()
+    for key, values in histograms.items():
+        for sink in sinks:
+            if sink.histogram is not None:
+                sink.histogram(f"{base}/{key}", values.detach().cpu(), step, trainer.current_epoch)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -14,19 +15,24 @@ from torch.utils.data import DistributedSampler
 
 from calib_lightning._checks import check_pairs
 from calib_lightning._draw_cache import SharedDraws, release_shared_draws, shared_draws_for
+from calib_lightning._fit_check import check_fits
+from calib_lightning._random import cuda_devices, seeded
 from calib_lightning.posteriors import Posterior
 from calib_lightning.results import Result, expand_scalars
 
 __all__ = [
     "STAGES",
     "DrawSharing",
+    "SetupCheck",
     "SetupError",
     "check_data",
     "describe",
+    "eval_mode",
     "find_estimator",
     "find_part",
     "last_epoch",
     "local_batches",
+    "seeded_check",
     "share_draws",
     "tensor_scalars",
     "to_cpu",
@@ -55,6 +61,33 @@ def check_data(theta: Tensor | None, x: Tensor | None, dataloader: Iterable[Any]
                 f"theta and x must both be given, got theta={describe(theta)}, x={describe(x)}"
             )
         check_pairs(theta, x, min_rows=2)
+
+
+def seeded_check(
+    seed: int, trainer: Trainer, pl_module: LightningModule, stage: str
+) -> contextlib.AbstractContextManager[int]:
+    """The random state of one check: torch's (CPU and the module's CUDA device), numpy's
+    and Python's global generators forked and seeded from ``seed``, the stage, the epoch,
+    the global step and the process rank (:func:`calib_lightning._random.seeded`)."""
+    words = (STAGES.index(stage), trainer.current_epoch, trainer.global_step, trainer.global_rank)
+    return seeded(seed, *words, devices=cuda_devices(pl_module.device))
+
+
+@contextlib.contextmanager
+def eval_mode(pl_module: nn.Module, estimator: Any) -> Iterator[None]:
+    """Every submodule of ``pl_module`` and of ``estimator`` (when it is a module living
+    outside it) in eval mode; each gets its own mode back afterwards."""
+    modules = dict.fromkeys(pl_module.modules())
+    if isinstance(estimator, nn.Module):
+        modules.update(dict.fromkeys(estimator.modules()))
+    modes = [(m, m.training) for m in modules]
+    try:
+        for m, _ in modes:
+            m.training = False
+        yield
+    finally:
+        for m, mode in modes:
+            m.training = mode
 
 
 def find_estimator(pl_module: Any, estimator: str | Callable[[Any], Any]) -> Any:
@@ -199,3 +232,50 @@ class DrawSharing(Callback):
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         release_shared_draws(trainer)
+
+
+class SetupCheck(Callback):
+    """Checks the calibration data against the module's estimator at the start of each
+    stage in ``check_on``, so that a mistake fails at once, not at the first check.
+
+    For :class:`~calib_lightning.callbacks.CalibrationCallback` (its ``check_on``,
+    ``metric``, ``_find_estimator`` and ``_local_batches``).
+    """
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if "fit" in self.check_on:
+            self.check_setup(trainer, pl_module)
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == TrainerFn.VALIDATING and "validate" in self.check_on:
+            self.check_setup(trainer, pl_module)
+
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if "test" in self.check_on:
+            self.check_setup(trainer, pl_module)
+
+    def check_setup(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Raise now if the calibration data do not fit the module's estimator.
+
+        The first batch of this process's pairs (and the metric's ``observations``, if it
+        has some) go through :func:`~calib_lightning._fit_check.check_fits`: ``theta``'s
+        width against ``D``, ``x``'s shape against the context, the observations' shape
+        against ``x``; one ``log_prob`` at two pairs (a draw, with the random state forked,
+        for a samples-only estimator), in eval mode. Its ``ValueError`` is the one the
+        metric would raise at the first check, raised whatever ``on_error``; other errors
+        are left to the check.
+        """
+        estimator = self._find_estimator(pl_module)
+        batches = self._local_batches(trainer, pl_module.device, pl_module.dtype)
+        batch = next(iter(batches), None)
+        if batch is None:
+            return
+        observations = getattr(self.metric, "observations", None)
+        observations = observations if isinstance(observations, Tensor) else None
+        with eval_mode(pl_module, estimator):
+            try:
+                check_fits(estimator, *batch, observations=observations)
+            except ValueError:
+                raise
+            except Exception:  # not a mistake in the data: the check reports it
+                return

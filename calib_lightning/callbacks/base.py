@@ -28,15 +28,18 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from calib_lightning._checks import check_choice, check_positive, check_probability
-from calib_lightning.callbacks._figures import figure_sinks
+from calib_lightning.callbacks._figures import write_figures
 from calib_lightning.callbacks._plumbing import (
     STAGES,
     DrawSharing,
+    SetupCheck,
     SetupError,
     check_data,
+    eval_mode,
     find_estimator,
     last_epoch,
     local_batches,
+    seeded_check,
     share_draws,
     tensor_scalars,
     to_cpu,
@@ -51,7 +54,7 @@ __all__ = ["CalibrationCallback"]
 Estimator = str | Callable[[LightningModule], Any]
 
 
-class CalibrationCallback(DrawSharing):
+class CalibrationCallback(DrawSharing, SetupCheck):
     """Run a calibration metric on held-out pairs during ``Trainer.fit`` and log it.
 
     During ``fit`` the check runs at the end of the validation epoch, or at the end of
@@ -97,7 +100,10 @@ class CalibrationCallback(DrawSharing):
             Errors in the callback's own setup (a missing ``estimator`` attribute, a
             ``dataloader`` that does not yield pairs) always raise.
         check_on: the stages that run checks: ``"fit"`` (the schedule above),
-            ``"validate"``, ``"test"``.
+            ``"validate"``, ``"test"``; at the start of each, data that do not fit the
+            estimator raise the metrics' ``ValueError`` (:class:`~._plumbing.SetupCheck`).
+        seed: seeds each check, in a forked random state (:func:`~._plumbing.seeded_check`):
+            identical runs log identical numbers; the training's weights do not change.
 
     Scalars are logged in float64, and every p-value also as its log10 under
     ``log10_{key}`` (e.g. ``calibration/ranks/log10_p_value``): TensorBoard stores
@@ -143,6 +149,7 @@ class CalibrationCallback(DrawSharing):
         level: float = 0.05,
         on_error: str = "warn",
         check_on: Iterable[str] = ("fit",),
+        seed: int = 0,
     ) -> None:
         super().__init__()
         if self.metric_type is not None and not isinstance(metric, self.metric_type):
@@ -175,7 +182,7 @@ class CalibrationCallback(DrawSharing):
         self.every_n_epochs, self.estimator, self.batch_size = every_n_epochs, estimator, batch_size
         self.prefix = prefix.rstrip("/")
         self.tag_name = name if name is not None else self.name
-        self.log_figures, self.level, self.on_error = log_figures, level, on_error
+        self.log_figures, self.level, self.on_error, self.seed = log_figures, level, on_error, seed
         self.history: dict[str, list[float]] = {}
         self.epochs: list[int] = []
         self.stages: list[str] = []
@@ -304,7 +311,8 @@ class CalibrationCallback(DrawSharing):
     def _run(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         checks, start = len(self.epochs), time.perf_counter()
         try:
-            self._check(trainer, pl_module, stage)
+            with seeded_check(self.seed, trainer, pl_module, stage):
+                self._check(trainer, pl_module, stage)
         except Exception as error:
             if self.on_error == "raise" or isinstance(error, SetupError):
                 raise
@@ -371,24 +379,14 @@ class CalibrationCallback(DrawSharing):
         estimator = self._find_estimator(pl_module)
         posterior = as_posterior(estimator)
         shared = share_draws(trainer, pl_module, estimator, posterior, self.dataloader is None)
-        modules = dict.fromkeys(pl_module.modules())
-        if isinstance(estimator, nn.Module):  # also when it lives outside the module
-            modules.update(dict.fromkeys(estimator.modules()))
-        modes = [(m, m.training) for m in modules]
         device = pl_module.device
-        try:
-            for m, _ in modes:
-                m.training = False
-            with torch.inference_mode(False), torch.no_grad():
-                self.metric.to(device)
-                self.metric.reset()
-                for theta, x in self._local_batches(trainer, device, pl_module.dtype, shared):
-                    self.metric.update(shared or posterior, theta, x)
-                result = self.metric.compute()
-                return result, dict(self.extra_results(trainer, shared or posterior))
-        finally:
-            for m, mode in modes:
-                m.training = mode
+        with eval_mode(pl_module, estimator), torch.inference_mode(False), torch.no_grad():
+            self.metric.to(device)
+            self.metric.reset()
+            for theta, x in self._local_batches(trainer, device, pl_module.dtype, shared):
+                self.metric.update(shared or posterior, theta, x)
+            result = self.metric.compute()
+            return result, dict(self.extra_results(trainer, shared or posterior))
 
     def _find_estimator(self, pl_module: LightningModule) -> Any:
         return find_estimator(pl_module, self.estimator)
@@ -414,15 +412,5 @@ class CalibrationCallback(DrawSharing):
 
     def _write_figures(self, trainer: Trainer, result: Result | dict[str, Tensor]) -> None:
         """Send the figures and histograms to every logger (:mod:`._figures`)."""
-        sinks = figure_sinks(trainer)
-        step = max(trainer.global_step - 1, 0)  # the step Lightning gives epoch-end scalars
-        epoch, base = trainer.current_epoch, f"{self.prefix}/{self.tag_name}"
-        for key, figure in self.figures(result).items():
-            for sink in sinks:
-                sink.figure(f"{base}/{key}", figure, step, epoch)
-            figure.clear()
-        for key, values in self.histograms(result).items():
-            for sink in sinks:
-                if sink.histogram is not None:
-                    sink.histogram(f"{base}/{key}", values.detach().cpu(), step, epoch)
-
+        base = f"{self.prefix}/{self.tag_name}"
+        write_figures(trainer, base, self.figures(result), self.histograms(result))

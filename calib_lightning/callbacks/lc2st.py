@@ -75,7 +75,8 @@ class LC2STNFCallback(CalibrationCallback):
             the probability maps draw; default the first four.
         map_num_posterior_samples: posterior samples per observation for the probability
             maps.
-        seed: seeds the samples drawn for figures and reference scores.
+        seed: seeds the checks (:class:`~calib_lightning.callbacks.CalibrationCallback`)
+            and the samples drawn for figures and reference scores.
         misspecification: test each observation against the calibration ``x``
             (needs ``x`` as a tensor).
         embedding: the embedding network the classifiers see ``x`` through, resolved at
@@ -125,7 +126,7 @@ class LC2STNFCallback(CalibrationCallback):
             if observations is None:
                 raise ValueError("observations must be given (O, X) when no metric is, got None")
             metric = LC2STNF(observations=observations)
-        super().__init__(metric, theta, x, **kwargs)
+        super().__init__(metric, theta, x, seed=seed, **kwargs)
         if observations is not None and not torch.equal(
             observations.to(metric.observations), metric.observations
         ):
@@ -135,15 +136,18 @@ class LC2STNFCallback(CalibrationCallback):
                 f"{_describe(observations)}"
             )
         num_obs = metric.observations.shape[0]
+        num_dims = theta.shape[1] if isinstance(theta, Tensor) and theta.ndim == 2 else None
         for name, value, ndim, expected in (
             ("truths", truths, 2, "(O, D)"),
             ("reference_samples", reference_samples, 3, "(S_ref, O, D)"),
         ):
             if value is not None and (
                 not isinstance(value, Tensor) or value.ndim != ndim or value.shape[-2] != num_obs
+                or num_dims not in (None, value.shape[-1])
             ):
                 raise ValueError(
-                    f"{name} must have shape {expected} with O = {num_obs} observations, "
+                    f"{name} must have shape {expected} with O = {num_obs} observations"
+                    f"{'' if num_dims is None else f' and D = {num_dims} like theta'}, "
                     f"got {_describe(value)}"
                 )
         check_positive("map_num_posterior_samples", map_num_posterior_samples, integer=True)

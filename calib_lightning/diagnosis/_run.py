@@ -16,6 +16,8 @@ import torch
 from torch import Tensor
 
 from calib_lightning._checks import check_pairs, check_positive, check_probability
+from calib_lightning._fit_check import check_fits
+from calib_lightning._random import cuda_devices, seeded
 from calib_lightning.diagnosis._report import Diagnosis
 from calib_lightning.evaluation import draw_chunks, draws
 from calib_lightning.functional.recovery import recovery
@@ -33,6 +35,9 @@ __all__ = ["CHECKS", "diagnose"]
 CHECKS = ("kccsd", "ranks", "tarp", "recovery", "lc2st_nf", "misspecification")
 _SAMPLING = ("ranks", "tarp", "recovery")
 _LOCAL = ("lc2st_nf", "misspecification")
+#: the random stream of each step (with ``seed``): a check's numbers do not depend on
+#: which other checks run
+_STREAMS = {name: k for k, name in enumerate(("draws", *CHECKS, "reference"), start=1)}
 
 
 def _shared_draws(
@@ -88,7 +93,12 @@ def diagnose(
         level: the test level of the verdicts.
         embedding: ``x -> features`` for the misspecification test (e.g. the flow's
             embedding network); ``None``: standardized raw ``x``.
-        seed: seeds the checks' randomness (tie-breaking, TARP references, classifiers).
+        seed: seeds all the checks' randomness: posterior draws, tie-breaking, TARP
+            references, classifiers. Each check runs with torch's (CPU, and the CUDA
+            devices of the posterior and the data), numpy's and Python's global
+            generators forked and seeded from ``seed`` and the check's name, so one
+            ``seed`` gives the same numbers whichever other checks run, and the caller's
+            global random state is left unchanged.
 
     Returns:
         :class:`~calib_lightning.diagnosis.Diagnosis`: ``.verdict``, ``.table()``,
@@ -98,12 +108,14 @@ def diagnose(
         >>> from calib_lightning.tasks import GaussianToy
         >>> toy = GaussianToy(dim=2)
         >>> theta, x = toy.sample(300, torch.Generator().manual_seed(0))
-        >>> torch.manual_seed(0)  # posterior sampling uses the global generator
-        <torch._C.Generator object at ...>
         >>> report = diagnose(toy.posterior(variance_scale=0.5), theta, x,
-        ...                   checks=("kccsd", "ranks", "tarp", "recovery"))
+        ...                   checks=("kccsd", "ranks", "tarp", "recovery"), seed=0)
         >>> report.verdict.split(":")[0]
         'miscalibrated'
+        >>> again = diagnose(toy.posterior(variance_scale=0.5), theta, x,
+        ...                  checks=("kccsd", "ranks", "tarp", "recovery"), seed=0)
+        >>> again.table() == report.table()  # the same seed, the same numbers
+        True
     """
     check_pairs(theta, x, min_rows=2)
     check_positive("num_posterior_samples", num_posterior_samples, integer=True)
@@ -121,18 +133,29 @@ def diagnose(
         raise ValueError(f"checks {[c for c in checks if c in _LOCAL]} need observations, "
                          "got observations=None")  # fmt: skip
     post = as_posterior(posterior)
+    check_fits(post, theta, x, observations=observations)  # names the argument that is wrong
+    if reference_samples is not None and (
+        observations is None or reference_samples.ndim != 3
+        or reference_samples.shape[1:] != (observations.shape[0], theta.shape[1])
+    ):  # fmt: skip
+        raise ValueError(
+            "reference_samples must have shape (S_ref, O, D) for the O observations and "
+            f"D = {theta.shape[1]} parameters, got {tuple(reference_samples.shape)} with "
+            f"observations={None if observations is None else tuple(observations.shape)}"
+        )
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
-    generator = torch.Generator().manual_seed(seed)
+    devices = cuda_devices(post, theta, x, observations)
 
     def timed(name: str, run: Any) -> None:
         start = time.perf_counter()
-        results[name] = run()
+        with seeded(seed, _STREAMS[name], devices=devices) as stream:
+            results[name] = run(torch.Generator().manual_seed(stream))
         seconds[name] = time.perf_counter() - start
 
     theta, x = theta.detach(), x.detach()
     if "kccsd" in checks:
-        def run_kccsd() -> Any:
+        def run_kccsd(generator: torch.Generator) -> Any:
             metric = KCCSD(seed=seed)
             metric.update(post, theta, x)
             return metric.compute()
@@ -140,39 +163,33 @@ def diagnose(
         timed("kccsd", run_kccsd)
     if any(c in checks for c in _SAMPLING):
         start = time.perf_counter()
-        samples, log_prob, log_prob_theta = _shared_draws(post, theta, x, num_posterior_samples)
+        with seeded(seed, _STREAMS["draws"], devices=devices):
+            samples, log_prob, log_prob_theta = _shared_draws(
+                post, theta, x, num_posterior_samples)  # fmt: skip
         seconds["draws"] = time.perf_counter() - start
         if "ranks" in checks:
-            timed("ranks", lambda: rank_calibration(
+            timed("ranks", lambda generator: rank_calibration(
                 samples, log_prob, theta, log_prob_theta, level=level, generator=generator))
         if "tarp" in checks:
-            timed("tarp", lambda: tarp(samples, theta, level=level, generator=generator))
+            timed("tarp", lambda generator: tarp(samples, theta, level=level, generator=generator))
         if "recovery" in checks:
-            timed("recovery", lambda: recovery(samples, theta))
+            timed("recovery", lambda generator: recovery(samples, theta))
     if "lc2st_nf" in checks:
-        def run_lc2st() -> Any:
+        def run_lc2st(generator: torch.Generator) -> Any:
             metric = LC2STNF(observations=observations, level=level, seed=seed)
             metric.update(post, theta, x)
             return metric.compute()
 
         timed("lc2st_nf", run_lc2st)
     if reference_samples is not None:
-        if observations is None or reference_samples.ndim != 3 or (
-                reference_samples.shape[1] != observations.shape[0]):
-            raise ValueError(
-                "reference_samples must have shape (S_ref, O, D) for the O observations, got "
-                f"{tuple(reference_samples.shape)} with observations="
-                f"{None if observations is None else tuple(observations.shape)}"
-            )
-
-        def run_reference() -> Any:
+        def run_reference(generator: torch.Generator) -> Any:
             samples = draws(post, observations, reference_samples.shape[0])
             return compare_to_reference(samples, reference_samples.to(samples), vendi=False,
                                         generator=generator)  # fmt: skip
 
         timed("reference", run_reference)
     if "misspecification" in checks:
-        timed("misspecification", lambda: misspecification_test(
+        timed("misspecification", lambda generator: misspecification_test(
             observations, x, embedding=embedding, seed=seed))
     return Diagnosis(
         results, level=level, labels=labels, parameters=parameters, seconds=seconds,

@@ -42,11 +42,17 @@ class LazyDimension(KeepShapes):
         raise NotImplementedError
 
     def _allocate(self, d: int) -> None:
-        """Allocate zero states for ``D = d``, or raise if earlier updates had another ``D``."""
+        """Allocate zero states for ``D = d``, or raise if ``num_dims`` or earlier updates
+        had another ``D``."""
         if self.histogram.shape[0] == 0:
             zeros = self._zero_states(d, self.histogram.device)
             for name, value in zip(self.lazy_states, zeros, strict=True):
                 setattr(self, name, value)
+        elif self.histogram.shape[0] != d + 1 and not bool(self.histogram.any()):
+            raise ValueError(  # no update yet: D came from the num_dims argument
+                f"num_dims must equal theta's D = {d}, got num_dims = "
+                f"{self.histogram.shape[0] - 1}"
+            )
         elif self.histogram.shape[0] != d + 1:
             raise ValueError(
                 f"theta must have D = {self.histogram.shape[0] - 1} columns as in earlier "

@@ -23,9 +23,24 @@ from calib_lightning.evaluation import embed
 from calib_lightning.functional.combine import combine_p_values
 from calib_lightning.functional.lc2st import lc2st_p_value, lc2st_statistic, pp_band, pp_ecdf
 from calib_lightning.metrics._shapes import KeepShapes
+from calib_lightning.posteriors import Posterior, as_posterior
 from calib_lightning.results import Result
 
 __all__ = ["LC2STResult", "LocalC2ST", "ProbabilityMap", "check_observations"]
+
+
+def _context_shape(posterior: Any) -> tuple[int, ...] | None:
+    """The shape of one observation the posterior was built for, when it tells (else
+    ``None``: a plain callable, a module with an embedding net, samples)."""
+    if posterior is None or isinstance(posterior, Tensor):
+        return None
+    try:
+        post = as_posterior(posterior)
+    except ValueError:  # the evaluation reports it
+        return None
+    post = getattr(post, "posterior", post)  # shared draws wrap the posterior
+    shape = post.context_shape() if isinstance(post, Posterior) else None
+    return None if shape is None else tuple(shape)
 
 
 @dataclass(eq=False)
@@ -193,13 +208,26 @@ class LocalC2ST(KeepShapes):
     def _embed(self, x: Tensor, name: str) -> Tensor:
         return embed(self.embedding, x, self.embedding_batch_size, name=name)
 
-    def _check_features(self, x: Tensor, stored: list[Tensor]) -> Tensor:
+    def _check_features(self, x: Tensor, stored: list[Tensor], posterior: Any = None) -> Tensor:
         """The classifier's features of ``x (N, *X)``, ``(N, F)``.
 
         Without an embedding, ``x`` flattened, with the observations' width; with one,
         ``x`` must have the observations' shape ``*X`` and the same width ``F`` as the
-        features already stored.
+        features already stored. When the ``posterior`` tells the context shape it was
+        built for, ``x`` is checked against it first, and a mismatch between ``x`` and the
+        observations then names the observations.
         """
+        context = _context_shape(posterior)
+        if context is not None and tuple(x.shape[1:]) != context:
+            raise ValueError(
+                f"x must have shape (N, {', '.join(map(str, context))}) for this posterior's "
+                f"context, got {tuple(x.shape)}"
+            )
+        if context is not None and tuple(self.observations.shape[1:]) != context:
+            raise ValueError(
+                f"observations must have shape (O, {', '.join(map(str, context))}) like x "
+                f"and the posterior's context, got {tuple(self.observations.shape)}"
+            )
         if self.embedding is None:
             flat = x.reshape(x.shape[0], -1)
             if flat.shape[1] != self.flat_observations.shape[1]:

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from calib_lightning._checks import check_choice, check_pairs, check_positive, check_probability
-from calib_lightning.evaluation import latents
+from calib_lightning.evaluation import check_event_size, latents
 from calib_lightning.functional.combine import COMBINATION_METHODS
 from calib_lightning.functional.latent import (
     DEFAULT_NUM_CELLS,
@@ -151,6 +151,7 @@ class LatentCalibration(LazyDimension):
     def update(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> None:
         """Count the latents of the true parameters ``theta (N, D)`` at ``x (N, *X)``."""
         theta, x = check_pairs(theta, x)
+        check_event_size(posterior, theta, x)  # theta against the posterior first
         self._allocate(theta.shape[1])
         z = latents(posterior, theta, x)
         if z.shape != theta.shape:

@@ -174,7 +174,7 @@ class LC2STNF(LocalC2ST):
     def update(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> None:
         """Store :math:`z^* = T^{-1}(\\theta; x)` for pairs ``theta (N, D)``, ``x (N, *X)``."""
         theta, x = check_pairs(theta, x)
-        flat = self._check_features(x, self.x)
+        flat = self._check_features(x, self.x, posterior)
         latent = latents(posterior, theta, x)
         keep = room_for_rows(self, theta.shape[0], self.latent)
         if keep:
@@ -291,7 +291,7 @@ class LC2ST(LocalC2ST):
     def update(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> None:
         """Store pairs ``theta (N, D)``, ``x (N, *X)`` with one posterior draw per pair."""
         theta, x = check_pairs(theta, x)
-        flat = self._check_features(x, self.x)
+        flat = self._check_features(x, self.x, posterior)
         check_event_size(posterior, theta, x)
         keep = room_for_rows(self, theta.shape[0], self.theta)
         if not self.eval_theta:  # (N_v, O, D)

@@ -17,7 +17,7 @@ from calib_lightning._moments import (
     moments,
     variance_from_moments,
 )
-from calib_lightning.evaluation import draw_chunks
+from calib_lightning.evaluation import check_event_size, draw_chunks
 from calib_lightning.functional.bands import P_VALUE_FLOOR
 from calib_lightning.functional.combine import COMBINATION_METHODS, combine_p_values
 from calib_lightning.functional.ranks import (
@@ -289,6 +289,7 @@ class RankCalibration(LazyDimension):
                 f"{'without' if joint == 'distance' else 'with'} log_prob gives {joint} ranks:"
                 " use one metric per kind of posterior (or reset it)"
             )
+        check_event_size(posterior, theta, x)  # theta against the posterior first
         self._allocate(theta.shape[1])
         draws = posterior_ranks(
             posterior, theta, x, self.num_posterior_samples,
