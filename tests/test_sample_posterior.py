@@ -217,3 +217,33 @@ def test_other_adapters_declare_every_capability():
     assert SbiPosterior.capabilities == frozenset({"sample", "log_prob", "score", "to_latent"})
     with pytest.raises(ValueError, match="capability must be one of"):
         supports(cl.as_posterior(TOY.posterior()), "density")
+
+
+def test_diagnose_runs_what_a_sampler_supports_and_lists_the_skipped_checks(tmp_path):
+    theta, x = TOY.sample(300, torch.Generator().manual_seed(9))
+    x_o = TOY.sample(2, torch.Generator().manual_seed(10))[1]
+    reference = TOY.posterior()(x_o).sample((100,))
+    report = cl.diagnose(_samples_only(), theta, x, observations=x_o,
+                         reference_samples=reference, seed=0)
+    assert set(report.checks) == {"ranks", "tarp", "recovery", "misspecification", "reference"}
+    assert report.checks["ranks"].joint_statistic == "distance"
+    assert set(report.skipped) == {"kccsd", "lc2st_nf"}
+    assert "does not provide score" in report.skipped["kccsd"]
+    assert "does not provide to_latent" in report.skipped["lc2st_nf"]
+    assert report.verdict.startswith("calibrated")
+    table = report.table()
+    assert "skipped: SamplePosterior does not provide score" in table
+    report.save(tmp_path)
+    html = (tmp_path / "report.html").read_text()
+    assert "skipped: SamplePosterior does not provide to_latent" in html
+    again = cl.diagnose(_samples_only(), theta, x, observations=x_o,
+                        reference_samples=reference, seed=0)
+    assert again.table() == table  # seeded: the sampler's draws too
+
+
+def test_diagnose_skips_a_requested_check_instead_of_failing():
+    theta, x = TOY.sample(200, torch.Generator().manual_seed(11))
+    report = cl.diagnose(_samples_only(0.5), theta, x, checks=("kccsd", "ranks"), seed=0)
+    assert list(report.checks) == ["ranks"]
+    assert list(report.skipped) == ["kccsd"]
+    assert report.verdict.startswith("miscalibrated")

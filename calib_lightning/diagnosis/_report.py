@@ -79,6 +79,8 @@ class Diagnosis:
             verdict rejects calibration when it is below ``level``.
         level: the test level.
         seconds: wall time of each check (and of the shared draws).
+        skipped: check name -> why it did not run (a capability the posterior lacks,
+            e.g. the score for KCCSD on a samples-only posterior); listed in the table.
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class Diagnosis:
         num_pairs: int | None = None,
         num_posterior_samples: int | None = None,
         reference_samples: Tensor | None = None,
+        skipped: Mapping[str, str] | None = None,
     ) -> None:
         self.checks = dict(checks)
         self.level, self.labels = level, list(labels) if labels is not None else None
@@ -99,6 +102,7 @@ class Diagnosis:
         self.parameters = list(parameters) if parameters is not None else None
         self.num_pairs, self.num_posterior_samples = num_pairs, num_posterior_samples
         self.reference_samples = reference_samples
+        self.skipped = dict(skipped or {})
         self.overall_p_value = overall_p_value(self.checks)
         self.verdict = verdict_sentence(self.checks, level, self.labels)
         self._figures: dict[str, Figure] | None = None
@@ -108,7 +112,8 @@ class Diagnosis:
 
     # -- the table -------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
-        """One row per check: name, statistic, p-value, global p-value, verdict."""
+        """One row per check: name, statistic, p-value, global p-value, verdict; then one
+        per skipped check, its verdict ``"skipped: <reason>"``."""
         rows = []
         for name, result in self.checks.items():
             field = VERDICT_CHECKS.get(name, getattr(type(result), "verdict", None))
@@ -128,6 +133,10 @@ class Diagnosis:
                 row["p_value"] = float(result.mmd_p_value.min())
                 row["verdict"] = "see p-values per observation"
             rows.append(row)
+        for name, reason in self.skipped.items():
+            rows.append({"check": name, "statistic": None, "p_value": None,
+                         "global_p_value": None, "verdict": f"skipped: {reason}",
+                         "seconds": None})  # fmt: skip
         return rows
 
     def table(self) -> str:
