@@ -10,6 +10,8 @@ one module per estimator family:
   (zuko flows, Gaussians);
 * :mod:`~calib_lightning.posteriors.flows`: nflows ``Flow`` s;
 * :mod:`~calib_lightning.posteriors.sbi`: sbi's density estimators;
+* :mod:`~calib_lightning.posteriors.vector_fields`: sbi's flow-matching and score
+  estimators (``FMPE``, ``NPSE``) through their probability-flow ODE;
 * :mod:`~calib_lightning.posteriors.samples`: samples-only posteriors
   (:class:`SamplePosterior`).
 
@@ -68,6 +70,7 @@ from calib_lightning.posteriors.distributions import DistributionPosterior
 from calib_lightning.posteriors.flows import NflowsPosterior
 from calib_lightning.posteriors.samples import SamplePosterior
 from calib_lightning.posteriors.sbi import SbiPosterior
+from calib_lightning.posteriors.vector_fields import VectorFieldPosterior, vector_field_estimator
 
 __all__ = [
     "CAPABILITIES",
@@ -76,6 +79,7 @@ __all__ = [
     "Posterior",
     "SamplePosterior",
     "SbiPosterior",
+    "VectorFieldPosterior",
     "as_posterior",
     "check_width",
     "supports",
@@ -90,7 +94,8 @@ def as_posterior(obj: Any) -> Posterior:
         obj: a :class:`Posterior` (returned as is, e.g. a :class:`SamplePosterior` for a
             callable that returns samples only), an ``nflows`` ``Flow``, a zuko flow
             (any ``zuko.lazy.LazyDistribution``), an sbi density estimator or
-            ``DirectPosterior``, or any callable ``x -> torch.distributions.Distribution``
+            ``DirectPosterior``, an sbi vector-field estimator (``FMPE``, ``NPSE``) or
+            ``VectorFieldPosterior``, or any callable ``x -> torch.distributions.Distribution``
             with event shape ``(D,)``.
 
     Returns:
@@ -98,6 +103,8 @@ def as_posterior(obj: Any) -> Posterior:
     """
     if isinstance(obj, Posterior):
         return obj
+    if vector_field_estimator(obj) is not None:
+        return VectorFieldPosterior(obj)
     estimator = sbi_estimator(obj)
     if estimator is not None:
         return SbiPosterior(estimator)
