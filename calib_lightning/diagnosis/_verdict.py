@@ -64,7 +64,7 @@ VERDICT_CHECKS = {
 
 #: how the sentence names each check, and the figures it points to
 NAMES = {
-    "kccsd": ("KCCSD", "no figure: read the rank and TARP figures"),
+    "kccsd": ("KCCSD", "the rank and TARP figures (KCCSD has none)"),
     "ranks": ("the rank tests", "the expected-coverage, rank ECDF and histogram figures"),
     "tarp": ("TARP", "the TARP coverage figure"),
     "lc2st_nf": ("L-C2ST-NF", "the PP-plots and probability maps"),
@@ -173,7 +173,7 @@ def _observations(indices: Sequence[int]) -> str:
 
 
 def _and(items: Sequence[str]) -> str:
-    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+    return "" if not items else items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def _name(labels: Sequence[str] | None, d: int) -> str:
@@ -318,8 +318,7 @@ def verdict(
             words = _and([f"{NAMES[n][0]} ({format_p_value(_verdict_p_value(n, checks[n]), 3)})"
                           for n in others])  # fmt: skip
             verb = "rejects" if len(others) == 1 else "reject"
-            figures = _and([NAMES[n][1] for n in others if not NAMES[n][1].startswith("no ")])
-            see = f"see {figures}" if figures else "see the table"
+            see = "see " + _and(list(dict.fromkeys(NAMES[n][1] for n in others)))
             if not found:
                 found.append(f"{words} {verb}, but no directional test does ({see})")
             else:
