@@ -57,7 +57,9 @@ def test_the_report_has_every_check_table_figure_and_summary(tmp_path):
     for o in range(3):  # L-C2ST-NF shows where: a probability map and PP-plot per observation
         assert f'id="lc2st_probability_map_{o}"' in text
     assert report.probability_maps.probabilities.shape == (3, 2000)
-    assert "Per observation" in text and "Holm" in text and "Directions" in text
+    assert "Per observation" in text
+    assert "Holm" in text
+    assert "Directions" in text
     assert all(base64.b64decode(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in images)
     assert sorted(p.stem for p in (tmp_path / "report" / "figures").glob("*.png")) == sorted(
         report.figures
@@ -114,7 +116,8 @@ def test_miscalibrated_posteriors_get_only_the_directions_a_test_found(posterior
         for word in absent:
             assert word not in report.verdict, report.verdict
         named = [d for d in report.findings.directions if d.named]
-        assert named and all(d.adjusted_p_value < 0.05 for d in named)
+        assert named
+        assert all(d.adjusted_p_value < 0.05 for d in named)
 
 
 def test_a_size_is_given_beside_each_direction():
@@ -141,7 +144,8 @@ def test_a_chance_rejection_of_a_non_directional_check_names_no_direction():
     assert float(checks["ranks"].coverage_error) != 0  # the old rule read its sign
     sentence = verdict_sentence(checks, 0.05, ["a", "b"])
     assert sentence.startswith("miscalibrated: KCCSD (p = 0.0001) and TARP (p = 0.001) reject")
-    assert "no directional test does" in sentence and "TARP coverage figure" in sentence
+    assert "no directional test does" in sentence
+    assert "TARP coverage figure" in sentence
     for word in ("confident", "biased", "too rarely", "too often"):
         assert word not in sentence, sentence
 
@@ -193,7 +197,8 @@ def test_per_observation_lists_never_contradict_their_row():
     result = lc2st([0.02, 0.999])
     assert float(result.global_p_value) >= 0.05
     found = verdict({"lc2st_nf": result}, 0.05)
-    assert found.sentence.startswith("calibrated") and found.observations["lc2st_nf"].named == []
+    assert found.sentence.startswith("calibrated")
+    assert found.observations["lc2st_nf"].named == []
 
 
 def test_an_offset_observation_is_flagged_outside_the_simulator():

@@ -173,7 +173,9 @@ def _observations(indices: Sequence[int]) -> str:
 
 
 def _and(items: Sequence[str]) -> str:
-    return "" if not items else items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+    if len(items) <= 1:
+        return "".join(items)
+    return f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def _name(labels: Sequence[str] | None, d: int) -> str:
