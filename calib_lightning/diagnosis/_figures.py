@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 from matplotlib.figure import Figure
 
 from calib_lightning.plots.lc2st import MAX_MAP_PARAMETERS, plot_pp, plot_probability_map
@@ -31,6 +33,7 @@ def draw_figures(
     With ``probability_maps`` (the :class:`~calib_lightning.metrics.lc2st.ProbabilityMap`
     of L-C2ST-NF's classifier) one ``lc2st_probability_map_<o>`` per observation, its
     PP-plot in the corner, titled with its p-value (and ``adjusted_p_values``, Holm's).
+    With ``adjusted_p_values`` the PP-plot panels are judged by them, like the verdict.
     """
     chosen = {"labels": labels, "parameters": parameters}
     out: dict[str, Figure] = {}
@@ -48,7 +51,12 @@ def draw_figures(
         out["recovery_z_score_vs_contraction"] = plot_z_score_contraction(recovery, **chosen)
     local = checks.get("lc2st_nf")
     if local is not None:
-        out["lc2st_pp"] = plot_pp(local, level=level)
+        if adjusted_p_values is None:
+            out["lc2st_pp"] = plot_pp(local, level=level)
+        else:  # each panel's "rejected" must agree with the verdict's Holm-corrected list
+            holm = dataclasses.replace(local, p_value=torch.tensor(adjusted_p_values))
+            names = [f"obs. {o}, Holm" for o in range(len(adjusted_p_values))]
+            out["lc2st_pp"] = plot_pp(holm, level=level, names=names)
         if probability_maps is not None:
             chosen_maps = None if parameters is None else list(parameters)[:MAX_MAP_PARAMETERS]
             for o, (samples, probs) in enumerate(zip(

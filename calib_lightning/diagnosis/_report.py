@@ -45,8 +45,11 @@ _DISAGREE = """
 on average but wrong there. Trust the local result for that observation; look at its
 PP-plot and, with more budget, simulate near it.</li>
 <li><b>Ranks reject, KCCSD does not:</b> rank tests are the most powerful against a small,
-global dispersion error; read the sign of the coverage error (over- or
-under-confident) and the rank histograms.</li>
+global dispersion error; read the Directions table (a direction is named only when its
+own test rejects) and the rank histograms.</li>
+<li><b>A check rejects but no direction is named:</b> the error is of a kind the
+directional tests do not measure (a wrong shape or correlation, or a local error); the
+check's figures show which.</li>
 <li><b>An observation looks outside the simulator:</b> no calibration check vouches for its
 posterior, however good the verdicts on simulations; revisit the simulator or the
 noise model first.</li>
@@ -54,7 +57,8 @@ noise model first.</li>
 contraction and R<sup>2</sup> of the recovery plot: a posterior equal to the prior is
 calibrated and useless.</li>
 <li>Each verdict is a test at the stated level: "not rejected" is no proof of calibration;
-more calibration pairs give more power.</li>
+more calibration pairs give more power. "Cannot reject at this size" is weaker still: the
+test could not have rejected whatever the data.</li>
 </ul>
 """
 
@@ -393,6 +397,9 @@ def _size(name: str, result: Any, findings: Verdict, level: float) -> str:
 
 
 def _caption(key: str) -> str:
+    if key == "lc2st_pp":
+        return ("L-C2ST-NF: PP-plot at each observation (panels judged by Holm-adjusted "
+                "p-values, as the verdict)")
     if key.startswith("lc2st_probability_map_"):
         o = key.rsplit("_", 1)[1]
         return (f"L-C2ST-NF at observation {o}: where the estimator puts too much (red) or "
