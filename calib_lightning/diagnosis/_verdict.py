@@ -64,7 +64,7 @@ VERDICT_CHECKS = {
 
 #: how the sentence names each check, and the figures it points to
 NAMES = {
-    "kccsd": ("KCCSD", "the rank and TARP figures (KCCSD has none)"),
+    "kccsd": ("KCCSD", ""),  # no figure of its own
     "ranks": ("the rank tests", "the expected-coverage, rank ECDF and histogram figures"),
     "tarp": ("TARP", "the TARP coverage figure"),
     "lc2st_nf": ("L-C2ST-NF", "the PP-plots and probability maps"),
@@ -320,11 +320,12 @@ def verdict(
             words = _and([f"{NAMES[n][0]} ({format_p_value(_verdict_p_value(n, checks[n]), 3)})"
                           for n in others])  # fmt: skip
             verb = "rejects" if len(others) == 1 else "reject"
-            see = "see " + _and(list(dict.fromkeys(NAMES[n][1] for n in others)))
+            figures = _and([NAMES[n][1] for n in others if NAMES[n][1]])
+            see = f": see {figures}" if figures else " (KCCSD has no figure)"
             if not found:
-                found.append(f"{words} {verb}, but no directional test does ({see})")
+                found.append(f"{words} {verb}, but no directional test does{see}")
             else:
-                found.append(f"also {words} ({see})")
+                found.append(f"also rejected by {words}{see}")
         if not found:
             found.append(f"the checks reject together (overall p = {overall:.2g}), "
                          "none alone: see the table")  # fmt: skip
