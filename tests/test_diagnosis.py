@@ -150,6 +150,21 @@ def test_a_chance_rejection_of_a_non_directional_check_names_no_direction():
         assert word not in sentence, sentence
 
 
+def test_a_lone_rejection_the_overall_test_does_not_confirm_is_said_not_hidden():
+    """The KCCSD row says "rejected" (p = 0.04) while the Cauchy combination of the four
+    checks does not: the sentence says both, so it does not contradict the table."""
+    theta, x = pairs(seed=1)
+    report = run(TOY.posterior(), theta, x, checks=SAMPLING)
+    checks = dict(report.checks)
+    checks["kccsd"] = dataclasses.replace(checks["kccsd"], p_value=torch.tensor(0.04))
+    found = verdict(checks, 0.05)
+    assert found.overall_p_value >= 0.05
+    assert found.sentence.startswith("calibrated: no evidence of miscalibration at level 0.05 "
+                                     "(overall p = ")  # fmt: skip
+    assert "KCCSD (p = 0.04) alone rejects, which the combination of the 3 checks" in (
+        found.sentence)
+
+
 def misspecification(p_values: list[float]) -> MisspecificationResult:
     p = torch.tensor(p_values, dtype=torch.float64)
     return MisspecificationResult(

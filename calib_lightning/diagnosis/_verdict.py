@@ -296,6 +296,14 @@ def verdict(
         head = "no calibration check ran"
     elif not overall_rejects:
         head = f"calibrated: no evidence of miscalibration at level {level:g}"
+        alone = [n for n in rejected if n in VERDICT_CHECKS]
+        if alone:  # the table marks them rejected: say why the verdict still does not
+            words = _and([f"{NAMES[n][0]} ({format_p_value(_verdict_p_value(n, checks[n]), 3)})"
+                          for n in alone])  # fmt: skip
+            verb = "rejects" if len(alone) == 1 else "reject"
+            head += (f" (overall p = {overall:.2g}); {words} alone {verb}, which the "
+                     f"combination of the {sum(n in checks for n in VERDICT_CHECKS)} checks "
+                     "does not confirm")  # fmt: skip
     else:
         found = [f"{d.words} ({d.size()})" for d in directions if d.named]
         if any(d.named and d.parameter is not None for d in directions) and any(
