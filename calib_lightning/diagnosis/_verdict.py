@@ -329,7 +329,9 @@ def verdict(
                           for n in others])  # fmt: skip
             verb = "rejects" if len(others) == 1 else "reject"
             figures = _and([NAMES[n][1] for n in others if NAMES[n][1]])
-            see = f": see {figures}" if figures else " (KCCSD has no figure)"
+            see = f": see {figures}" if figures else " (no figure of its own)"
+            if not figures and found:
+                see = ", which has no figure of its own"
             if not found:
                 found.append(f"{words} {verb}, but no directional test does{see}")
             else:
