@@ -38,6 +38,7 @@ _LOCAL = ("lc2st_nf", "misspecification")
 #: the random stream of each step (with ``seed``): a check's numbers do not depend on
 #: which other checks run
 _STREAMS = {name: k for k, name in enumerate(("draws", *CHECKS, "reference"), start=1)}
+MAP_NUM_POSTERIOR_SAMPLES = 2000  # posterior draws per observation of the probability maps
 
 
 def _shared_draws(
@@ -174,11 +175,15 @@ def diagnose(
             timed("tarp", lambda generator: tarp(samples, theta, level=level, generator=generator))
         if "recovery" in checks:
             timed("recovery", lambda generator: recovery(samples, theta))
+    maps = None  # L-C2ST-NF's classifier on posterior draws at each observation, for the report
     if "lc2st_nf" in checks:
         def run_lc2st(generator: torch.Generator) -> Any:
+            nonlocal maps
             metric = LC2STNF(observations=observations, level=level, seed=seed)
             metric.update(post, theta, x)
-            return metric.compute()
+            result = metric.compute()
+            maps = metric.probability_map(post, MAP_NUM_POSTERIOR_SAMPLES)  # seeded stream
+            return result
 
         timed("lc2st_nf", run_lc2st)
     if reference_samples is not None:
@@ -190,9 +195,9 @@ def diagnose(
         timed("reference", run_reference)
     if "misspecification" in checks:
         timed("misspecification", lambda generator: misspecification_test(
-            observations, x, embedding=embedding, seed=seed))
+            observations, x, embedding=embedding, seed=seed, global_method="holm"))
     return Diagnosis(
         results, level=level, labels=labels, parameters=parameters, seconds=seconds,
         num_pairs=theta.shape[0], num_posterior_samples=num_posterior_samples,
-        reference_samples=reference_samples,
+        reference_samples=reference_samples, probability_maps=maps,
     )  # fmt: skip
