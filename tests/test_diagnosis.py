@@ -287,3 +287,14 @@ def test_command_line_diagnoses_a_checkpoint(tmp_path, monkeypatch, capsys):
     assert summary["verdict"].split(":")[0] in ("calibrated", "miscalibrated")
     with pytest.raises(ValueError, match="--module must be"):
         main(["diagnose", "--module", "toy_npe", "--checkpoint", "x", "--data", "y"])
+
+
+def test_diagnose_gives_the_local_test_enough_null_classifiers_to_name_an_observation():
+    from calib_lightning.diagnosis._run import local_num_null
+
+    for num_obs in (1, 3, 6, 10, 40):
+        h = local_num_null(num_obs, 0.05)
+        assert h >= 100
+        assert num_obs / (1 + h) <= 0.05 / 2  # the smallest Holm-adjusted p-value
+    assert local_num_null(3, 0.05) == 120
+    assert local_num_null(2, 0.05) == 100

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
 from matplotlib.figure import Figure
 
 from calib_lightning.plots.lc2st import MAX_MAP_PARAMETERS, plot_pp, plot_probability_map
@@ -54,9 +52,7 @@ def draw_figures(
         if adjusted_p_values is None:
             out["lc2st_pp"] = plot_pp(local, level=level)
         else:  # each panel's "rejected" must agree with the verdict's Holm-corrected list
-            holm = dataclasses.replace(local, p_value=torch.tensor(adjusted_p_values))
-            names = [f"obs. {o}, Holm" for o in range(len(adjusted_p_values))]
-            out["lc2st_pp"] = plot_pp(holm, level=level, names=names)
+            out["lc2st_pp"] = plot_pp(local, level=level, adjusted_p_values=adjusted_p_values)
         if probability_maps is not None:
             chosen_maps = None if parameters is None else list(parameters)[:MAX_MAP_PARAMETERS]
             for o, (samples, probs) in enumerate(zip(

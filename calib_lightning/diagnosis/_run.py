@@ -8,6 +8,7 @@ latents; the misspecification test compares the observations with the calibratio
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -57,6 +58,17 @@ def _shared_draws(
     return samples, log_prob, log_prob_theta
 
 
+def local_num_null(num_observations: int, level: float, default: int = 100) -> int:
+    """Null classifiers for L-C2ST-NF in :func:`diagnose`: enough for Holm to name one.
+
+    The verdict lists observations by Holm-adjusted p-values; with ``H`` null
+    classifiers the smallest is ``O / (1 + H)``. ``H = max(default, ceil(2 O / level))``
+    keeps it at most ``level / 2``, so every observation can be named (100 up to
+    ``O = 2.5`` at level 0.05; 200 for 5 observations, 400 for 10).
+    """
+    return max(default, math.ceil(2 * num_observations / level))
+
+
 def diagnose(
     posterior: Any,
     theta: Tensor,
@@ -80,7 +92,9 @@ def diagnose(
         theta: held-out calibration parameters ``(N, D)`` from the prior.
         x: their simulated observations ``(N, *X)``.
         observations: observations ``(O, *X)`` you will analyse; enables L-C2ST-NF at
-            each and the misspecification test against ``x``.
+            each (with :func:`local_num_null` null classifiers, so Holm's correction over
+            the ``O`` observations can name any of them) and the misspecification test
+            against ``x``.
         reference_samples: exact posterior samples ``(S_ref, O, D)`` at the
             observations, if you have them (MCMC, a known posterior): adds the check
             ``reference`` (MMD with its p-value, Fréchet distance, density and coverage
@@ -179,7 +193,8 @@ def diagnose(
     if "lc2st_nf" in checks:
         def run_lc2st(generator: torch.Generator) -> Any:
             nonlocal maps
-            metric = LC2STNF(observations=observations, level=level, seed=seed)
+            metric = LC2STNF(observations=observations, level=level, seed=seed,
+                             num_null=local_num_null(observations.shape[0], level))
             metric.update(post, theta, x)
             result = metric.compute()
             maps = metric.probability_map(post, MAP_NUM_POSTERIOR_SAMPLES)  # seeded stream
