@@ -68,6 +68,14 @@ class MisspecificationResult(Result):
         num_simulations: ``N``, the simulations passed in (fit plus calibration).
         num_fit: simulations in the fit set.
         k: the neighbour whose distance is the score.
+        global_method: how ``global_p_value`` combines ``p_value``: ``"cauchy"`` or
+            ``"holm"``.
+
+    Properties say what the test can find at this ``N``: ``smallest_p_value``
+    (:math:`1 / (1 + n)` with ``n`` calibration simulations, whatever the observation)
+    and ``smallest_global_p_value``; :meth:`can_reject` compares them with a level.
+    With ``N = 30`` (15 calibration simulations) the smallest p-value is 1/16: no
+    observation, however far outside, is rejected at 0.05.
     """
 
     logged: ClassVar[tuple[str, ...]] = ("global_p_value", "p_value")
@@ -80,11 +88,31 @@ class MisspecificationResult(Result):
     num_simulations: int
     num_fit: int
     k: int
+    global_method: str = "cauchy"
 
     @property
     def num_calibration(self) -> int:
         """Simulations in the calibration set, ``num_simulations - num_fit``."""
         return self.num_simulations - self.num_fit
+
+    @property
+    def smallest_p_value(self) -> float:
+        """The smallest attainable ``p_value``, :math:`1 / (1 + n)` (``n = num_calibration``)."""
+        return 1.0 / (1 + self.num_calibration)
+
+    @property
+    def smallest_global_p_value(self) -> float:
+        """The smallest attainable ``global_p_value``: ``smallest_p_value``, times the
+        number of observations ``O`` (capped at 1) for ``global_method="holm"``."""
+        count = self.p_value.shape[0] if self.global_method == "holm" else 1
+        return min(1.0, count * self.smallest_p_value)
+
+    def can_reject(self, level: float = 0.05, holm: bool = False) -> bool:
+        """Whether any observation can be rejected at ``level`` (``p < level``) with this
+        many calibration simulations: alone, or with ``holm=True`` after Holm's
+        correction over the ``O`` observations (``O * smallest_p_value < level``)."""
+        count = self.p_value.shape[0] if holm else 1
+        return count * self.smallest_p_value < level
 
 
 def _features(
@@ -122,7 +150,10 @@ def misspecification_test(
     ``N``, ``k``, embedding and seed: reject at level ``alpha`` when
     ``p_value < alpha`` (the package's convention; ``<=`` is valid too). The smallest
     p-value is :math:`1 / (1 + n)`, so rejecting at 0.05 needs ``n >= 20`` calibration
-    simulations; a few hundred give a resolution far below the level.
+    simulations (``N >= 40`` with the default split; with ``N = 30`` the smallest
+    p-value is 1/16 even for an observation 10 standard deviations away); a few
+    hundred give a resolution far below the level. The result says so:
+    ``result.smallest_p_value`` and ``result.can_reject(level)``.
     ``observations`` are cast to the dtype of ``x`` (or of the embedding's parameters;
     integer ``x`` to torch's default dtype).
 
@@ -249,4 +280,5 @@ def misspecification_test(
         num_simulations=num,
         num_fit=num_fit,
         k=k,
+        global_method=global_method,
     )

@@ -242,3 +242,30 @@ def test_plot_marks_each_observation_and_switches_to_log_axis():
     assert any("1 more" in label for label in labels)
     with pytest.raises(ValueError, match="result must contain 'score'"):
         plot_misspecification({"p_value": torch.zeros(1)})
+
+
+def test_at_30_simulations_it_says_it_cannot_reject():
+    """N = 30: 15 calibration simulations, smallest p-value 1/16 > 0.05, even for an
+    observation 10 standard deviations away. The result, the table and the sentence say
+    so instead of "not rejected"; at N = 400 the same observation is rejected."""
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(30, gen(0))
+    far = torch.tensor([[0.0, 0.0], [10.0, 10.0]])
+    result = cl.misspecification_test(far, x)
+    assert result.smallest_p_value == 1 / 16 == float(result.p_value[1])
+    assert not result.can_reject(LEVEL)
+    assert result.can_reject(0.1)
+    report = cl.diagnose(toy.posterior(), theta, x, observations=far,
+                         checks=("misspecification",))  # fmt: skip
+    row = report.rows()[0]
+    assert row["verdict"] == "cannot reject at this size (smallest p 0.12)"  # 2 x 1/16, Holm
+    assert "cannot reject" in report.table()
+    assert ("the misspecification test cannot reject with 30 simulations (15 for calibration) "
+            "and 2 observations: smallest p-value 1/16 = 0.062, 0.12 after Holm's correction"
+            ) in report.verdict  # fmt: skip
+    theta, x = toy.sample(400, gen(0))
+    report = cl.diagnose(toy.posterior(), theta, x, observations=far,
+                         checks=("misspecification",))  # fmt: skip
+    assert report.rows()[0]["verdict"] == "rejected"
+    assert "observation 1 looks outside the simulator" in report.verdict
+    assert cl.misspecification_test(far, x).can_reject(LEVEL, holm=True)

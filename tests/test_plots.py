@@ -482,3 +482,18 @@ def test_every_p_value_in_a_legend_or_title_names_its_test():
     lc2st = _lc2st_like(1)
     lc2st.samples = torch.zeros(1, 5, 2)  # L-C2ST (not NF) keeps its evaluation draws
     assert "L-C2ST p =" in plot_pp(lc2st).axes[0].get_title()
+
+
+def test_pp_panels_judged_by_adjusted_p_values_say_so():
+    result = _lc2st_like(3)
+    result.p_value = torch.tensor([0.01, 0.02, 0.3])  # raw: two below 0.05
+    fig = plot_pp(result, adjusted_p_values=[0.03, 0.04, 0.3], level=0.05)
+    titles = [ax.get_title() for ax in fig.axes[:3]]
+    assert [t.split("\n")[0].endswith(": rejected") for t in titles] == [True, True, False]
+    assert all("Holm-adjusted p" in t for t in titles)
+    assert "Holm-adjusted" in fig.get_suptitle()
+    fig = plot_pp(result, adjusted_p_values=[0.06, 0.06, 0.6], level=0.05)  # none survives
+    assert all("not rejected" in ax.get_title() for ax in fig.axes[:3])
+    assert "p = 0.01" in fig.axes[0].get_title()  # the raw p stays beside its adjustment
+    with pytest.raises(ValueError, match="adjusted_p_values must have one entry"):
+        plot_pp(result, adjusted_p_values=[0.1])

@@ -7,7 +7,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from calib_lightning.plots.lc2st import plot_pp
+from calib_lightning.plots.lc2st import MAX_MAP_PARAMETERS, plot_pp, plot_probability_map
 from calib_lightning.plots.misspecification import plot_misspecification
 from calib_lightning.plots.ranks import (
     plot_expected_coverage,
@@ -22,10 +22,17 @@ __all__ = ["draw_figures"]
 
 def draw_figures(
     checks: Mapping[str, Any], level: float, labels: Sequence[str] | None = None,
-    parameters: Sequence[int] | None = None,
+    parameters: Sequence[int] | None = None, probability_maps: Any = None,
+    adjusted_p_values: Sequence[float] | None = None,
 ) -> dict[str, Figure]:
     """Figure key (``{check}_{figure}``) -> figure, for the checks that ran; ``labels``
-    name all ``D`` parameters, ``parameters`` picks those the per-parameter figures draw."""
+    name all ``D`` parameters, ``parameters`` picks those the per-parameter figures draw.
+
+    With ``probability_maps`` (the :class:`~calib_lightning.metrics.lc2st.ProbabilityMap`
+    of L-C2ST-NF's classifier) one ``lc2st_probability_map_<o>`` per observation, its
+    PP-plot in the corner, titled with its p-value (and ``adjusted_p_values``, Holm's).
+    With ``adjusted_p_values`` the PP-plot panels are judged by them, like the verdict.
+    """
     chosen = {"labels": labels, "parameters": parameters}
     out: dict[str, Figure] = {}
     ranks = checks.get("ranks")
@@ -42,7 +49,20 @@ def draw_figures(
         out["recovery_z_score_vs_contraction"] = plot_z_score_contraction(recovery, **chosen)
     local = checks.get("lc2st_nf")
     if local is not None:
-        out["lc2st_pp"] = plot_pp(local, level=level)
+        if adjusted_p_values is None:
+            out["lc2st_pp"] = plot_pp(local, level=level)
+        else:  # each panel's "rejected" must agree with the verdict's Holm-corrected list
+            out["lc2st_pp"] = plot_pp(local, level=level, adjusted_p_values=adjusted_p_values)
+        if probability_maps is not None:
+            chosen_maps = None if parameters is None else list(parameters)[:MAX_MAP_PARAMETERS]
+            for o, (samples, probs) in enumerate(zip(
+                    probability_maps.samples, probability_maps.probabilities, strict=True)):
+                title = f"L-C2ST-NF at observation {o}: p = {float(local.p_value[o]):.3g}"
+                if adjusted_p_values is not None:
+                    title += f", Holm-adjusted p = {adjusted_p_values[o]:.3g}"
+                pp = (local.pp_grid, local.pp_ecdf[o], local.pp_band[:, o])
+                out[f"lc2st_probability_map_{o}"] = plot_probability_map(
+                    samples, probs, labels=labels, parameters=chosen_maps, pp=pp, title=title)
     misspec = checks.get("misspecification")
     if misspec is not None:
         out["misspecification_scores"] = plot_misspecification(misspec, level=level)

@@ -9,6 +9,7 @@ verdict, for scripts).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import io
 import json
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from calib_lightning.diagnosis._verdict import VERDICT_CHECKS, overall_p_value, verdict_sentence
+from calib_lightning.diagnosis._verdict import VERDICT_CHECKS, Verdict, verdict
 from calib_lightning.plots._format import format_p_value
 
 if TYPE_CHECKING:
@@ -44,8 +45,11 @@ _DISAGREE = """
 on average but wrong there. Trust the local result for that observation; look at its
 PP-plot and, with more budget, simulate near it.</li>
 <li><b>Ranks reject, KCCSD does not:</b> rank tests are the most powerful against a small,
-global dispersion error; read the sign of the coverage error (over- or
-under-confident) and the rank histograms.</li>
+global dispersion error; read the Directions table (a direction is named only when its
+own test rejects) and the rank histograms.</li>
+<li><b>A check rejects but no direction is named:</b> the error is of a kind the
+directional tests do not measure (a wrong shape or correlation, or a local error); the
+check's figures show which.</li>
 <li><b>An observation looks outside the simulator:</b> no calibration check vouches for its
 posterior, however good the verdicts on simulations; revisit the simulator or the
 noise model first.</li>
@@ -53,7 +57,8 @@ noise model first.</li>
 contraction and R<sup>2</sup> of the recovery plot: a posterior equal to the prior is
 calibrated and useless.</li>
 <li>Each verdict is a test at the stated level: "not rejected" is no proof of calibration;
-more calibration pairs give more power.</li>
+more calibration pairs give more power. "Cannot reject at this size" is weaker still: the
+test could not have rejected whatever the data.</li>
 </ul>
 """
 
@@ -74,9 +79,16 @@ class Diagnosis:
             ``RankCalibrationResult``, ``TARPResult``, ``Recovery``, ``LC2STResult``,
             ``MisspecificationResult``).
         verdict: one plain sentence (calibrated; over-/under-confident; biased in a
-            parameter; wrong at an observation; an observation outside the simulator).
+            parameter; wrong at an observation; an observation outside the simulator;
+            a check that cannot reject at this size), each backed by a test
+            (:mod:`calib_lightning.diagnosis._verdict`).
+        findings: what the sentence was built from: the directional tests with their
+            Holm-adjusted p-values, the Holm-corrected per-observation lists, the checks
+            that cannot reject.
         overall_p_value: Cauchy combination of the checks' verdict p-values; the
             verdict rejects calibration when it is below ``level``.
+        probability_maps: L-C2ST-NF's classifier on posterior draws at each observation
+            (``ProbabilityMap``), when it ran; drawn in the report.
         level: the test level.
         seconds: wall time of each check (and of the shared draws).
         skipped: check name -> why it did not run (a capability the posterior lacks,
@@ -94,6 +106,7 @@ class Diagnosis:
         num_pairs: int | None = None,
         num_posterior_samples: int | None = None,
         reference_samples: Tensor | None = None,
+        probability_maps: Any = None,
         skipped: Mapping[str, str] | None = None,
     ) -> None:
         self.checks = dict(checks)
@@ -101,10 +114,11 @@ class Diagnosis:
         self.seconds = dict(seconds or {})
         self.parameters = list(parameters) if parameters is not None else None
         self.num_pairs, self.num_posterior_samples = num_pairs, num_posterior_samples
-        self.reference_samples = reference_samples
+        self.reference_samples, self.probability_maps = reference_samples, probability_maps
         self.skipped = dict(skipped or {})
-        self.overall_p_value = overall_p_value(self.checks)
-        self.verdict = verdict_sentence(self.checks, level, self.labels)
+        self.findings: Verdict = verdict(self.checks, level, self.labels)
+        self.overall_p_value = self.findings.overall_p_value
+        self.verdict = self.findings.sentence
         self._figures: dict[str, Figure] | None = None
 
     def __repr__(self) -> str:
@@ -112,8 +126,8 @@ class Diagnosis:
 
     # -- the table -------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
-        """One row per check: name, statistic, p-value, global p-value, verdict; then one
-        per skipped check, its verdict ``"skipped: <reason>"``."""
+        """One row per check: name, statistic, p-value, global p-value, verdict, size; then
+        one per skipped check, its verdict ``"skipped: <reason>"``."""
         rows = []
         for name, result in self.checks.items():
             field = VERDICT_CHECKS.get(name, getattr(type(result), "verdict", None))
@@ -125,8 +139,12 @@ class Diagnosis:
                 "p_value": _number(local) if local is not None else None,
                 "global_p_value": _number(getattr(result, "global_p_value", None)),
                 "verdict": "" if p is None else ("rejected" if p < self.level else "not rejected"),
+                "size": _size(name, result, self.findings, self.level),
                 "seconds": self.seconds.get(name),
             }
+            if name in self.findings.cannot_reject:
+                row["verdict"] = (f"cannot reject at this size (smallest p "
+                                  f"{self.findings.cannot_reject[name]:.2g})")  # fmt: skip
             if name == "recovery":
                 row["verdict"] = "see figures"
             if name == "reference":  # one MMD test per observation: the smallest p-value
@@ -136,12 +154,13 @@ class Diagnosis:
         for name, reason in self.skipped.items():
             rows.append({"check": name, "statistic": None, "p_value": None,
                          "global_p_value": None, "verdict": f"skipped: {reason}",
-                         "seconds": None})  # fmt: skip
+                         "seconds": None, "size": ""})  # fmt: skip
         return rows
 
     def table(self) -> str:
         """The rows as a plain-text table (p-values never print as 0)."""
-        header = ("check", "statistic", "p_value", "global_p_value", f"level {self.level:g}")
+        header = ("check", "statistic", "p_value", "global_p_value", f"level {self.level:g}",
+                  "size")  # fmt: skip
         lines = [header]
         for row in self.rows():
             lines.append((
@@ -151,6 +170,7 @@ class Diagnosis:
                 "" if row["global_p_value"] is None
                 else format_p_value(row["global_p_value"], 4, name=""),
                 row["verdict"],
+                row["size"],
             ))  # fmt: skip
         widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
         return "\n".join(
@@ -161,16 +181,22 @@ class Diagnosis:
     # -- figures ---------------------------------------------------------------------
     @property
     def figures(self) -> dict[str, Figure]:
-        """Every figure of the diagnosis, drawn on first access."""
+        """Every figure of the diagnosis, drawn on first access (with L-C2ST-NF, a
+        probability map and PP-plot per observation)."""
         if self._figures is None:
             from calib_lightning.diagnosis._figures import draw_figures
 
-            self._figures = draw_figures(self.checks, self.level, self.labels, self.parameters)
+            local = self.findings.observations.get("lc2st_nf")
+            self._figures = draw_figures(
+                self.checks, self.level, self.labels, self.parameters, self.probability_maps,
+                None if local is None else local.adjusted_p_value,
+            )  # fmt: skip
         return self._figures
 
     # -- saving ----------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        """The verdict and the table as JSON-ready values."""
+        """The verdict, the table, the directional tests and the per-observation lists
+        as JSON-ready values."""
 
         def clean(value: Any) -> Any:
             return None if isinstance(value, float) and math.isnan(value) else value
@@ -182,7 +208,12 @@ class Diagnosis:
             "num_pairs": self.num_pairs,
             "num_posterior_samples": self.num_posterior_samples,
             "checks": [{k: clean(v) for k, v in row.items()} for row in self.rows()],
-        }
+            "directions": [dataclasses.asdict(d) for d in self.findings.directions],
+            "observations": {name: dataclasses.asdict(o)
+                             for name, o in self.findings.observations.items()},
+            "cannot_reject": self.findings.cannot_reject,
+            "multiple_testing": MULTIPLE_TESTING,
+        }  # fmt: skip
 
     def save(self, directory: str | Path) -> Path:
         """Write ``report.html``, ``summary.json`` and ``figures/*.png``; return the page."""
@@ -205,13 +236,12 @@ class Diagnosis:
         color = "#1b7f3b" if ok else "#b3261e"
         overall = ("" if math.isnan(self.overall_p_value)
                    else format_p_value(self.overall_p_value, 3, name="overall p"))  # fmt: skip
-        cells = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in line.split("\t")) + "</tr>"
-            for line in self._tab_rows()
-        )
+        header = ("check", "statistic", "p-value", "global p-value", "verdict", "size",
+                  "seconds")  # fmt: skip
         figures = "".join(
-            f'<figure><figcaption>{html.escape(_caption(key))}</figcaption>'
-            f'<img src="data:image/png;base64,{data}" alt="{html.escape(key)}"></figure>'
+            f'<figure id="{html.escape(key)}"><figcaption>{html.escape(_caption(key))}'
+            f'</figcaption><img src="data:image/png;base64,{data}" alt="{html.escape(key)}">'
+            "</figure>"
             for key, data in images
         )
         budget = f"{self.num_pairs} calibration pairs"
@@ -226,42 +256,163 @@ body {{ font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto;
             font-size: 1.25em; }}
 table {{ border-collapse: collapse; margin: 1em 0; }}
 td, th {{ border-bottom: 1px solid #ddd; padding: .3em .8em; text-align: left; }}
+tr.named td {{ font-weight: 600; }}
 figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; }}
 figcaption {{ font-weight: 600; margin-bottom: .3em; }}
+.note {{ color: #555; font-size: .92em; }}
 </style></head><body>
 <h1>Calibration report</h1>
 <p class="verdict">{html.escape(self.verdict[0].upper() + self.verdict[1:])}</p>
 <p>{html.escape(overall)} (Cauchy combination of the checks' verdicts, level
 {self.level:g}); {html.escape(budget)}.</p>
 <h2>Checks</h2>
-<table><tr><th>check</th><th>statistic</th><th>p-value</th><th>global p-value</th>
-<th>verdict</th><th>seconds</th></tr>{cells}</table>
-<p>p-values: small means evidence of miscalibration. Where a check runs several tests
-(ranks: per parameter and joint; L-C2ST-NF: per observation), its global p-value
-combines them and is its verdict; the others say where it fails.</p>
+{_table(header, self._tab_rows())}
+<p class="note">p-values: small means evidence of miscalibration. Where a check runs
+several tests (ranks: per parameter and joint; L-C2ST-NF: per observation), its global
+p-value combines them and is its verdict. "Cannot reject at this size": a permutation or
+conformal test whose smallest attainable p-value is not below the level; it could not
+have rejected whatever the data. "Size" says how large the miscalibration is, so a tiny
+significant error at a large N reads differently from a large one.</p>
+{self._directions_html()}
+{self._observations_html()}
 {_DISAGREE}
 <h2>Figures</h2>
 {figures}
 </body></html>
 """
 
-    def _tab_rows(self) -> list[str]:
+    def _tab_rows(self) -> list[list[str]]:
         out = []
         for row in self.rows():
             p = row["p_value"]
             g = row["global_p_value"]
-            out.append("\t".join([
+            out.append([
                 _TITLES.get(row["check"], row["check"]),
                 "" if row["statistic"] is None else f"{row['statistic']:.4g}",
                 "" if p is None else format_p_value(p, 3, name=""),
                 "" if g is None else format_p_value(g, 3, name=""),
                 row["verdict"],
+                row["size"],
                 "" if row["seconds"] is None else f"{row['seconds']:.1f}",
-            ]))  # fmt: skip
+            ])  # fmt: skip
         return out
+
+    def _directions_html(self) -> str:
+        directions = self.findings.directions
+        if not directions:
+            return ""
+        rows, classes = [], []
+        for d in directions:
+            rows.append([d.words, d.size(), format_p_value(d.p_value, 3, name=""),
+                         format_p_value(d.adjusted_p_value, 3, name=""),
+                         "named" if d.named else ""])  # fmt: skip
+            classes.append("named" if d.named else "")
+        header = ("direction", f"size ({1 - self.level:.0%} interval)", "one-sided p",
+                  "Holm-adjusted p", "in the verdict")  # fmt: skip
+        return f"""<h2>Directions</h2>
+<p class="note">A direction is named only when its one-sided test rejects after Holm's
+correction over these {len(directions)} tests and both the overall verdict and the rank
+check reject. Tests: one-sample t-tests of the mean fractional rank (0.5 under
+calibration) on the joint (HPD) rank for over/under-confidence (coverage error = 0.5 -
+mean joint rank; negative = over-confident) and on each marginal rank for a posterior too
+high or too low.</p>
+{_table(header, rows, classes)}"""
+
+    def _observations_html(self) -> str:
+        lists = self.findings.observations
+        if not lists:
+            return ""
+        count = len(next(iter(lists.values())).p_value)
+        header = ["observation"]
+        local, misspec = lists.get("lc2st_nf"), lists.get("misspecification")
+        result = self.checks.get("lc2st_nf")
+        if local is not None:
+            header += ["L-C2ST statistic", f"null {1 - self.level:.0%} quantile", "p",
+                       "Holm-adjusted p"]  # fmt: skip
+            null = _quantile(result.null_statistics, 1 - self.level)
+        if misspec is not None:
+            header += ["outside the simulator: p", "Holm-adjusted p"]
+        header.append("in the verdict")
+        rows, classes = [], []
+        for o in range(count):
+            row, named = [str(o)], []
+            if local is not None:
+                row += [f"{float(result.statistic[o]):.3g}", f"{null[o]:.3g}",
+                        format_p_value(local.p_value[o], 3, name=""),
+                        format_p_value(local.adjusted_p_value[o], 3, name="")]  # fmt: skip
+                named += ["wrong here (L-C2ST-NF)"] if o in local.named else []
+            if misspec is not None:
+                row += [format_p_value(misspec.p_value[o], 3, name=""),
+                        format_p_value(misspec.adjusted_p_value[o], 3, name="")]  # fmt: skip
+                named += ["outside the simulator"] if o in misspec.named else []
+            rows.append([*row, "; ".join(named)])
+            classes.append("named" if named else "")
+        notes = []
+        for name, item in lists.items():
+            if not item.can_reject:
+                notes.append(f"{_TITLES[name].split(' (')[0]}: the smallest Holm-adjusted "
+                             f"p-value at this size is {item.smallest_adjusted:.2g}, not below "
+                             f"{self.level:g}; no observation can be named.")  # fmt: skip
+        return f"""<h2>Per observation</h2>
+<p class="note">Holm's step-down correction over the {count} observations (family-wise
+error at {self.level:g} under any dependence), separately for each test. An observation is
+named in the verdict (last column) when its Holm-adjusted p-value is below the level and the
+check's own verdict rejects (for L-C2ST-NF, the overall verdict too). {html.escape(
+' '.join(notes))}</p>
+{_table(header, rows, classes)}"""
+
+
+MULTIPLE_TESTING = (
+    "directions: Holm over the 2 (D + 1) one-sided rank-mean tests, gated by the overall "
+    "and the rank verdicts; per-observation lists: Holm over the O observations, gated by "
+    "the check's verdict"
+)
+
+
+def _table(header: Sequence[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        f'<tr class="{c}">' + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>"
+        for row, c in zip(rows, classes or [""] * len(rows), strict=True)
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _quantile(values: Tensor, q: float) -> list[float]:
+    import torch
+
+    return torch.quantile(values.double(), q, dim=0).tolist()
+
+
+def _size(name: str, result: Any, findings: Verdict, level: float) -> str:
+    """How large the miscalibration a check measures is, in its own units."""
+    if name == "ranks":
+        joint = [d for d in findings.directions if d.parameter is None]
+        return joint[0].size() if joint else ""
+    if name == "tarp":
+        return (f"largest coverage gap {float(result.statistic):.3f} (band "
+                f"{float(result.band):.3f}); ATC {float(result.coverage_error):+.3f}")  # fmt: skip
+    if name == "lc2st_nf":
+        null = _quantile(result.null_statistics, 1 - level)
+        ratio = [float(t) / max(q, 1e-300) for t, q in zip(result.statistic, null, strict=True)]
+        worst = max(range(len(ratio)), key=ratio.__getitem__)
+        return (f"L-C2ST statistic {float(result.statistic[worst]):.3g} at observation "
+                f"{worst}, {ratio[worst]:.2g} times its null {1 - level:.0%} quantile "
+                f"{null[worst]:.3g} (the largest ratio)")  # fmt: skip
+    if name == "misspecification":
+        return (f"smallest p {float(result.p_value.min()):.3g} over {result.p_value.shape[0]} "
+                f"observations (attainable: {result.smallest_p_value:.2g})")  # fmt: skip
+    return ""
 
 
 def _caption(key: str) -> str:
+    if key == "lc2st_pp":
+        return ("L-C2ST-NF: PP-plot at each observation (panels judged by Holm-adjusted "
+                "p-values, as the verdict)")
+    if key.startswith("lc2st_probability_map_"):
+        o = key.rsplit("_", 1)[1]
+        return (f"L-C2ST-NF at observation {o}: where the estimator puts too much (red) or "
+                "too little (blue) mass, and its PP-plot")
     check, _, figure = key.partition("_")
     names = {"lc2st": "L-C2ST-NF", "ranks": "Rank calibration", "tarp": "TARP",
              "recovery": "Recovery", "misspecification": "Misspecification"}  # fmt: skip

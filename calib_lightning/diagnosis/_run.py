@@ -10,6 +10,7 @@ with the reason.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -42,6 +43,7 @@ NEEDS = {"kccsd": "score", "lc2st_nf": "to_latent"}
 #: the random stream of each step (with ``seed``): a check's numbers do not depend on
 #: which other checks run
 _STREAMS = {name: k for k, name in enumerate(("draws", *CHECKS, "reference"), start=1)}
+MAP_NUM_POSTERIOR_SAMPLES = 2000  # posterior draws per observation of the probability maps
 
 
 def _shared_draws(
@@ -71,6 +73,17 @@ def skipped_checks(posterior: Any, checks: Sequence[str]) -> dict[str, str]:
             if name in NEEDS and not supports(post, NEEDS[name])}  # fmt: skip
 
 
+def local_num_null(num_observations: int, level: float, default: int = 100) -> int:
+    """Null classifiers for L-C2ST-NF in :func:`diagnose`: enough for Holm to name one.
+
+    The verdict lists observations by Holm-adjusted p-values; with ``H`` null
+    classifiers the smallest is ``O / (1 + H)``. ``H = max(default, ceil(2 O / level))``
+    keeps it at most ``level / 2``, so every observation can be named (100 up to
+    ``O = 2.5`` at level 0.05; 200 for 5 observations, 400 for 10).
+    """
+    return max(default, math.ceil(2 * num_observations / level))
+
+
 def diagnose(
     posterior: Any,
     theta: Tensor,
@@ -94,7 +107,9 @@ def diagnose(
         theta: held-out calibration parameters ``(N, D)`` from the prior.
         x: their simulated observations ``(N, *X)``.
         observations: observations ``(O, *X)`` you will analyse; enables L-C2ST-NF at
-            each and the misspecification test against ``x``.
+            each (with :func:`local_num_null` null classifiers, so Holm's correction over
+            the ``O`` observations can name any of them) and the misspecification test
+            against ``x``.
         reference_samples: exact posterior samples ``(S_ref, O, D)`` at the
             observations, if you have them (MCMC, a known posterior): adds the check
             ``reference`` (MMD with its p-value, Fréchet distance, density and coverage
@@ -195,11 +210,16 @@ def diagnose(
             timed("tarp", lambda generator: tarp(samples, theta, level=level, generator=generator))
         if "recovery" in checks:
             timed("recovery", lambda generator: recovery(samples, theta))
+    maps = None  # L-C2ST-NF's classifier on posterior draws at each observation, for the report
     if "lc2st_nf" in checks:
         def run_lc2st(generator: torch.Generator) -> Any:
-            metric = LC2STNF(observations=observations, level=level, seed=seed)
+            nonlocal maps
+            metric = LC2STNF(observations=observations, level=level, seed=seed,
+                             num_null=local_num_null(observations.shape[0], level))
             metric.update(post, theta, x)
-            return metric.compute()
+            result = metric.compute()
+            maps = metric.probability_map(post, MAP_NUM_POSTERIOR_SAMPLES)  # seeded stream
+            return result
 
         timed("lc2st_nf", run_lc2st)
     if reference_samples is not None:
@@ -211,9 +231,9 @@ def diagnose(
         timed("reference", run_reference)
     if "misspecification" in checks:
         timed("misspecification", lambda generator: misspecification_test(
-            observations, x, embedding=embedding, seed=seed))
+            observations, x, embedding=embedding, seed=seed, global_method="holm"))
     return Diagnosis(
         results, level=level, labels=labels, parameters=parameters, seconds=seconds,
         num_pairs=theta.shape[0], num_posterior_samples=num_posterior_samples,
-        reference_samples=reference_samples, skipped=skipped,
+        reference_samples=reference_samples, probability_maps=maps, skipped=skipped,
     )  # fmt: skip

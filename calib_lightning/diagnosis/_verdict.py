@@ -1,24 +1,58 @@
-"""The plain-sentence verdict of a diagnosis, from the checks' typed results.
+r"""The plain-sentence verdict of a diagnosis: it says only what a test found.
 
-One overall p-value keeps the level: the Cauchy combination of each check's verdict
-p-value (KCCSD ``p_value``, ranks ``global_p_value``, TARP ``p_value``, L-C2ST-NF
-``global_p_value``). When it rejects, the sentence says what the rejecting checks
-point at: the sign of the coverage error (over- or under-confident), a parameter whose
-posterior mean is off (bias, from the recovery z-scores), an observation where the
-local test rejects, an observation the simulator would hardly produce.
+**Overall.** One p-value keeps the level: the Cauchy combination of each check's
+verdict p-value (KCCSD ``p_value``, ranks ``global_p_value``, TARP ``p_value``,
+L-C2ST-NF ``global_p_value``). At or above the level the sentence says "calibrated".
+
+**Directions** (over-confident, under-confident, biased in a parameter) are named only
+when a test *of that direction* rejects: the one-sided t-tests of
+:func:`~calib_lightning.functional.direction.rank_mean_test` on the rank histogram, the
+joint (HPD) rank for over/under-confidence and each marginal rank for a posterior too
+high or too low, ``2 (D + 1)`` one-sided hypotheses with Holm's correction
+(:func:`~calib_lightning.functional.holm_adjust`), which controls the family-wise error
+under any dependence. They are gated, closed-testing style, by the overall verdict and
+by the rank check's own verdict, so the sentence never names a direction the table
+does not back. Without a direction the sentence names the checks that rejected.
+
+**Per-observation lists** (L-C2ST-NF "wrong at", misspecification "outside the
+simulator") are Holm-adjusted over the ``O`` observations and gated by the check's own
+verdict (and, for L-C2ST-NF, by the overall verdict). ``diagnose`` runs the
+misspecification test with ``global_method="holm"``, so its row and its list agree.
+
+**Size.** Each named finding carries its size: the coverage error with its
+``1 - level`` confidence interval, the mean fractional marginal rank (0.5 when
+unbiased), the L-C2ST statistic beside its null quantile.
+
+**Cannot reject.** A permutation or conformal test has a smallest attainable p-value
+(``result.smallest_p_value``); when it, times the multiplicity, is not below the level,
+the check could not have rejected whatever the data, and the sentence and the table say
+so instead of "not rejected".
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from scipy import stats
 
-from calib_lightning.functional.combine import combine_p_values
+from calib_lightning.functional.combine import combine_p_values, holm_adjust
+from calib_lightning.functional.direction import rank_mean_test
+from calib_lightning.plots._format import format_p_value
 
-__all__ = ["VERDICT_CHECKS", "overall_p_value", "verdict_sentence"]
+__all__ = [
+    "VERDICT_CHECKS",
+    "Direction",
+    "ObservationList",
+    "Verdict",
+    "overall_p_value",
+    "smallest_verdict_p_value",
+    "verdict",
+    "verdict_sentence",
+]
 
 #: the checks whose verdict p-value enters the overall verdict, and its field
 VERDICT_CHECKS = {
@@ -28,8 +62,78 @@ VERDICT_CHECKS = {
     "lc2st_nf": "global_p_value",
 }
 
-#: a mean z-score this many standard errors from 0 counts as bias
-BIAS_Z = 4.0
+#: how the sentence names each check, and the figures it points to
+NAMES = {
+    "kccsd": ("KCCSD", ""),  # no figure of its own
+    "ranks": ("the rank tests", "the expected-coverage, rank ECDF and histogram figures"),
+    "tarp": ("TARP", "the TARP coverage figure"),
+    "lc2st_nf": ("L-C2ST-NF", "the PP-plots and probability maps"),
+    "misspecification": ("the misspecification test", "the misspecification figure"),
+}
+
+
+@dataclass(frozen=True)
+class Direction:
+    """One one-sided directional test and whether the sentence names it.
+
+    Attributes:
+        words: what the sentence says when it is named (``"over-confident"``,
+            ``"biased in a: posterior too high"``).
+        parameter: the parameter index, ``None`` for the joint rank.
+        estimate: coverage error (joint) or mean fractional rank (parameter).
+        half_width: half-width of its ``1 - level`` confidence interval.
+        p_value: one-sided p-value.
+        adjusted_p_value: Holm-adjusted over the ``2 (D + 1)`` one-sided tests.
+        named: it rejects after Holm, and the overall and rank verdicts reject.
+    """
+
+    words: str
+    parameter: int | None
+    estimate: float
+    half_width: float
+    p_value: float
+    adjusted_p_value: float
+    named: bool
+
+    def size(self) -> str:
+        """``coverage error -0.088 ± 0.028`` or ``mean rank 0.31 ± 0.03, 0.5 if unbiased``."""
+        if self.parameter is None:
+            return f"coverage error {self.estimate:+.3f} ± {self.half_width:.3f}"
+        return f"mean rank {self.estimate:.3f} ± {self.half_width:.3f}, 0.5 if unbiased"
+
+
+@dataclass(frozen=True)
+class ObservationList:
+    """A per-observation test with Holm's correction.
+
+    Attributes:
+        check: ``"lc2st_nf"`` or ``"misspecification"``.
+        p_value: raw p-values ``(O,)``.
+        adjusted_p_value: Holm-adjusted ``(O,)``.
+        named: indices the sentence lists (adjusted below the level, gates passed).
+        can_reject: whether Holm-adjusted p-values can fall below the level at all.
+        smallest_adjusted: the smallest attainable Holm-adjusted p-value
+            (``O * smallest_p_value``), or ``None`` for an analytic test.
+    """
+
+    check: str
+    p_value: list[float]
+    adjusted_p_value: list[float]
+    named: list[int]
+    can_reject: bool
+    smallest_adjusted: float | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The sentence and what it was built from (for the report's tables)."""
+
+    sentence: str
+    overall_p_value: float
+    rejected: list[str]
+    directions: list[Direction]
+    observations: dict[str, ObservationList]
+    cannot_reject: dict[str, float]
 
 
 def overall_p_value(checks: Mapping[str, Any]) -> float:
@@ -41,65 +145,208 @@ def overall_p_value(checks: Mapping[str, Any]) -> float:
     return float(combine_p_values(torch.tensor(values, dtype=torch.float64), dim=0))
 
 
-def _observations(indices: list[int]) -> str:
+def _verdict_p_value(name: str, result: Any) -> float | None:
+    field = VERDICT_CHECKS.get(name, getattr(type(result), "verdict", None))
+    value = getattr(result, field, None) if field else None
+    if value is None or (hasattr(value, "numel") and value.numel() != 1):
+        return None
+    return float(value)
+
+
+def smallest_verdict_p_value(result: Any) -> float | None:
+    """The smallest p-value a check's verdict can reach at its size (``None``: analytic).
+
+    Reads ``result.smallest_global_p_value`` or else ``result.smallest_p_value``
+    (permutation, bootstrap and conformal tests: :math:`1 / (1 + B)`).
+    """
+    value = getattr(result, "smallest_global_p_value", None)
+    if value is None:
+        value = getattr(result, "smallest_p_value", None)
+    return None if value is None else float(value)
+
+
+def _observations(indices: Sequence[int]) -> str:
     """``observation 2`` or ``observations 0, 1 and 3``."""
     if len(indices) == 1:
         return f"observation {indices[0]}"
     return f"observations {', '.join(map(str, indices[:-1]))} and {indices[-1]}"
 
 
+def _and(items: Sequence[str]) -> str:
+    if len(items) <= 1:
+        return "".join(items)
+    return f"{', '.join(items[:-1])} and {items[-1]}"
+
+
 def _name(labels: Sequence[str] | None, d: int) -> str:
     return f"{labels[d]}" if labels is not None else f"parameter {d}"
 
 
-def _biased(checks: Mapping[str, Any], labels: Sequence[str] | None) -> list[str]:
-    recovery = checks.get("recovery")
-    if recovery is None:
-        return []
-    n = recovery.z_scores.shape[0]
-    mean, std = recovery.z_score_mean.double(), recovery.z_score_std.double()
-    strength = mean * math.sqrt(n) / std.clamp_min(1e-12)
+def direction_tests(
+    ranks: Any, level: float, gate: bool, labels: Sequence[str] | None = None
+) -> list[Direction]:
+    """The ``2 (D + 1)`` one-sided rank-mean tests, Holm-adjusted; ``gate``: may name."""
+    test = rank_mean_test(ranks.histogram)  # each (D + 1,): marginal rows, then joint
+    p = torch.stack([test.p_greater, test.p_less], -1)  # (D + 1, 2)
+    adjusted = holm_adjust(p.flatten()).view_as(p)
+    quantile = stats.t.ppf(1 - level / 2, test.num_pairs.cpu().numpy() - 1)
+    half = test.standard_error.cpu().numpy() * quantile
+    num_dims = p.shape[0] - 1
     out = []
-    for d in range(mean.shape[0]):
-        if abs(float(strength[d])) > BIAS_Z:
-            side = "too high" if float(mean[d]) > 0 else "too low"
-            out.append(f"biased in {_name(labels, d)} (posterior mean {side})")
+    for row in (num_dims, *range(num_dims)):  # the joint rank first
+        joint = row == num_dims
+        for side in range(2):  # 0: mean rank above 1/2, 1: below
+            if joint:
+                words = "over-confident" if side == 0 else "under-confident"
+                estimate = -float(test.offset[row])  # the coverage error
+            else:
+                where = "too low" if side == 0 else "too high"
+                words = f"biased in {_name(labels, row)}: posterior {where}"
+                estimate = 0.5 + float(test.offset[row])
+            adj = float(adjusted[row, side])
+            out.append(Direction(
+                words=words, parameter=None if joint else row, estimate=estimate,
+                half_width=float(half[row]), p_value=float(p[row, side]), adjusted_p_value=adj,
+                named=gate and adj < level,
+            ))  # fmt: skip
     return out
+
+
+def observation_list(
+    name: str, result: Any, level: float, gate: bool
+) -> ObservationList:
+    """Holm over a check's per-observation ``p_value`` ``(O,)``; ``gate``: may name."""
+    p = result.p_value.double().flatten()
+    adjusted = holm_adjust(p)
+    smallest = getattr(result, "smallest_p_value", None)
+    smallest_adjusted = None if smallest is None else min(1.0, p.shape[0] * float(smallest))
+    named = [o for o, a in enumerate(adjusted.tolist()) if gate and a < level]
+    return ObservationList(
+        check=name, p_value=p.tolist(), adjusted_p_value=adjusted.tolist(), named=named,
+        can_reject=smallest_adjusted is None or smallest_adjusted < level,
+        smallest_adjusted=smallest_adjusted,
+    )  # fmt: skip
+
+
+def _lc2st_size(result: Any, named: Sequence[int], level: float) -> str:
+    stats = ", ".join(f"{float(result.statistic[o]):.2g}" for o in named)
+    null = torch.quantile(result.null_statistics.double(), 1 - level, dim=0)
+    chance = max(float(null[o]) for o in named)
+    return f"L-C2ST statistic {stats}; null {1 - level:.0%} quantile at most {chance:.2g}"
+
+
+def _cannot(name: str, result: Any, smallest: float, level: float) -> str:
+    what = NAMES.get(name, (name, ""))[0]
+    count = result.p_value.numel() if hasattr(result, "p_value") else 1
+    if name == "misspecification":
+        single = float(result.smallest_p_value)
+        if smallest > single:  # Holm over the observations
+            return (f"{what} cannot reject with {result.num_simulations} simulations "
+                    f"({result.num_calibration} for calibration) and {count} observations: "
+                    f"smallest p-value 1/{result.num_calibration + 1} = {single:.2g}, "
+                    f"{smallest:.2g} after Holm's correction, not below {level:g}")  # fmt: skip
+        return (f"{what} cannot reject with {result.num_simulations} simulations "
+                f"({result.num_calibration} for calibration): smallest p-value "
+                f"1/{result.num_calibration + 1} = {single:.2g}, not below {level:g}")  # fmt: skip
+    if name == "lc2st_nf":
+        size = f"{result.null_statistics.shape[0]} null classifiers"
+    else:
+        size = "this many null draws"
+    return f"{what} cannot reject with {size}: smallest p-value {smallest:.2g}, not below {level:g}"
+
+
+def verdict(
+    checks: Mapping[str, Any], level: float, labels: Sequence[str] | None = None
+) -> Verdict:
+    """The sentence and its ingredients (see the module docstring)."""
+    overall = overall_p_value(checks)
+    overall_rejects = not math.isnan(overall) and overall < level
+    rejected = [n for n, r in checks.items()
+                if (p := _verdict_p_value(n, r)) is not None and p < level]  # fmt: skip
+    cannot = {n: s for n, r in checks.items()
+              if (s := smallest_verdict_p_value(r)) is not None and s >= level}  # fmt: skip
+    notes = [_cannot(n, checks[n], s, level) for n, s in cannot.items()]
+
+    ranks = checks.get("ranks")
+    directions = [] if ranks is None else direction_tests(
+        ranks, level, overall_rejects and "ranks" in rejected, labels)  # fmt: skip
+    lists: dict[str, ObservationList] = {}
+    if "lc2st_nf" in checks:
+        gate = overall_rejects and "lc2st_nf" in rejected
+        lists["lc2st_nf"] = observation_list("lc2st_nf", checks["lc2st_nf"], level, gate)
+    if "misspecification" in checks:
+        result = checks["misspecification"]
+        lists["misspecification"] = observation_list(
+            "misspecification", result, level, "misspecification" in rejected)
+
+    tail: list[str] = []
+    misspec = lists.get("misspecification")
+    if misspec is not None and misspec.named:
+        verb = "looks" if len(misspec.named) == 1 else "look"
+        smallest = min(misspec.adjusted_p_value[o] for o in misspec.named)
+        tail.append(f"{_observations(misspec.named)} {verb} outside the simulator "
+                    f"(Holm-adjusted p {'=' if len(misspec.named) == 1 else '>='} "
+                    f"{smallest:.2g})")  # fmt: skip
+    elif misspec is not None and "misspecification" not in cannot and not misspec.can_reject:
+        notes.append(f"no single observation can be called outside the simulator with "
+                     f"{len(misspec.p_value)} observations (smallest Holm-adjusted p-value "
+                     f"{misspec.smallest_adjusted:.2g})")  # fmt: skip
+
+    if math.isnan(overall):
+        head = "no calibration check ran"
+    elif not overall_rejects:
+        head = f"calibrated: no evidence of miscalibration at level {level:g}"
+        alone = [n for n in rejected if n in VERDICT_CHECKS]
+        if alone:  # the table marks them rejected: say why the verdict still does not
+            words = _and([f"{NAMES[n][0]} ({format_p_value(_verdict_p_value(n, checks[n]), 3)})"
+                          for n in alone])  # fmt: skip
+            verb = "rejects" if len(alone) == 1 else "reject"
+            head += (f" (overall p = {overall:.2g}); {words} alone {verb}, which the "
+                     f"combination of the {sum(n in checks for n in VERDICT_CHECKS)} checks "
+                     "does not confirm")  # fmt: skip
+    else:
+        found = [f"{d.words} ({d.size()})" for d in directions if d.named]
+        if any(d.named and d.parameter is not None for d in directions) and any(
+                d.named and d.words == "over-confident" for d in directions):
+            # the joint test cannot tell too narrow from misplaced: do not claim "narrow"
+            found[0] = (f"credible regions cover the truth too rarely ({directions[0].size()}; "
+                        "a bias alone does this)")  # fmt: skip
+        local = lists.get("lc2st_nf")
+        if local is not None and local.named:
+            found.append(f"wrong at {_observations(local.named)} "
+                         f"({_lc2st_size(checks['lc2st_nf'], local.named, level)})")  # fmt: skip
+        elif local is not None and "lc2st_nf" in rejected:
+            why = "" if local.can_reject else (
+                f"; with {len(local.p_value)} observations the smallest Holm-adjusted p-value "
+                f"is {local.smallest_adjusted:.2g}")  # fmt: skip
+            found.append(f"L-C2ST-NF rejects over the observations together, at no single "
+                         f"one after Holm's correction{why}")  # fmt: skip
+        shown = {"ranks"} if any(d.named for d in directions) else set()
+        shown |= {"lc2st_nf"} if local is not None and "lc2st_nf" in rejected else set()
+        others = [n for n in rejected if n in VERDICT_CHECKS and n not in shown]
+        if others:
+            words = _and([f"{NAMES[n][0]} ({format_p_value(_verdict_p_value(n, checks[n]), 3)})"
+                          for n in others])  # fmt: skip
+            verb = "rejects" if len(others) == 1 else "reject"
+            figures = _and([NAMES[n][1] for n in others if NAMES[n][1]])
+            see = f": see {figures}" if figures else " (no figure of its own)"
+            if not figures and found:
+                see = ", which has no figure of its own"
+            if not found:
+                found.append(f"{words} {verb}, but no directional test does{see}")
+            else:
+                found.append(f"also rejected by {words}{see}")
+        if not found:
+            found.append(f"the checks reject together (overall p = {overall:.2g}), "
+                         "none alone: see the table")  # fmt: skip
+        head = "miscalibrated: " + "; ".join(found)
+    sentence = "; ".join([head, *tail, *notes]) + "."
+    return Verdict(sentence=sentence, overall_p_value=overall, rejected=rejected,
+                   directions=directions, observations=lists, cannot_reject=cannot)  # fmt: skip
 
 
 def verdict_sentence(
     checks: Mapping[str, Any], level: float, labels: Sequence[str] | None = None
 ) -> str:
-    """A short plain sentence: calibrated, or what the rejecting checks point at."""
-    parts: list[str] = []
-    misspec = checks.get("misspecification")
-    if misspec is not None:
-        outside = [o for o, p in enumerate(misspec.p_value.tolist()) if p < level]
-        if outside:
-            verb = "looks" if len(outside) == 1 else "look"
-            parts.append(f"{_observations(outside)} {verb} outside the simulator")
-    overall = overall_p_value(checks)
-    if math.isnan(overall):
-        head = "no calibration check ran"
-    elif overall >= level:
-        head = f"calibrated: no evidence of miscalibration at level {level:g}"
-    else:
-        failures: list[str] = []
-        ranks = checks.get("ranks")
-        tarp = checks.get("tarp")
-        signed = ranks.coverage_error if ranks is not None else (
-            tarp.coverage_error if tarp is not None else None)  # fmt: skip
-        if signed is not None:
-            error = float(signed)  # the joint coverage error, ()
-            if error < 0:
-                failures.append("over-confident (credible regions too narrow or misplaced)")
-            elif error > 0:
-                failures.append("under-confident (credible regions too wide)")
-        failures += _biased(checks, labels)
-        local = checks.get("lc2st_nf")
-        if local is not None:
-            wrong = [o for o, p in enumerate(local.p_value.tolist()) if p < level]
-            if wrong:
-                failures.append(f"wrong at {_observations(wrong)}")
-        head = "miscalibrated: " + ("; ".join(failures) if failures else "see the table")
-    return "; ".join([head, *parts]) + "."
+    """A short plain sentence: calibrated, or what a test found (:func:`verdict`)."""
+    return verdict(checks, level, labels).sentence

@@ -15,7 +15,8 @@ from calib_lightning.functional.bootstrap import (
     u_statistic,
     wild_bootstrap,
 )
-from calib_lightning.functional.combine import combine_p_values, monte_carlo_p_value
+from calib_lightning.functional.combine import combine_p_values, holm_adjust, monte_carlo_p_value
+from calib_lightning.functional.direction import RankMeanTest, rank_mean_test
 from calib_lightning.functional.distance_rank import distance_log_prob
 from calib_lightning.functional.kccsd import (
     KCCSDTest,
@@ -99,6 +100,7 @@ __all__ = [
     "LatentCalibrationResult",
     "PosteriorDraws",
     "RankCalibrationResult",
+    "RankMeanTest",
     "RankSummary",
     "RankSums",
     "RankWorkspace",
@@ -127,6 +129,7 @@ __all__ = [
     "frechet_distance_from_moments",
     "gaussian_base_points",
     "gaussian_moments",
+    "holm_adjust",
     "kccsd",
     "kccsd_matrix",
     "kccsd_test",
@@ -151,6 +154,7 @@ __all__ = [
     "rank_draw_chunk",
     "rank_ecdf",
     "rank_histogram",
+    "rank_mean_test",
     "recovery",
     "recovery_from_moments",
     "sbc_ranks",

@@ -66,6 +66,10 @@ class LC2STResult(Result):
         samples: L-C2ST only: the evaluation draws
             :math:`\theta_j \sim q(\cdot \mid x_o)`, ``(O, N_v, D)``; ``None`` for
             L-C2ST-NF (its evaluation points are normal draws in the latent space).
+
+    ``smallest_p_value`` is the smallest attainable ``p_value`` (and ``global_p_value``),
+    :math:`1 / (1 + H)`: with ``H = 100``, Holm's correction over more than five
+    observations can reject none of them at 0.05.
     """
 
     logged = ("global_p_value", "statistic", "p_value")
@@ -80,6 +84,11 @@ class LC2STResult(Result):
     pp_ecdf: Tensor
     pp_band: Tensor
     samples: Tensor | None = None
+
+    @property
+    def smallest_p_value(self) -> float:
+        """:math:`1 / (1 + H)`, the smallest p-value ``H`` null trials can give."""
+        return 1.0 / (1 + self.null_statistics.shape[0])
 
 
 @dataclass(eq=False)

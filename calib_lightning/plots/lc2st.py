@@ -88,6 +88,8 @@ def plot_pp(
     names: Sequence[str] | None = None,
     level: float = 0.05,
     test: str | None = None,
+    adjusted_p_values: Sequence[float] | None = None,
+    correction: str = "Holm",
     panel_size: tuple[float, float] = (3.2, 3.0),
 ) -> Figure:
     r"""PP-plot per reference observation: ECDF of :math:`d(\theta_j, x_o)` and the null band.
@@ -101,11 +103,15 @@ def plot_pp(
             ``global_p_value``).
         observations: indices of the observations to draw (default: all).
         names: a title per drawn observation.
-        level: test level at which a panel is marked "rejected" (each observation's test
-            alone) and at which the title judges ``global_p_value``, the verdict over
-            all observations.
+        level: test level at which a panel is marked "rejected" (``p < level``; each
+            observation's test alone, or its adjusted p-value when given) and at which the
+            title judges ``global_p_value``, the verdict over all observations.
         test: the test's name in titles; default ``"L-C2ST"`` for a result with
             evaluation ``samples`` (:class:`~calib_lightning.LC2ST`), else ``"L-C2ST-NF"``.
+        adjusted_p_values: multiplicity-adjusted p-values ``(O,)`` (e.g. Holm's, as the
+            verdict of :func:`calib_lightning.diagnose` uses): each panel is judged by its
+            adjusted p-value and shows both.
+        correction: the name of the adjustment, for the titles.
         panel_size: inches per panel.
     """
     grid, ecdf, band, stat, p = _get(
@@ -120,6 +126,9 @@ def plot_pp(
             f"observations must be a non-empty list of indices into the {num_obs} observations, "
             f"got {picks}"
         )
+    if adjusted_p_values is not None and len(adjusted_p_values) != num_obs:
+        raise ValueError(f"adjusted_p_values must have one entry per observation ({num_obs}), "
+                         f"got {len(adjusted_p_values)}")  # fmt: skip
     if names is not None and len(names) != len(picks):
         raise ValueError(
             f"names must have one entry per observation ({len(picks)}), got {len(names)}"
@@ -129,9 +138,12 @@ def plot_pp(
     fig = Figure(figsize=(panel_size[0] * cols, panel_size[1] * rows + 0.6), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, i, k in zip(axes, picks, range(len(picks)), strict=False):
-        verdict = "rejected" if p[i] <= level else "not rejected"
+        judged = p[i] if adjusted_p_values is None else adjusted_p_values[i]
+        verdict = "rejected" if judged < level else "not rejected"
         name = names[k] if names is not None else f"observation {i}"
         p_text = format_p_value(p[i], 3, name=f"{test} p")
+        if adjusted_p_values is not None:
+            p_text += f",\n{correction}-adjusted {format_p_value(judged, 3)}"
         title = f"{name}: {verdict}\nT = {stat[i]:.2g}, {p_text}"
         _pp_axes(ax, grid, ecdf[i], band[:, i], title)
     for ax in axes[len(picks) :]:
@@ -141,10 +153,12 @@ def plot_pp(
     global_p_value = getattr(result, "global_p_value", None)
     if global_p_value is not None and num_obs > 1:  # one observation: its p is the verdict
         global_p = float(global_p_value)
-        verdict = "rejected" if global_p <= level else "not rejected"
+        verdict = "rejected" if global_p < level else "not rejected"
+        panels = ("one observation's test alone" if adjusted_p_values is None else
+                  f"judged by its {correction}-adjusted p-value")  # fmt: skip
         title += (f"\nall observations together: global {test} "
                   f"{format_p_value(global_p, 3)}, {verdict} (the verdict; each panel is "
-                  "one observation's test alone)")
+                  f"{panels})")
     # wrap to the figure's width (about 0.075 inch per character at 10 pt)
     width = max(30, int(fig.get_figwidth() / 0.075))
     fig.suptitle("\n".join(textwrap.fill(line, width) for line in title.split("\n")), fontsize=10)
