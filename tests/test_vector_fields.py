@@ -8,6 +8,7 @@ The estimators are trained briefly (seconds) on ``GaussianToy(dim=2)``.
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -142,3 +143,27 @@ def test_every_supported_metric_and_diagnose_run(trained):
     assert set(report.checks) == ({"kccsd", "ranks", "tarp"} if method == "npse"
                                   else {"ranks", "tarp"})  # fmt: skip
     assert set(report.skipped) == (set() if method == "npse" else {"kccsd"})
+
+
+def test_an_over_confident_ode_is_rejected_with_the_right_sign(trained):
+    """The trained FMPE with its base standard deviation cut to 0.6 after training: the ODE
+    maps a narrower base onto a narrower posterior. The latent check and TARP reject it,
+    coverage error negative (over-confident)."""
+    method, estimator, _ = trained
+    if method != "fmpe":
+        pytest.skip("one estimator suffices; NPSE's ODE is 4x slower")
+    narrow = copy.deepcopy(estimator)
+    narrow._std_base.mul_(0.6)  # sbi keeps the base's std in this buffer
+    post = cl.as_posterior(narrow)
+    theta, x = TOY.sample(300, torch.Generator().manual_seed(6))
+    torch.manual_seed(6)
+    latent = cl.LatentCalibration()
+    latent.update(post, theta, x)
+    out = latent.compute()
+    assert float(out.global_p_value) < 1e-6
+    assert float(out.coverage_error) < -0.1
+    tarp = cl.TARP(num_posterior_samples=30)
+    tarp.update(post, theta, x)
+    result = tarp.compute()
+    assert float(result.p_value) < 0.01
+    assert float(result.coverage_error) < 0
