@@ -4,8 +4,9 @@ What must hold: the distance rank is exactly uniform when the draws and the trut
 i.i.d. (any distribution, any small ``M``); on the exact posterior of ``GaussianToy``
 wrapped as a samples-only callable, the rank check and TARP keep their level over fresh
 data sets, and an over- and an under-confident posterior are rejected with the right sign;
-L-C2ST, recovery, the reference distances and shared draws work on it; the checks that
-need a density, a score or latents raise a ValueError naming the missing capability.
+L-C2ST, recovery, the reference distances, shared draws and the rank and TARP callbacks
+work on it; the checks that need a density, a score or latents raise a ValueError naming
+the missing capability, and ``cl.diagnose`` skips them with that reason.
 """
 
 from __future__ import annotations
@@ -247,3 +248,56 @@ def test_diagnose_skips_a_requested_check_instead_of_failing():
     assert list(report.checks) == ["ranks"]
     assert list(report.skipped) == ["kccsd"]
     assert report.verdict.startswith("miscalibrated")
+
+
+class _Sampler(torch.nn.Module):
+    """A LightningModule's samples-only estimator: draws from the toy's posterior moved by a
+    trained shift, counting its calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.shift = torch.nn.Parameter(torch.zeros(()))
+        self.calls: list[tuple[int, int]] = []
+
+    def forward(self, x, num_samples):
+        self.calls.append((x.shape[0], num_samples))
+        return TOY.posterior(shift=float(self.shift))(x).sample((num_samples,))
+
+
+def test_rank_and_tarp_callbacks_share_a_samplers_draws():
+    """The estimator attribute holds the SamplePosterior: the draws are shared by object."""
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from calib_lightning.callbacks import RankCalibrationCallback, TARPCallback
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.sampler = _Sampler()
+            self.posterior = cl.SamplePosterior(self.sampler)
+
+        def training_step(self, batch, batch_idx):
+            return (self.sampler.shift - 1.0) ** 2
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    theta, x = TOY.sample(100, torch.Generator().manual_seed(12))
+    estimator = "posterior"
+    callbacks = [
+        RankCalibrationCallback(theta, x, metric=cl.RankCalibration(20), estimator=estimator),
+        TARPCallback(theta, x, metric=cl.TARP(20, num_null=100), estimator=estimator),
+    ]
+    train = DataLoader(TensorDataset(theta, x), batch_size=100)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        enable_checkpointing=False, callbacks=callbacks)  # fmt: skip
+    module = Module()
+    trainer.fit(module, train)
+    for callback in callbacks:
+        assert callback.epochs == [0, 1]
+        assert not callback.errors
+    assert callbacks[0].last_result.joint_statistic == "distance"
+    # fit's setup check draws once at two pairs per callback; then one pass per epoch
+    assert module.sampler.calls == [(2, 1), (2, 1), (100, 20), (100, 20)]
