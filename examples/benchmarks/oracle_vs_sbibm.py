@@ -19,8 +19,11 @@ Install sbibm (it pins old packages, hence ``--no-deps``)::
     pip install pandas pyro-ppl opt_einsum pyro-api future autograd
 
 Run:  PYTHONPATH=. python examples/benchmarks/oracle_vs_sbibm.py   (about an hour, 2 cores)
-      python examples/benchmarks/oracle_vs_sbibm.py --smoke         (a minute; temp folder)
-Writes examples/benchmarks/results/oracle_vs_sbibm.md (rewritten after every case).
+      python examples/benchmarks/oracle_vs_sbibm.py --smoke         (seconds; temp folder)
+Writes examples/benchmarks/results/oracle_vs_sbibm.md (rewritten after every case); the
+committed table was run in parts, its cases kept in results/oracle_vs_sbibm.jsonl:
+      PYTHONPATH=. python examples/benchmarks/oracle_vs_sbibm.py --resume \
+          examples/benchmarks/results/oracle_vs_sbibm.jsonl   (rewrites the table only)
 """
 
 from __future__ import annotations
@@ -36,9 +39,7 @@ from pathlib import Path
 if not __package__:  # run as a file (python examples/x.py): make `examples` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import sbibm
 import torch
-from sbibm.metrics import c2st
 from threadpoolctl import threadpool_limits
 from torch import Tensor
 
@@ -77,10 +78,12 @@ def table(rows: list[dict], n: int) -> str:
     lines = [
         "# Oracle C2ST vs sbibm's c2st on identical samples",
         "",
-        f"`python examples/benchmarks/oracle_vs_sbibm.py`; {n} samples per side, 5 folds, "
-        f"one thread, {platform.machine()} (2 shared cores), sbibm 1.1.0, "
-        f"torch {torch.__version__}. diff: ours - sbibm (seed 1); floor: sbibm seed 2 - "
-        "sbibm seed 1 on the same samples (on the cases given in parentheses).",
+        f"`python examples/benchmarks/oracle_vs_sbibm.py` (run in parts joined by `--resume`); "
+        f"{n} samples per side, 5 folds, one thread, {platform.machine()} (2 shared cores), "
+        f"sbibm 1.1.0, torch {torch.__version__}. diff: ours (`oracle_c2st` at its defaults) "
+        "- sbibm's `c2st` (seed 1); floor: sbibm seed 2 - sbibm seed 1 on the same samples "
+        "(on the cases given in parentheses): how far sbibm is from itself. Seconds: one "
+        "call, wall clock on a shared machine.",
         "",
         "| task | cases | mean \\|diff\\| | max \\|diff\\| | mean diff | mean \\|floor\\| | "
         "max \\|floor\\| | s ours | s sbibm |",
@@ -88,6 +91,7 @@ def table(rows: list[dict], n: int) -> str:
     ]
     groups = {task: [r for r in rows if r["task"] == task] for task in TASKS}
     groups["all"] = rows
+    groups["all but two_moons"] = [r for r in rows if r["task"] != "two_moons"]
     for task, group in groups.items():
         if not group:
             continue
@@ -105,6 +109,22 @@ def table(rows: list[dict], n: int) -> str:
             f"{statistics.mean(r['s_ours'] for r in group):.1f} | "
             f"{statistics.mean(r['s_sbibm'] for r in group):.1f} |"
         )
+    diff = [abs(r["ours"] - r["sbibm"]) for r in rows]
+    floor = {r["task"]: 0.0 for r in rows}
+    for r in rows:
+        if r["sbibm_seed2"] is not None:
+            floor[r["task"]] = max(floor[r["task"]], abs(r["sbibm_seed2"] - r["sbibm"]))
+    worst = max(floor, key=floor.get)
+    mean, top = statistics.mean(diff), max(diff)
+    lines += [
+        "",
+        f"Goal (issue 23): mean \\|diff\\| <= 0.01 ({mean:.5f}: "
+        f"{'met' if mean <= 0.01 else 'not met'}) and max <= 0.03 ({top:.5f}: "
+        f"{'met' if top <= 0.03 else 'not met'}) over all {len(rows)} cases. sbibm's c2st "
+        f"itself moves by up to {floor[worst]:.4f} ({worst}) when only its seed changes: "
+        "differences of that size between two runs of one protocol are the classifier's "
+        "training noise, not a difference of protocol.",
+    ]
     lines += [
         "",
         "## Cases",
@@ -130,42 +150,55 @@ def main() -> None:
         help="tasks on which sbibm's c2st runs a second time (seed 2) for the noise floor",
     )  # fmt: skip
     parser.add_argument(
-        "--resume", type=Path, help="JSON lines of cases already run (printed by this script)"
-    )
+        "--resume", type=Path,
+        help="JSON lines of cases already run (printed by this script): skipped, or given "
+        "their floor if their task is in --floor-tasks and they lack it",
+    )  # fmt: skip
     add_smoke_argument(parser)
     args = parser.parse_args()
-    n, observations = (300, (1, 2)) if args.smoke else (args.num_samples, range(1, 11))
+    try:  # not a test dependency: the smoke test passes without it
+        import sbibm
+        from sbibm.metrics import c2st
+    except ImportError:
+        print("sbibm is not installed: skipped (install it as the module docstring says)")
+        return
+    n, observations = (300, (1, 10)) if args.smoke else (args.num_samples, range(1, 11))
     tasks = TASKS[:1] if args.smoke else TASKS
     folder = output_folder(Path(__file__).parent / "results", args.smoke)
     torch.set_num_threads(1)
     rows: list[dict] = []
     if args.resume is not None:
         rows = [json.loads(line) for line in args.resume.read_text().splitlines() if line]
-    done = {(r["task"], r["observation"]) for r in rows}
+    done = {(r["task"], r["observation"]): r for r in rows}
     with threadpool_limits(1):
         for name in tasks:
             task = sbibm.get_task(name)
             prior = task.get_prior()
             for obs in observations:
-                if (name, obs) in done:
+                floor = name in args.floor_tasks
+                row = done.get((name, obs))
+                if row is not None and (row["sbibm_seed2"] is not None or not floor):
                     continue
                 reference = task.get_reference_posterior_samples(num_observation=obs)
                 torch.manual_seed(obs)
                 kind, strength = PERTURBATIONS[(obs - 1) % len(PERTURBATIONS)]
                 estimator = perturb(reference[5000 : 5000 + n], kind, strength, prior(n))
                 reference = reference[:n]
-                row = {"task": name, "observation": obs, "kind": kind, "strength": strength}
-                row["sbibm"], row["s_sbibm"] = timed(c2st, reference, estimator)
-                row["sbibm_seed2"] = None
-                if name in args.floor_tasks:
+                if row is None:  # a new case (else: a resumed case that lacks its floor)
+                    row = {"task": name, "observation": obs, "kind": kind, "strength": strength}
+                    row["sbibm"], row["s_sbibm"] = timed(c2st, reference, estimator)
+                    row["ours"], row["s_ours"] = timed(
+                        lambda e, r: oracle_c2st(e, r).accuracy, estimator, reference
+                    )
+                    row["sbibm_seed2"] = None
+                    rows.append(row)
+                if floor:
                     row["sbibm_seed2"], _ = timed(c2st, reference, estimator, seed=2)
-                row["ours"], row["s_ours"] = timed(
-                    lambda e, r: oracle_c2st(e, r).accuracy, estimator, reference
-                )
-                rows.append(row)
                 print(json.dumps(row), flush=True)
                 (folder / "oracle_vs_sbibm.md").write_text(table(rows, n))
+    (folder / "oracle_vs_sbibm.md").write_text(table(rows, n))
     print(table(rows, n))
+    print(f"wrote {folder / 'oracle_vs_sbibm.md'}")
 
 
 if __name__ == "__main__":
