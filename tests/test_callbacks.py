@@ -591,8 +591,20 @@ def lc2st_metric(x_o):
     return cl.LC2STNF(observations=x_o, num_null=20, num_posterior_samples=1000, seed=1)
 
 
-def test_lc2st_nf_callback_logs_per_observation_tests_maps_and_reference_scores(tmp_path):
+def test_lc2st_nf_callback_logs_per_observation_tests_maps_and_reference_scores(
+    tmp_path, monkeypatch
+):
+    import calib_lightning.callbacks.lc2st as module
     from calib_lightning.callbacks import LC2STNFCallback
+
+    oracle_calls = []
+
+    def recorded_oracle(*args, **kwargs):
+        oracle_calls.append(kwargs)
+        return cl.baselines.oracle_c2st(*args, **kwargs)
+
+    monkeypatch.setattr(module, "oracle_c2st", recorded_oracle)
+    quick = {"learning_rate": 1e-2, "patience": 3, "max_epochs": 200}
 
     toy = GaussianToy(dim=2)
     theta, x = toy.sample(300, torch.Generator().manual_seed(7))
@@ -602,7 +614,7 @@ def test_lc2st_nf_callback_logs_per_observation_tests_maps_and_reference_scores(
         reference = cl.as_posterior(toy.posterior()).sample(x_o, 500)  # exact posterior
     callback = LC2STNFCallback(
         theta, x, metric=lc2st_metric(x_o), truths=theta_o, reference_samples=reference,
-        labels=["a", "b"], map_num_posterior_samples=500,
+        labels=["a", "b"], map_num_posterior_samples=500, oracle_kwargs=quick,
     )  # fmt: skip
     logger = TensorBoardLogger(tmp_path, name="tb", version=0)
     train = loader(*toy.sample(64, torch.Generator().manual_seed(6)))
@@ -624,6 +636,7 @@ def test_lc2st_nf_callback_logs_per_observation_tests_maps_and_reference_scores(
         assert callback.history[f"p_value/{o}"][0] > 0.05
         assert callback.history[f"mmd_p_value/{o}"][0] > 0.01
         assert 0.4 < callback.history[f"oracle_c2st/{o}"][0] < 0.6
+    assert oracle_calls == [{"seed": 0, **quick}]  # the oracle's settings reach it
     # simulator outputs: not flagged as misspecified; the p-value equals the function's
     expected_p = cl.misspecification_test(x_o, x).p_value
     logged = [callback.history[f"misspecification_p_value/{o}"][0] for o in (0, 1)]

@@ -7,7 +7,7 @@
   reference posterior, as in sbibm).
 """
 
-from calib_lightning.baselines.c2st import OracleC2ST, oracle_c2st
+from calib_lightning.baselines.c2st import CONVERGED_MLP, OracleC2ST, oracle_c2st
 from calib_lightning.baselines.skce import (
     SKCETest,
     gaussian_mmd_sq,
@@ -19,6 +19,7 @@ from calib_lightning.baselines.skce import (
 )
 
 __all__ = [
+    "CONVERGED_MLP",
     "OracleC2ST",
     "SKCETest",
     "gaussian_mmd_sq",

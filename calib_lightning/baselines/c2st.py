@@ -25,7 +25,22 @@ from torch import Tensor
 from calib_lightning._checks import check_points, check_positive
 from calib_lightning.classifiers import make_ensemble
 
-__all__ = ["OracleC2ST", "oracle_c2st"]
+__all__ = ["CONVERGED_MLP", "OracleC2ST", "oracle_c2st"]
+
+#: :class:`~calib_lightning.classifiers.MLPEnsemble` settings of the oracle: scikit-learn's
+#: ``MLPClassifier`` as sbibm's ``c2st`` configures it (Adam at 1e-3, mini-batches of 200,
+#: L2 penalty ``alpha = 1e-4`` per batch, up to 10,000 epochs, stop when the training loss
+#: has not fallen by ``tol = 1e-4`` for 10 epochs); the hidden layers, two of ``10 * D``
+#: units, are set from the data.
+CONVERGED_MLP: dict[str, Any] = {
+    "learning_rate": 1e-3,
+    "batch_size": 200,
+    "max_epochs": 10_000,
+    "patience": 10,
+    "validation_fraction": 0.0,
+    "tol": 1e-4,
+    "weight_decay": 1e-4 / 200,
+}
 
 
 class OracleC2ST(NamedTuple):
@@ -70,9 +85,15 @@ def oracle_c2st(
         estimator_samples: :math:`\theta \sim q(\cdot \mid x_o)`, shape ``(*, M, D)``.
         reference_samples: :math:`\theta \sim p(\cdot \mid x_o)`, shape ``(*, M', D)``.
         num_folds: cross-validation folds ``F``; ``M`` and ``M'`` must be at least ``F``.
-        classifier: as in :func:`calib_lightning.classifiers.make_ensemble`.
+        classifier: as in :func:`calib_lightning.classifiers.make_ensemble`. The default
+            ``"mlp"`` trains :class:`~calib_lightning.classifiers.MLPEnsemble` members as
+            sbibm's ``c2st`` trains scikit-learn's ``MLPClassifier`` (two ReLU layers of
+            ``10 * D`` units, :data:`CONVERGED_MLP`: to convergence, not the fast early
+            stopping of the L-C2ST classifiers), all folds in one batched fit;
+            ``"sbibm"`` fits scikit-learn's own, one fold at a time.
         seed: seeds the folds and the classifiers.
-        classifier_kwargs: :class:`~calib_lightning.classifiers.MLPEnsemble` settings.
+        classifier_kwargs: :class:`~calib_lightning.classifiers.MLPEnsemble` settings,
+            over :data:`CONVERGED_MLP` and the ``10 * D`` hidden layers.
 
     Returns:
         :class:`OracleC2ST`: ``accuracy`` (held-out balanced accuracy, 0.5 when the
@@ -126,6 +147,10 @@ def oracle_c2st(
         ]
     )
     source = torch.arange(num_batch, device=device).repeat_interleave(num_folds)
+    if isinstance(classifier, str) and classifier == "mlp":
+        width = 10 * data.shape[-1]
+        settings = {"hidden_features": (width, width), **CONVERGED_MLP}
+        classifier_kwargs = {**settings, **classifier_kwargs}
     ensemble = make_ensemble(classifier, num_batch * num_folds, seed, **classifier_kwargs)
     ensemble.fit(data[source[:, None], train], labels[train])
     proba = ensemble.predict_proba(data[source[:, None], held])
