@@ -155,8 +155,8 @@ class VectorFieldPosterior(DistributionPosterior):
         return samples.reshape(num_posterior_samples, inner.shape[0], -1).to(out)
 
     def sample_and_log_prob(self, x: Tensor, num_posterior_samples: int) -> tuple[Tensor, Tensor]:
-        # zuko's joint pass would integrate the trace backwards while sampling; with an
-        # SDE sampler the draws do not come from the ODE at all: sample, then log_prob
+        # with an SDE sampler the draws do not come from the ODE: sample, then log_prob
+        # (for the ODE, zuko's joint pass costs the same: the trace dominates)
         with torch.no_grad():
             theta = self.sample(x, num_posterior_samples)
             return theta, self.log_prob(theta, x)
