@@ -1,7 +1,8 @@
 """sbi's vector-field estimators (FMPE's flow matching, NPSE's score estimator) behind
 ``cl.as_posterior``: shapes, dtypes, argument checks, latents of the ODE's own samples
-standard normal, log-densities equal to sbi's, the score where it exists (a ValueError
-naming why for flow matching), and every supported metric and ``cl.diagnose`` runs.
+standard normal, log-densities equal to sbi's, the score (the network's at the smallest
+time for NPSE, the gradient of the ODE's log-density for FMPE), and every metric and
+``cl.diagnose`` runs; an over-confident ODE is rejected with the right sign.
 
 The estimators are trained briefly (seconds) on ``GaussianToy(dim=2)``.
 """
@@ -56,7 +57,7 @@ def test_as_posterior_wraps_the_estimator_and_sbis_posterior(trained):
     sampler = {"fmpe": "ode", "npse": "sde"}[method]  # sbi's defaults, kept
     assert cl.as_posterior(posterior).sample_with == sampler
     assert cl.as_posterior(estimator).sample_with == "ode"
-    assert supports(cl.as_posterior(estimator), "score") == (method == "npse")
+    assert supports(cl.as_posterior(estimator), "score")
 
 
 def test_shapes_dtypes_and_argument_checks(trained):
@@ -105,13 +106,22 @@ def test_log_prob_is_sbis_probability_flow_density(trained):
     torch.testing.assert_close(ours, theirs, atol=1e-3, rtol=1e-4)
 
 
-def test_score_is_the_networks_at_the_smallest_time_or_a_clear_error(trained):
+def test_score_is_the_networks_at_the_smallest_time_or_the_odes(trained):
     method, estimator, _ = trained
     post = cl.as_posterior(estimator)
     theta, x = TOY.sample(4, torch.Generator().manual_seed(4))
-    if method == "fmpe":
-        with pytest.raises(ValueError, match=r"does not provide score.*flow-matching estimator"):
-            post.score(theta, x)
+    if method == "fmpe":  # the gradient of the ODE's log-density: central differences
+        score = post.score(theta.double(), x)
+        assert score.dtype == torch.float64
+        step = 1e-2 * torch.eye(2)
+        with torch.no_grad():
+            differences = torch.stack([
+                (post.log_prob(theta + h, x) - post.log_prob(theta - h, x)) / 2e-2
+                for h in step
+            ], -1)  # fmt: skip
+        torch.testing.assert_close(score.float(), differences, atol=0.05, rtol=0.02)
+        with pytest.raises(ValueError, match="calibration losses do not apply to FMPE"):
+            post.score(theta, x, create_graph=True)
         return
     score = post.score(theta.double(), x)
     assert score.shape == (4, 2)
@@ -122,27 +132,22 @@ def test_score_is_the_networks_at_the_smallest_time_or_a_clear_error(trained):
 
 
 def test_every_supported_metric_and_diagnose_run(trained):
-    method, _, posterior = trained
+    _, _, posterior = trained
     post = cl.as_posterior(posterior)
     theta, x = TOY.sample(60, torch.Generator().manual_seed(5))
     torch.manual_seed(5)
     metrics = [cl.LatentCalibration(), cl.RankCalibration(num_posterior_samples=9),
-               cl.TARP(num_posterior_samples=9), cl.LC2STNF(observations=x[:1], num_null=5)]
-    if method == "npse":
-        metrics.append(cl.KCCSD(num_null=50))
+               cl.TARP(num_posterior_samples=9), cl.LC2STNF(observations=x[:1], num_null=5),
+               cl.KCCSD(num_null=50)]
     for metric in metrics:
         metric.update(post, theta, x)
         out = metric.compute()
         p = out.global_p_value if getattr(out, "global_p_value", None) is not None else out.p_value
         assert bool(((p > 0) & (p <= 1)).all()), type(metric).__name__
-    if method == "fmpe":
-        with pytest.raises(ValueError, match="does not provide score"):
-            cl.KCCSD().update(post, theta, x)
     report = cl.diagnose(post, theta, x, checks=("kccsd", "ranks", "tarp"),
                          num_posterior_samples=9, seed=0)  # fmt: skip
-    assert set(report.checks) == ({"kccsd", "ranks", "tarp"} if method == "npse"
-                                  else {"ranks", "tarp"})  # fmt: skip
-    assert set(report.skipped) == (set() if method == "npse" else {"kccsd"})
+    assert set(report.checks) == {"kccsd", "ranks", "tarp"}
+    assert report.skipped == {}
 
 
 def test_an_over_confident_ode_is_rejected_with_the_right_sign(trained):

@@ -6,8 +6,6 @@ Adapters (the other modules of :mod:`calib_lightning.posteriors`) subclass
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -86,10 +84,9 @@ def supports(posterior: Any, capability: str) -> bool:
 def unsupported(posterior: Any, capability: str) -> ValueError:
     """The error for a method ``posterior`` cannot support: which capability is missing
     and which checks need it."""
-    why = getattr(posterior, "missing", {}).get(capability)
     return ValueError(
         f"{type(posterior).__name__} does not provide {capability}, which "
-        f"{CAPABILITIES[capability]} need{f' ({why})' if why else ''}; it provides "
+        f"{CAPABILITIES[capability]} need; it provides "
         f"{', '.join(sorted(posterior.capabilities))}"
     )
 
@@ -108,11 +105,9 @@ class Posterior:
     Attributes:
         capabilities: the :data:`CAPABILITIES` the adapter provides (every one by
             default; a flow whose base is not normal still raises from ``to_latent``).
-        missing: capability -> why this adapter lacks it, for the error (optional).
     """
 
     capabilities: frozenset[str] = frozenset(CAPABILITIES)
-    missing: Mapping[str, str] = MappingProxyType({})
 
     def __init__(self, module: Any) -> None:
         self.module = module
