@@ -32,6 +32,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.distributions import Distribution
+from torch.distributions.transforms import AffineTransform
+from zuko.distributions import NormalizingFlow
+from zuko.transforms import ComposedTransform
 
 from calib_lightning.posteriors.base import Posterior
 from calib_lightning.posteriors.distributions import DistributionPosterior
@@ -54,14 +57,20 @@ def vector_field_estimator(obj: object) -> Any | None:
 
 class _ODEFlow(nn.Module):
     """``x -> `` sbi's probability-flow ODE at ``x``: a zuko ``NormalizingFlow`` with batch
-    shape ``(N,)`` and event shape ``(D,)``."""
+    shape ``(N,)`` and event shape ``(D,)``; with sbi's composed standardization, the ODE
+    runs on ``z = (theta - shift) / scale`` and the flow starts with that affine map."""
 
     def __init__(self, estimator: nn.Module, neural_ode: Any) -> None:
         super().__init__()
         self.estimator, self.neural_ode = estimator, neural_ode
 
     def forward(self, x: Tensor) -> Distribution:
-        return self.neural_ode(x)
+        flow = self.neural_ode(x)
+        if not self.estimator.compose_enabled:
+            return flow
+        shift, scale = self.estimator._theta_shift[0], self.estimator._theta_scale[0]
+        to_z = AffineTransform(-shift / scale, 1 / scale, event_dim=1)
+        return NormalizingFlow(ComposedTransform(to_z, flow.transform), flow.base)
 
 
 class VectorFieldPosterior(DistributionPosterior):
@@ -81,8 +90,11 @@ class VectorFieldPosterior(DistributionPosterior):
     the network's parameters, so ``create_graph=True`` (the calibration losses) raises
     a ``ValueError`` for it.
 
-    Estimators with sbi's composed standardization (``compose_standardization``) are
-    refused with a ``ValueError``: their ODE lives in a standardized space.
+    With sbi's composed standardization (``compose_standardization=True``) the ODE runs
+    on :math:`z = (\theta - \text{shift}) / \text{scale}`: the adapter composes that affine
+    map into the flow (densities, latents, ODE draws) and the score; sbi 0.27 cannot draw
+    such an estimator's SDE samples for a batch of ``x``, so ``sample_with="sde"`` then
+    raises a ``ValueError``.
 
     Arguments:
         module: the estimator, or sbi's ``VectorFieldPosterior`` (its ODE settings and
@@ -104,11 +116,6 @@ class VectorFieldPosterior(DistributionPosterior):
             raise ValueError(
                 "module must be an sbi FlowMatchingEstimator, ConditionalScoreEstimator or "
                 f"VectorFieldPosterior, got {type(module).__name__}"
-            )
-        if estimator.compose_enabled:
-            raise ValueError(
-                "sbi estimators with compose_standardization are not supported: their ODE "
-                "runs in a standardized space; train without it"
             )
         potential = getattr(module, "potential_fn", None)
         neural_ode = getattr(potential, "neural_ode", None)
@@ -138,6 +145,11 @@ class VectorFieldPosterior(DistributionPosterior):
     def sample(self, x: Tensor, num_posterior_samples: int) -> Tensor:
         if self.posterior is None or self.sample_with == "ode":
             return super().sample(x, num_posterior_samples)
+        if self.estimator.compose_enabled:
+            raise ValueError(
+                "sbi 0.27 cannot draw SDE samples for a batch of x from an estimator with "
+                "compose_standardization: build its posterior with sample_with='ode'"
+            )
         inner, out = self._sampling_inputs(x, num_posterior_samples)
         per_batch = max(1, min(num_posterior_samples, 100_000 // inner.shape[0]))  # sbi's cap
         with torch.no_grad(), self._errors(None, inner):
@@ -166,9 +178,11 @@ class VectorFieldPosterior(DistributionPosterior):
             return Posterior.score(self, theta, x)
         inner_x = self._prepare_x(x)
         inner = self._prepare_theta(theta, inner_x)
-        time = inner.new_tensor(self.estimator.t_min)
+        time, compose = inner.new_tensor(self.estimator.t_min), self.estimator.compose_enabled
         with torch.set_grad_enabled(create_graph), self._errors(inner, inner_x):
-            score = self.estimator.score(inner, inner_x, time)
+            z = self.estimator.to_z(inner) if compose else inner
+            score = self.estimator.score(z, inner_x, time)
+            score = score / self.estimator._theta_scale if compose else score
         return score.to(theta.dtype)
 
 
