@@ -264,8 +264,9 @@ class _Sampler(torch.nn.Module):
         return TOY.posterior(shift=float(self.shift))(x).sample((num_samples,))
 
 
-def test_rank_and_tarp_callbacks_share_a_samplers_draws():
+def test_rank_and_tarp_callbacks_share_a_samplers_draws(tmp_path, monkeypatch):
     """The estimator attribute holds the SamplePosterior: the draws are shared by object."""
+    monkeypatch.chdir(tmp_path)  # the callbacks write their figures to the working directory
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
 
