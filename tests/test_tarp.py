@@ -166,12 +166,12 @@ def test_metric_with_default_arguments_holds_its_level_and_detects_dispersion(di
     p = torch.tensor(p)
     assert float((p <= 0.05).double().mean()) <= 0.2  # 99.9 % of Binomial(30, 0.05)
     assert stats.kstest(p.numpy(), "uniform").pvalue > 1e-3
-    theta, x = toy.sample(200, g)
+    theta, x = toy.sample(500, g)
     for variance_scale, sign in ((0.7, -1), (1.3, 1)):
         metric = cl.TARP()
         metric.update(toy.posterior(variance_scale=variance_scale), theta, x)
         out = metric.compute()
-        assert float(out.p_value) <= 0.01
+        assert float(out.p_value) <= 0.05
         assert float(torch.sign(out.coverage_error)) == sign
 
 
