@@ -26,8 +26,11 @@ class TARPCallback(CalibrationCallback):
     and ``num_pairs``. Figures: ``coverage`` (the curve with its band,
     :func:`~calib_lightning.plots.tarp.plot_tarp`) and ``history``.
 
-    The metric fits its coordinates (scale and reference box) on the calibration pairs at
-    the first check and keeps them, so every check measures coverage in the same units.
+    The metric fits its coordinates (scale and reference box) at the first check, on one
+    value per calibration pair picked among its ``theta`` and posterior samples (not on
+    the tested ``theta``: that broke the level at high ``D``), and keeps them, so every
+    check measures coverage in the same units; pass ``scale`` and ``reference_bounds``
+    (e.g. the prior's range) to a configured metric for coordinates fixed in advance.
     With a :class:`RankCalibrationCallback` (or any other sampling callback) checking in
     the same epoch, both use one set of posterior draws at the calibration ``x``
     (docs/callbacks.md, "Shared draws").

@@ -18,10 +18,29 @@ given :math:`x_i` and the reference, so every :math:`r_i` is uniform on
 :math:`\mathrm{ECP}(c) \approx c`.
 
 Distances are measured in standardized coordinates :math:`\theta / s` (``scale``
-:math:`s`: the per-dimension standard deviation of the calibration parameters by
-default), and reference points are drawn uniformly on the box spanned by the
-standardized calibration parameters, so samples, true values and references live in
-one coordinate system; the curve is evaluated exactly on :math:`[0, 1]`.
+:math:`s`, a per-dimension standard deviation) and reference points are drawn uniformly
+on a box; the curve is evaluated exactly on :math:`[0, 1]`.
+
+Where the box and the scale come from decides whether the test holds its level. Fitted
+on the tested :math:`\theta^*_i` themselves (this module's default until issue 22),
+they are not independent of the pairs: a :math:`\theta^*_i` that is the largest value of
+coordinate :math:`a` has every reference on one side of it, while its samples are not
+bound by the box, so its rank is pushed up. Each coordinate makes two such pairs, so the
+excess grows with :math:`D`: rejection 0.068 at :math:`D = 20` and 0.076 at
+:math:`D = 50` (N = 500) at level 0.05. The default now fits them on **fit points**
+(:func:`tarp_fit_points`): for each pair one of its :math:`S + 1` values
+:math:`\{\theta^*_i, \theta_{i1}, \dots, \theta_{iS}\}`, picked uniformly at random.
+Under :math:`H_0` these values are exchangeable given :math:`x_i`, and a uniformly
+picked one is independent of *which* of them is :math:`\theta^*_i` (for distinct values,
+the pick and the true value's position are independent uniforms). So given all fit
+points, box, scale and references, the position of :math:`\theta^*_i` among its pair's
+values is still uniform and independent across pairs: the ranks are exactly i.i.d.
+uniform and the multinomial null below is exact, at every ``D``, ``N`` and ``S``. The
+fit points follow the model's marginal (under :math:`H_0` the prior's), so the box and
+scale have the size of the old ones and the power is kept (measured in
+``examples/benchmarks/results/level_audit.md``; an independent prior draw, a two-fold
+cross-fit and one extra posterior draw per pair were measured beside it). References and
+a scale fixed in advance (e.g. from the prior's range) are exact too.
 
 The test: the statistic is the largest deviation of the curve from the diagonal,
 :math:`T = \sup_{c \in [0, 1]} |\mathrm{ECP}(c) - c|` (a KS statistic on the
@@ -29,10 +48,9 @@ The test: the statistic is the largest deviation of the curve from the diagonal,
 rank histogram is :math:`\mathrm{Multinomial}(N, 1/(S+1))`, so :math:`B` independent
 histograms are drawn and :math:`p = (1 + \#\{T_b \ge T\}) / (1 + B)`, a Monte Carlo
 test of level at most the nominal one for every ``N`` and ``S`` (Besag and Clifford,
-1989). The default box and scale are fitted on the calibration parameters themselves;
-pass ``references`` and ``scale`` fixed in advance (e.g. from the prior) for an exact
-test. The ``1 - level`` quantile of the :math:`T_b` is a simultaneous band around the
-diagonal, drawn by :func:`calib_lightning.plots.plot_tarp`.
+1989), given ranks that are i.i.d. uniform under :math:`H_0` (above). The
+``1 - level`` quantile of the :math:`T_b` is a simultaneous band around the diagonal,
+drawn by :func:`calib_lightning.plots.plot_tarp`.
 
 The summary ``coverage_error`` is the signed area of the *upper half* of the curve,
 :math:`\int_{1/2}^{1} (\mathrm{ECP}(c) - c)\, dc` (the ATC of Lemos et al.):
@@ -72,6 +90,7 @@ __all__ = [
     "expected_coverage",
     "tarp",
     "tarp_counts",
+    "tarp_fit_points",
     "tarp_fit_scale",
     "tarp_ranks",
     "tarp_references",
@@ -148,6 +167,40 @@ def tarp_references(
     u = torch.rand(*theta.shape[:-2], num, theta.shape[-1], generator=generator,
                    dtype=theta.dtype)
     return low + (high - low) * u.to(theta.device)
+
+
+def tarp_fit_points(
+    samples: Tensor, theta: Tensor, generator: torch.Generator | None = None
+) -> Tensor:
+    r"""One value per pair picked uniformly among its :math:`S + 1` values.
+
+    Pair :math:`i`'s values are :math:`\{\theta^*_i, \theta_{i1}, \dots, \theta_{iS}\}`.
+
+    The points the default reference box (:func:`tarp_references`) and scale
+    (:func:`tarp_fit_scale`) are fitted on. Under :math:`H_0` the pick is independent of
+    which of the :math:`S + 1` values is the true one, so the TARP ranks stay exactly
+    uniform and independent (module docstring); fitting on ``theta`` itself does not.
+
+    Arguments:
+        samples: posterior samples ``(S, *, N, D)``.
+        theta: true parameters ``(*, N, D)``.
+        generator: random generator (on the CPU) for the picks.
+
+    Returns:
+        ``(*, N, D)``: ``theta[..., i, :]`` with probability :math:`1 / (S + 1)`, else
+        one of the pair's samples.
+    """
+    check_points("theta", theta, min_rows=1)
+    if samples.ndim != theta.ndim + 1 or samples.shape[1:] != theta.shape:
+        raise ValueError(
+            f"samples must have shape (S, {', '.join(map(str, theta.shape))}) like theta "
+            f"with a leading sample axis, got {tuple(samples.shape)}"
+        )
+    pick = torch.randint(0, samples.shape[0] + 1, theta.shape[:-1], generator=generator)
+    pick = pick.to(theta.device)
+    index = (pick - 1).clamp_min(0)[None, ..., None].expand(1, *theta.shape)
+    drawn = samples.detach().gather(0, index).squeeze(0).to(theta.dtype)
+    return torch.where((pick == 0).unsqueeze(-1), theta.detach(), drawn)
 
 
 def _distance(diff: Tensor, distance: str) -> Tensor:
@@ -301,13 +354,16 @@ def tarp(
         samples: posterior samples ``(S, N, D)``, ``S`` drawn at each pair's ``x_i``
             (e.g. :func:`calib_lightning.evaluation.draws`).
         theta: true parameters ``(N, D)``, ``N >= 2``.
-        references: reference points ``(N, D)`` in parameter units; ``None``: uniform on
-            the box of the calibration parameters (:func:`tarp_references`).
-        scale: per-dimension scale ``(D,)`` of the standardized coordinates; ``None``:
-            standard deviation of ``theta`` (:func:`tarp_fit_scale`).
+        references: reference points ``(N, D)`` in parameter units, independent of
+            ``theta`` given ``x``; ``None``: uniform on the box of the fit points
+            (:func:`tarp_fit_points`, :func:`tarp_references`).
+        scale: per-dimension scale ``(D,)`` of the standardized coordinates, independent
+            of ``theta``; ``None``: standard deviation of the fit points
+            (:func:`tarp_fit_scale`).
         distance: ``"l2"`` or ``"l1"``.
         num_null, level, num_bins: as :func:`tarp_test`.
-        generator: random generator for the references and the null draws.
+        generator: random generator for the fit points, the references and the null
+            draws.
 
     Returns:
         :class:`TARPResult`.
@@ -330,13 +386,16 @@ def tarp(
     if samples.ndim != 3 or samples.shape[1:] != theta.shape:
         raise ValueError(f"samples must have shape (S, {n}, {d}), got {tuple(samples.shape)}")
     check_finite("posterior samples", samples.transpose(0, 1))
+    fit = None
+    if references is None or scale is None:
+        fit = tarp_fit_points(samples, theta, generator=generator)
     if references is None:
-        references = tarp_references(theta, generator=generator)
+        references = tarp_references(fit, generator=generator)
     elif references.shape != theta.shape:
         raise ValueError(f"references must have shape {tuple(theta.shape)} like theta, "
                          f"got {tuple(references.shape)}")
     check_finite("references", references)
-    scale = tarp_fit_scale(theta) if scale is None else _check_scale(scale, d)
+    scale = tarp_fit_scale(fit) if scale is None else _check_scale(scale, d)
     ranks = tarp_ranks(samples, theta, references, scale=scale, distance=distance)
     counts = tarp_counts(ranks, samples.shape[0])
     return tarp_test(counts, num_null=num_null, level=level, num_bins=num_bins,

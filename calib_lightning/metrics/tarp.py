@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +27,7 @@ from calib_lightning.functional.tarp import (
     TARPResult,
     _check_scale,
     tarp_counts,
+    tarp_fit_points,
     tarp_fit_scale,
     tarp_ranks,
     tarp_test,
@@ -64,18 +66,30 @@ ATC of Lemos et al.) and the curve
     ``chunk_size`` pairs at a time (by default about ``2**20`` numbers per call).
 
     Coordinates: distances are measured on ``theta / scale`` and references are drawn
-    uniformly on the box ``[low, high]`` of the standardized parameters. Unless given,
-    ``scale`` (standard deviation, from centred moments) and the box (min and max) are
-    fitted in the first ``compute`` on the parameters of all the pairs updated before
-    it (pooled over processes), and then kept (also across ``reset``) so that every
-    batch and epoch is measured in the same units. Until then the ranks cannot be
-    computed: ``update`` keeps the pairs' ``theta`` and samples (``S * N * D``
-    numbers per process for ``N`` pairs; pass ``scale`` and ``reference_bounds`` to
-    stream in constant memory from the start), and ``compute`` ranks them against
-    references drawn from one stream seeded by ``seed + 2``, in a canonical order of
-    the pairs, so that the result does not depend on how the pairs were split into
-    batches or processes: DDP equals one process. ``update`` makes no collective call,
-    so a process that receives no batch cannot stall the others.
+    uniformly on the box ``[low, high]``. Unless given, ``scale`` (standard deviation,
+    from centred moments) and the box (min and max) are fitted in the first ``compute``
+    on **fit points**, one per pair updated before it (pooled over processes): one of
+    the pair's ``S + 1`` values (its ``theta`` and its ``S`` samples) picked uniformly at
+    random (:func:`~calib_lightning.functional.tarp.tarp_fit_points`). Under :math:`H_0`
+    the pick is independent of which value is the true one, so the ranks stay exactly
+    uniform and independent and the test holds its level at every ``D``; a box fitted
+    on the tested ``theta`` themselves does not (0.076 at level 0.05 for ``D = 50``; why:
+    :mod:`calib_lightning.functional.tarp`). The coordinates are then kept (also across
+    ``reset``) so that every batch and epoch is measured in the same units. A later
+    ``compute`` on the *same* pairs (a callback's next epochs) tests them against a box
+    that contains each pair's ``theta`` with probability ``1 / (S + 1)``; pass ``scale``
+    and ``reference_bounds`` fixed in advance (e.g. the prior's range) for a test that is
+    exact at every epoch. Until the coordinates are fitted the ranks cannot be computed:
+    ``update`` keeps the pairs' ``theta`` and samples (``S * N * D`` numbers per process
+    for ``N`` pairs; pass ``scale`` and ``reference_bounds`` to stream in constant
+    memory from the start), and ``compute`` picks the fit points and draws the
+    references from streams seeded by ``seed + 3`` and ``seed + 2``, in a canonical
+    order of the pairs, so that the result does not depend on how the pairs were split
+    into batches or processes: DDP equals one process. The order sorts a key symmetric
+    in each pair's values (``theta`` plus the sum of its samples), so that which seeded
+    draw a pair gets does not depend on which of its values is the true one (an order
+    by ``theta`` made the level that of one seed: 0.082 at ``D = 50``). ``update`` makes
+    no collective call, so a process that receives no batch cannot stall the others.
 
     Arguments:
         num_posterior_samples: ``S`` samples per pair.
@@ -86,8 +100,8 @@ ATC of Lemos et al.) and the curve
         num_null: null histograms drawn by ``compute``.
         level: the band in ``compute``'s output is the ``1 - level`` null quantile.
         num_bins: the curve is returned on ``num_bins + 1`` levels in ``[0, 1]``.
-        seed: seeds the references (per process once the coordinates are fitted) and
-            the null draws.
+        seed: seeds the fit points, the references (per process once the coordinates
+            are fitted) and, hashed with the rank histogram, the null draws.
         chunk_size: pairs sampled at once; ``None`` (default): as many as keep one call
             at about ``2**20`` numbers, ``max(1, 2**20 // (S D))``, the chunks
             :class:`~calib_lightning.RankCalibration` samples in (so the two can share
@@ -174,8 +188,8 @@ ATC of Lemos et al.) and the curve
         return self.scale.numel() > 0 and self.low.numel() > 0
 
     def _fit(self, theta: Tensor) -> None:
-        """Fit the missing scale and reference box on ``theta`` (all pending pairs); no
-        communication."""
+        """Fit the missing scale and reference box on the fit points ``theta`` (one per
+        pending pair); no communication."""
         if theta.shape[0] < 2 and self.scale.numel() == 0:
             raise ValueError(
                 "TARP fits its scale in compute on the pairs updated before it and needs "
@@ -263,11 +277,18 @@ ATC of Lemos et al.) and the curve
         theta = (dim_zero_cat(theta) if theta else None) if isinstance(theta, list) else theta
         if theta is None or theta.numel() == 0:
             return None
-        samples = dim_zero_cat(self.pending_samples)
-        order = canonical_order(theta)
+        samples = dim_zero_cat(self.pending_samples)  # (N, S, D)
+        # canonical order by a key symmetric in each pair's S + 1 values (theta and its
+        # samples): the seeded fit picks and references then land on a pair whatever
+        # value among them is the true one, so the ranks stay exactly uniform. Ordered by
+        # theta alone, the assignment depends on the true values and the level is that of
+        # the seed's draws (0.082 at D = 50, N = 500 for seed 0 in the level audit).
+        order = canonical_order(theta.double() + samples.double().sum(1))
         theta, samples = theta[order], samples[order].transpose(0, 1)
         if not self._fitted():
-            self._fit(theta)
+            # fit points picked among each pair's S + 1 values, not theta itself (exact level)
+            picks = torch.Generator().manual_seed(self.seed + 3)
+            self._fit(tarp_fit_points(samples, theta, generator=picks))
         # one stream for all processes' pending pairs (in canonical order): DDP = one process
         generator = torch.Generator().manual_seed(self.seed + 2)
         return self._counts(samples, theta, self._references(len(theta), theta, generator))
@@ -289,5 +310,21 @@ ATC of Lemos et al.) and the curve
             raise ValueError("TARP.compute() needs at least one update with N >= 1 pairs, got none")
         return tarp_test(
             counts, num_null=self.num_null, level=self.level, num_bins=self.num_bins,
-            generator=torch.Generator().manual_seed(self.seed + 1),
+            generator=torch.Generator().manual_seed(_null_seed(self.seed, counts)),
         )  # fmt: skip
+
+
+def _null_seed(seed: int, counts: Tensor) -> int:
+    """Seed of the null draws: a hash of ``seed`` and the rank histogram.
+
+    The null of the TARP test depends only on ``N`` and ``S``, so one seed would give
+    every calibration set of the same size the same ``B`` null draws, and the level over
+    calibration sets would be that of one null sample, not the nominal one (the
+    ``1 - level`` quantile of ``B = 1000`` draws leaves a rejection rate spread about
+    0.05 with sd 0.007: 0.0555 for ``N = 500``, ``S = 1000`` at ``seed = 0``). Hashing the
+    histogram in gives each calibration set its own draws and keeps the p-value
+    reproducible (and equal under DDP, where the histograms are summed first).
+    """
+    data = counts.detach().cpu().to(torch.int64).numpy().tobytes()
+    digest = hashlib.blake2b(data, digest_size=8, key=str(seed).encode()).digest()
+    return int.from_bytes(digest, "little") % 2**63

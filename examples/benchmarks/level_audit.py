@@ -7,7 +7,8 @@ the rejection rate at alpha = 0.05 must lie in the 99 % binomial band of the num
 datasets; under three alternatives (over-confident, under-confident, biased) it is the
 power.
 
-Models (N calibration pairs per dataset, O reference observations for the local tests):
+Cases (``--cases``; N calibration pairs per dataset, O reference observations for the
+local tests):
 
 * ``corr2``: Gaussian linear, D = 2, prior N(0, [[1, .8], [.8, 1]]), x = theta + N(0, .25 I);
   correlated Gaussian posterior (MultivariateNormal).
@@ -18,34 +19,53 @@ Models (N calibration pairs per dataset, O reference observations for the local 
   makes NSF sampling about 5x slower, and the sampling tests draw 10^6 points per set.)
 * ``diag6``: Gaussian linear, D = 6, prior variances 0.5 .. 2, x = theta + N(0, .25 I);
   diagonal Gaussian posterior, so the closed-form SKCE test applies too.
+* ``gauss1``, ``gauss3``, ``gauss20``, ``gauss50``: the same diagonal Gaussian linear model
+  at D = 1, 3, 20, 50 (prior variances linspace(0.5, 2, D)).
+* ``t3``: heavy tails. x ~ N(0, I_2), theta | x ~ x + 0.5 t_3 (independent Student-t
+  coordinates, 3 degrees of freedom): the exact posterior is that product of t_3
+  (torch ``Independent(StudentT)``; samples, log-densities and scores exact).
+* ``bounded``: a bounded posterior. x ~ N(0, I_2), theta | x = sigmoid(x + 0.5 N(0, I)):
+  a logit-normal on (0, 1)^2 (torch ``TransformedDistribution`` with a sigmoid; its
+  latent map is exact).
+* ``n30``: ``gauss3`` with N = 30 calibration pairs per dataset.
 
 Alternatives (posterior given to the tests; data always from the true joint):
-over-confident = variance x 0.5, under-confident = variance x 2 (for the flow: base
-N(0, s^2 I) with s^2 = 0.5 or 2, a temperature in latent space), biased = mean + 0.5
-posterior standard deviation in every dimension (flow: theta shifted by 0.5 x the
-average marginal posterior sd).
+over-confident = variance x 0.5, under-confident = variance x 2 (for the flow and the
+logit-normal: base N(0, s^2 I) with s^2 = 0.5 or 2, a temperature in latent space; for
+t3 the scale), biased = mean + 0.5 posterior standard deviation in every dimension
+(flow: theta shifted by 0.5 x the average marginal posterior sd; t3: 0.5 scale;
+logit-normal: 0.5 base sd in logit space).
 
 Tests and p-values: KCCSD ``p_value``; SKCE (``baselines.skce_test`` on
 ``skce_matrix_gaussian``, defaults; diagonal Gaussian posteriors only); RankCalibration
 ``p_value`` (joint energy rank), ``marginal_p_values``, ``ecdf_p_values`` (marginals,
 then joint), ``global_p_value``; TARP ``p_value`` (one test, so no global p-value);
-LC2ST and LC2STNF ``p_value`` per observation and ``global_p_value``. A key a metric does
-not return is reported as n/a.
+LatentCalibration (posteriors with a latent map: Gaussians, flows, the logit-normal)
+``p_value``, marginal and ECDF p-values, ``global_p_value``; LC2ST and LC2STNF ``p_value``
+per observation and ``global_p_value``. A test that does not apply to a case is n/a
+with the reason. For D > 6 the per-dimension p-values are pooled into one row (rate
+over D x datasets, band for that count: the posteriors' coordinates are independent),
+with the range of the per-dimension rates and how many dimensions leave their own band
+(about 1 % of them by chance).
 
-Cost (CPU seconds of one metric on one dataset, N = 500, one thread, measured in the
-committed run): KCCSD 0.02-0.03, SKCE 0.06, RankCalibration 0.04-0.07 and TARP 0.06-0.09
-on the Gaussians but 1.6 and 1.1 on the flow (5 x 10^5 MAF draws), LC2ST and LC2STNF
-about 0.8 (a fresh null per dataset). Hence the "heavy" tests (LC2ST, LC2STNF, and the
-flow's RankCalibration and TARP) run 200 datasets under H0 but only
---heavy-power-datasets per alternative, each rate with the band for its own number.
-The defaults took about 25 minutes with 2 workers on 2 cores.
+TARP's reference construction (issue 22): beside the metric's default (``tarp``: box
+and scale fitted on one value per pair picked among its theta and samples), the same
+draws are tested with the box and scale fitted on the tested theta themselves
+(``tarp[box on theta]``, the default before) and on an independent draw of the
+model's joint (``tarp[independent box]``, the oracle of references from the prior).
 
-Run:   python examples/benchmarks/level_audit.py [--datasets 200] [--n 500]
-       [--power-datasets 100] [--heavy-datasets 200] [--heavy-power-datasets 20]
-       [--models corr2 flow2 diag6] [--only ranks tarp] [--workers 2] [--smoke]
-Writes examples/benchmarks/results/level_audit.md (``--smoke``: tiny sizes and reduced
-metric settings, only to exercise the code; prints the table and writes nothing unless
-``--output`` is given).
+Cost: the "heavy" tests (LC2ST, LC2STNF, and the flow's RankCalibration and TARP) run
+--heavy-datasets datasets under H0 and --heavy-power-datasets per alternative, each
+rate with the band for its own number; the others --datasets and --power-datasets.
+
+Run:   python examples/benchmarks/level_audit.py [--datasets 400] [--n 500]
+       [--power-datasets 100] [--heavy-datasets 100] [--heavy-power-datasets 20]
+       [--cases corr2 ...] [--only ranks tarp] [--tarp-rows all] [--workers 2]
+       [--smoke]
+Writes examples/benchmarks/results/level_audit.md: one section per case, each with the
+command, date, machine and wall time of the run that made it; a run with ``--cases``
+replaces only those sections (``--smoke``: tiny sizes and reduced metric settings, only
+to exercise the code; prints the table and writes nothing unless ``--output`` is given).
 """
 
 from __future__ import annotations
@@ -57,6 +77,7 @@ import math
 import multiprocessing as mp
 import os
 import platform
+import re
 import sys
 import time
 from collections import defaultdict
@@ -65,29 +86,43 @@ from pathlib import Path
 
 import torch
 from scipy import stats
-from torch.distributions import Distribution, Independent, MultivariateNormal, Normal
+from torch.distributions import (
+    Distribution,
+    Independent,
+    MultivariateNormal,
+    Normal,
+    SigmoidTransform,
+    StudentT,
+    TransformedDistribution,
+)
 
 import calib_lightning as cl
 from calib_lightning.baselines import skce_matrix_gaussian, skce_test
+from calib_lightning.evaluation import draws
+from calib_lightning.functional.tarp import tarp, tarp_fit_scale, tarp_references
 from calib_lightning.tasks import TwoMoons
 
 RESULTS = Path(__file__).parent / "results" / "level_audit.md"
 ALPHA = 0.05
-TESTS = ("kccsd", "skce", "ranks", "tarp", "lc2st", "lc2stnf")
+TESTS = ("kccsd", "skce", "ranks", "tarp", "latent", "lc2st", "lc2stnf")
 LOCAL_TESTS = ("lc2st", "lc2stnf")
 SAMPLING_TESTS = ("ranks", "tarp")  # 10^6 posterior draws per dataset: heavy for the flow
-MODELS = ("corr2", "flow2", "diag6")
+CASES = ("corr2", "flow2", "diag6", "gauss1", "gauss3", "gauss20", "gauss50", "t3", "bounded",
+         "n30")
 VARIANTS = {  # name: (variance scale, shift in posterior sds)
     "calibrated": (1.0, 0.0),
     "over-confident": (0.5, 0.0),
     "under-confident": (2.0, 0.0),
     "biased": (1.0, 0.5),
 }
+POOL_ABOVE = 6  # per-dimension p-values of larger D are pooled into one row
 
 
 # -- models ----------------------------------------------------------------------------
 class LinearGaussian:
     """theta ~ N(0, prior_cov), x = theta + noise_std * N(0, I); exact Gaussian posterior."""
+
+    latent = None  # Gaussians have an exact latent map
 
     def __init__(self, prior_cov: torch.Tensor, noise_std: float = 0.5) -> None:
         self.prior_cov = prior_cov.double()
@@ -127,8 +162,50 @@ class LinearGaussian:
         return full
 
 
+class ConditionalJoint:
+    """x ~ N(0, I_D), theta | x from a known conditional family: it is the exact posterior.
+
+    ``family="t3"``: theta = x + 0.5 t_3 per coordinate; ``"logit-normal"``: theta =
+    sigmoid(x + 0.5 N(0, I)), on (0, 1)^D. Data are drawn in float64 from the family
+    itself; the tests get float32 distributions.
+    """
+
+    diagonal = False
+
+    def __init__(self, family: str, dim: int = 2, scale: float = 0.5) -> None:
+        self.family, self.dim, self.scale = family, dim, scale
+        # t3: no latent map (torch's StudentT has no quantile function)
+        self.latent = "no latent map: torch's StudentT has no quantile" if family == "t3" else None
+
+    def _dist(self, x: torch.Tensor, variance_scale: float = 1.0, shift: float = 0.0):
+        scale = self.scale * variance_scale**0.5
+        loc = x + shift * self.scale
+        if self.family == "t3":
+            return Independent(StudentT(3.0, loc, torch.full_like(x, scale)), 1)
+        base = Independent(Normal(loc, torch.full_like(x, scale)), 1)
+        return TransformedDistribution(base, [SigmoidTransform()])
+
+    def sample_x(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        return torch.randn(n, self.dim, generator=generator, dtype=torch.float64).float()
+
+    def sample(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.sample_x(n, generator)
+        with torch.no_grad():  # global RNG, seeded per dataset
+            theta = self._dist(x.double()).sample()
+        return theta.float(), x
+
+    def posterior(self, variance_scale: float = 1.0, shift: float = 0.0):
+        def conditional(x: torch.Tensor) -> Distribution:
+            return self._dist(x, variance_scale, shift)
+
+        return conditional
+
+
 class FlowJoint:
     """x ~ Two Moons simulator, theta ~ q_flow(. | x): the flow is the exact posterior."""
+
+    diagonal = False
+    latent = None
 
     def __init__(self, state: dict | None = None, steps: int = 1500) -> None:
         import zuko
@@ -192,13 +269,28 @@ class FlowJoint:
 
 
 def build_model(name: str, flow_state: dict | None = None, flow_steps: int = 1500):
+    gauss = re.fullmatch(r"gauss(\d+)", name)
     if name == "corr2":
         return LinearGaussian(torch.tensor([[1.0, 0.8], [0.8, 1.0]]))
-    if name == "diag6":
-        return LinearGaussian(torch.diag(torch.linspace(0.5, 2.0, 6)))
+    if name == "diag6" or gauss or name == "n30":
+        dim = 6 if name == "diag6" else 3 if name == "n30" else int(gauss.group(1))
+        return LinearGaussian(torch.diag(torch.linspace(0.5, 2.0, dim)))
     if name == "flow2":
         return FlowJoint(flow_state, flow_steps)
-    raise ValueError(f"unknown model {name!r}; choose from {MODELS}")
+    if name == "t3":
+        return ConditionalJoint("t3")
+    if name == "bounded":
+        return ConditionalJoint("logit-normal")
+    raise ValueError(f"unknown case {name!r}; choose from {CASES}")
+
+
+def not_applicable(case: str, test: str, model) -> str | None:
+    """Why ``test`` does not apply to ``case`` (``None``: it applies)."""
+    if test == "skce" and not model.diagonal:
+        return "closed form for diagonal Gaussian posteriors only"
+    if test in ("latent", "lc2stnf") and model.latent is not None:
+        return model.latent
+    return None
 
 
 # -- one dataset, one test -----------------------------------------------------------------
@@ -207,7 +299,19 @@ def _scalar(out: dict, key: str) -> float:
     return math.nan if value is None else float(value)
 
 
-def run_test(test: str, model, posterior, theta, x, observations, smoke: bool) -> dict:
+def _many(result: dict, out, name: str) -> None:
+    """Per-dimension p-values, then the last one named ``joint`` for ECDF tests."""
+    values = getattr(out, name).tolist()
+    if name == "ecdf_p_values":
+        values, joint = values[:-1], values[-1]
+    for d, p in enumerate(values):
+        result[f"{name}[{d}]"] = p
+    if name == "ecdf_p_values":
+        result[f"{name}[joint]"] = joint
+
+
+def run_test(test: str, model, posterior, theta, x, observations, smoke: bool,
+             oracle: bool | None = True) -> dict:
     """Named p-values of one test on one calibration set (NaN: key not returned)."""
     small = {"num_posterior_samples": 100} if smoke else {}
     local = {"num_null": 19, "num_posterior_samples": 500} if smoke else {}
@@ -216,24 +320,33 @@ def run_test(test: str, model, posterior, theta, x, observations, smoke: bool) -
         out.update(posterior, theta, x)
         return {"p_value": float(out.compute().p_value)}
     if test == "skce":
-        if not getattr(model, "diagonal", False):
-            return {}
         dist = posterior(x)
         out = skce_test(skce_matrix_gaussian(theta, dist.mean, dist.variance))
         return {"p_value": float(out.p_value)}
-    if test in ("ranks", "tarp"):
-        metric = cl.RankCalibration(**small) if test == "ranks" else cl.TARP(**small)
+    if test in ("ranks", "latent"):
+        metric = cl.RankCalibration(**small) if test == "ranks" else cl.LatentCalibration()
         metric.update(posterior, theta, x)
         out = metric.compute()
         result = {"p_value": _scalar(out, "p_value")}
-        if test == "ranks":
-            for d, p in enumerate(out.marginal_p_values.tolist()):
-                result[f"marginal_p_values[{d}]"] = p
-            ecdf = out.ecdf_p_values.tolist()
-            for d, p in enumerate(ecdf[:-1]):
-                result[f"ecdf_p_values[{d}]"] = p
-            result["ecdf_p_values[joint]"] = ecdf[-1]
-            result["global_p_value"] = _scalar(out, "global_p_value")
+        _many(result, out, "marginal_p_values")
+        _many(result, out, "ecdf_p_values")
+        result["global_p_value"] = _scalar(out, "global_p_value")
+        return result
+    if test == "tarp":
+        metric = cl.TARP(**small)  # one set of draws for the three constructions
+        samples = draws(posterior, x, metric.num_posterior_samples)
+        metric.update(samples, theta, x)
+        result = {"p_value": float(metric.compute().p_value)}
+        g = torch.Generator().manual_seed(int(1e6 * float(theta[0, 0])) % 2**31)
+        if oracle is not None:
+            old = tarp(samples, theta, references=tarp_references(theta, generator=g),
+                       scale=tarp_fit_scale(theta), generator=g)  # fmt: skip
+            result["p_value[box on theta]"] = float(old.p_value)
+        if oracle:
+            fresh = model.sample(theta.shape[0], g)[0]  # an independent draw of the joint
+            independent = tarp(samples, theta, references=tarp_references(fresh, generator=g),
+                               scale=tarp_fit_scale(fresh), generator=g)  # fmt: skip
+            result["p_value[independent box]"] = float(independent.p_value)
         return result  # TARP runs one test: its p_value is the verdict
     metric_cls = cl.LC2ST if test == "lc2st" else cl.LC2STNF
     metric = metric_cls(observations=observations, **local)
@@ -259,29 +372,34 @@ def _model(name: str):
     return _STATE["models"][name]
 
 
-def _dataset_seed(model: str, rep: int) -> int:
-    return 1_000_003 * (MODELS.index(model) + 1) + rep
+def _dataset_seed(case: str, rep: int) -> int:
+    return 1_000_003 * (CASES.index(case) + 1) + rep
+
+
+def case_n(case: str, n: int) -> int:
+    return 30 if case == "n30" else n
 
 
 def run_job(job: tuple) -> tuple:
-    model_name, test, variant, reps = job
+    case, test, variant, reps = job
     sizes = _STATE["sizes"]
-    model = _model(model_name)
+    model = _model(case)
     posterior = model.posterior(*VARIANTS[variant])
     results, seconds, cpu = defaultdict(list), 0.0, 0.0
     for rep in reps:
-        seed = _dataset_seed(model_name, rep)
+        seed = _dataset_seed(case, rep)
         g = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)  # model draws and the metrics' sampling use the global RNG
-        theta, x = model.sample(sizes["n"], g)
+        theta, x = model.sample(case_n(case, sizes["n"]), g)
         observations = model.sample_x(sizes["observations"], g)
         start, start_cpu = time.perf_counter(), time.process_time()
-        out = run_test(test, model, posterior, theta, x, observations, sizes["smoke"])
+        out = run_test(test, model, posterior, theta, x, observations, sizes["smoke"],
+                       sizes["tarp_oracle"])
         seconds += time.perf_counter() - start
         cpu += time.process_time() - start_cpu
         for key, p in out.items():
             results[key].append(p)
-    return model_name, test, variant, dict(results), (seconds, cpu), len(reps)
+    return case, test, variant, dict(results), (seconds, cpu), len(reps)
 
 
 # -- summary -------------------------------------------------------------------------------
@@ -294,51 +412,95 @@ def band(n: int, alpha: float = ALPHA, coverage: float = 0.99) -> tuple[float, f
 def summarize(pvals: list[float]) -> tuple[float, float, int]:
     """Rejection rate at ALPHA, KS p-value against U(0, 1), and the count (NaN if n/a)."""
     t = torch.tensor(pvals, dtype=torch.float64)
-    if t.numel() == 0 or bool(t.isnan().all()):
+    t = t[~t.isnan()]
+    if t.numel() == 0:
         return math.nan, math.nan, 0
     rate = float((t <= ALPHA).double().mean())
     return rate, float(stats.kstest(t.numpy(), "uniform").pvalue), t.numel()
 
 
-def table(model: str, collected: dict, seconds: dict) -> str:
+def _groups(keys: list[str]) -> list[tuple[str, list[str]]]:
+    """Rows of the table: each key alone, except per-dimension families of more than
+    POOL_ABOVE dimensions, pooled into one row."""
+    families: dict[str, list[str]] = defaultdict(list)
+    for key in keys:
+        m = re.fullmatch(r"(\w+)\[(\d+)\]", key)
+        if m:
+            families[m.group(1)].append(key)
+    rows, done = [], set()
+    for key in keys:
+        m = re.fullmatch(r"(\w+)\[(\d+)\]", key)
+        if m and len(families[m.group(1)]) > POOL_ABOVE:
+            family = m.group(1)
+            if family not in done:
+                done.add(family)
+                rows.append((f"{family}[0..{len(families[family]) - 1}]", families[family]))
+            continue
+        rows.append((key, [key]))
+    return rows
+
+
+def _cells(collected: dict, case: str, test: str, keys: list[str]) -> tuple[list[str], bool]:
+    """H0 cells (rate, band, KS) of a row, and whether it is inside its band."""
+    values = [collected[(case, test, "calibrated")][k] for k in keys]
+    rate, ks, n = summarize([p for v in values for p in v])
+    if n == 0:
+        return ["n/a", "", "n/a"], True
+    lo, hi = band(n)
+    inside = lo <= rate <= hi
+    text = f"{rate:.3f}{'' if inside else ' **!**'}"
+    if len(keys) > 1:  # pooled: the range over dimensions and how many leave their band
+        rates = [summarize(v) for v in values]
+        outside = sum(not (band(m)[0] <= r <= band(m)[1]) for r, _, m in rates)
+        text += (f" (per dim {min(r for r, _, _ in rates):.3f}-"
+                 f"{max(r for r, _, _ in rates):.3f}, {outside} of {len(keys)} outside their "
+                 f"band [{band(rates[0][2])[0]:.3f}, {band(rates[0][2])[1]:.3f}])")
+    return [text, f"[{lo:.3f}, {hi:.3f}] ({n})", f"{ks:.3f}"], inside
+
+
+def table(case: str, collected: dict, seconds: dict, skipped: dict) -> tuple[str, list[str]]:
+    """The case's markdown table and the rows outside their band."""
     head = "| test | p-value | H0 rate | 99 % band (n) | KS p (H0) | " + " | ".join(
         list(VARIANTS)[1:]
     ) + " | s / dataset (CPU) |"
-    lines = [f"### {model}", "", head, "|" + " --- |" * (len(VARIANTS) + 5)]
+    lines = [head, "|" + " --- |" * (len(VARIANTS) + 5)]
+    outside = []
     for test in TESTS:
-        keys = list(collected.get((model, test, "calibrated"), {}))
+        if (case, test) in skipped:
+            lines.append(f"| {test} | n/a: {skipped[(case, test)]} |" + " |" * (len(VARIANTS) + 3))
+            continue
+        keys = list(collected.get((case, test, "calibrated"), {}))
         if not keys:
             continue
-        wall, cpu, count = seconds.get((model, test), (0.0, 0.0, 0))
+        wall, cpu, count = seconds.get((case, test), (0.0, 0.0, 0))
         cost = f"{wall / max(count, 1):.2f} ({cpu / max(count, 1):.2f})"
-        for key in keys:
-            rate, ks, n = summarize(collected[(model, test, "calibrated")][key])
-            if n == 0:
-                cells = ["n/a", "", "n/a"]
-            else:
-                lo, hi = band(n)
-                mark = "" if lo <= rate <= hi else " **!**"
-                cells = [f"{rate:.3f}{mark}", f"[{lo:.3f}, {hi:.3f}] ({n})", f"{ks:.3f}"]
+        for name, group in _groups(keys):
+            cells, inside = _cells(collected, case, test, group)
+            if not inside:
+                outside.append(f"{case} {test} {name}: {cells[0]} outside {cells[1]}")
             power = []
             for variant in list(VARIANTS)[1:]:
-                r, _, m = summarize(collected.get((model, test, variant), {}).get(key, []))
+                got = collected.get((case, test, variant), {})
+                r, _, m = summarize([p for k in group for p in got.get(k, [])])
                 power.append("n/a" if m == 0 else f"{r:.2f} ({m})")
-            lines.append(f"| {test} | {key} | " + " | ".join(cells + power) + f" | {cost} |")
-    return "\n".join(lines)
+            lines.append(f"| {test} | {name} | " + " | ".join(cells + power) + f" | {cost} |")
+    return "\n".join(lines), outside
 
 
-def is_heavy(model: str, test: str) -> bool:
+def is_heavy(case: str, test: str) -> bool:
     """Tests too slow to run --datasets times at their defaults (see the module docstring)."""
-    return test in LOCAL_TESTS or (model == "flow2" and test in SAMPLING_TESTS)
+    return test in LOCAL_TESTS or (case == "flow2" and test in SAMPLING_TESTS)
 
 
-def make_jobs(args: argparse.Namespace) -> list[tuple]:
-    jobs = []
-    for model in args.models:
+def make_jobs(args: argparse.Namespace, models: dict) -> tuple[list[tuple], dict]:
+    jobs, skipped = [], {}
+    for case in args.cases:
         for test in args.only or TESTS:
-            if test == "skce" and model != "diag6":
-                continue  # closed form only for diagonal Gaussian posteriors
-            heavy = is_heavy(model, test)
+            reason = not_applicable(case, test, models[case])
+            if reason is not None:
+                skipped[(case, test)] = reason
+                continue
+            heavy = is_heavy(case, test)
             for variant in VARIANTS:
                 if variant == "calibrated":
                     count = args.heavy_datasets if heavy else args.datasets
@@ -346,28 +508,36 @@ def make_jobs(args: argparse.Namespace) -> list[tuple]:
                     count = args.heavy_power_datasets if heavy else args.power_datasets
                 reps = list(range(count))
                 for start in range(0, count, args.chunk):
-                    jobs.append((model, test, variant, reps[start : start + args.chunk]))
-    # cheap jobs first, so that a partial report already has the many-dataset rows
-    return sorted(jobs, key=lambda j: (is_heavy(j[0], j[1]), j[1] in LOCAL_TESTS))
+                    jobs.append((case, test, variant, reps[start : start + args.chunk]))
+    # H0 first (cheap tests, then heavy), power last, each in the order of --only, then
+    # of --cases: a partial report has the H0 rows of the tests named first
+    tests = list(args.only or TESTS)
+    return sorted(jobs, key=lambda j: (j[2] != "calibrated", is_heavy(j[0], j[1]),
+                                       tests.index(j[1]), args.cases.index(j[0]))), skipped
 
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--datasets", type=int, default=200, help="datasets under H0")
+    parser.add_argument("--datasets", type=int, default=400, help="datasets under H0")
     parser.add_argument("--power-datasets", type=int, default=100,
                         help="datasets per alternative")
-    parser.add_argument("--heavy-datasets", type=int, default=200,
+    parser.add_argument("--heavy-datasets", type=int, default=100,
                         help="datasets under H0 for LC2ST, LC2STNF and the flow's ranks, TARP")
     parser.add_argument("--heavy-power-datasets", type=int, default=20,
                         help="datasets per alternative for those tests")
-    parser.add_argument("--n", type=int, default=500, help="calibration pairs per dataset")
+    parser.add_argument("--n", type=int, default=500,
+                        help="calibration pairs per dataset (n30: 30)")
     parser.add_argument("--observations", type=int, default=2, help="local tests' x_o")
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES),
+                        help="cases to run; the results file keeps the sections of the others")
     parser.add_argument("--only", nargs="+", choices=TESTS, default=None)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--chunk", type=int, default=10, help="datasets per job")
     parser.add_argument("--flow-steps", type=int, default=1500)
+    parser.add_argument("--tarp-rows", choices=("all", "old", "default"), default="all",
+                        help="TARP constructions: the default, the box on theta and an "
+                        "independent box (all); the first two (old); the default only")
     parser.add_argument("--smoke", action="store_true",
                         help="seconds: tiny sizes and reduced metric settings, no results file")
     parser.add_argument("--output", type=Path, default=None)
@@ -379,23 +549,27 @@ def main(argv: list[str] | None = None) -> str:
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     flow_state = None
-    if "flow2" in args.models:
+    if "flow2" in args.cases:
         flow_state = build_model("flow2", flow_steps=args.flow_steps).flow.state_dict()
     train_seconds = time.perf_counter() - start
-    sizes = {"n": args.n, "observations": args.observations, "smoke": args.smoke}
-    jobs = make_jobs(args)
+    models = {case: build_model(case, flow_state) for case in args.cases}
+    oracle = {"all": True, "old": False, "default": None}[args.tarp_rows]
+    sizes = {"n": args.n, "observations": args.observations, "smoke": args.smoke,
+             "tarp_oracle": oracle}
+    jobs, skipped = make_jobs(args, models)
     collected: dict = defaultdict(lambda: defaultdict(list))
     seconds: dict = defaultdict(lambda: (0.0, 0.0, 0))
     path = args.output if args.output is not None else (None if args.smoke else RESULTS)
 
     def add(result: tuple, done: int) -> str:
-        model, test, variant, out, (wall, cpu), count = result
+        case, test, variant, out, (wall, cpu), count = result
         for key, values in out.items():
-            collected[(model, test, variant)][key].extend(values)
-        old = seconds[(model, test)]
-        seconds[(model, test)] = (old[0] + wall, old[1] + cpu, old[2] + count)
+            collected[(case, test, variant)][key].extend(values)
+        old = seconds[(case, test)]
+        seconds[(case, test)] = (old[0] + wall, old[1] + cpu, old[2] + count)
         elapsed = time.perf_counter() - start
-        text = render(args, argv, collected, seconds, elapsed, train_seconds, done, len(jobs))
+        text = render(args, argv, collected, seconds, skipped, elapsed, train_seconds, done,
+                      len(jobs), path)  # fmt: skip
         if path is not None:  # rewritten after every job: a long run shows its progress
             path.write_text(text)
         return text
@@ -414,38 +588,64 @@ def main(argv: list[str] | None = None) -> str:
     return text
 
 
+INTRO = (
+    "# Level and power audit of the calibration tests\n\n"
+    "Script: `examples/benchmarks/level_audit.py` (its docstring defines the cases, "
+    "alternatives and tests). Each dataset: N fresh calibration pairs from the case's "
+    "joint (N = 500, n30: N = 30) and O = 2 reference observations x_o from its simulator; "
+    "one fresh metric per dataset with default arguments. Rejection at p <= 0.05. H0 "
+    "rate: the posterior given is the exact one; **!** marks a rate outside the central "
+    "99 % binomial range of n level-0.05 tests. KS p: Kolmogorov-Smirnov test of the H0 "
+    "p-values against U(0, 1) (permutation and bootstrap p-values are discrete, so a "
+    "small KS p alone is not a failure). Alternatives: variance x 0.5 (over-confident), "
+    "x 2 (under-confident), mean + 0.5 posterior sd (biased); power with the number of "
+    "datasets in brackets. s / dataset: wall seconds of one metric (update + compute), "
+    "averaged over all variants, and in brackets the CPU seconds of its process (steadier "
+    "on a shared machine). Per-dimension p-values of D > 6 are pooled into one row "
+    "(rate over D x n tests, with the range over dimensions). TARP rows: `p_value` is "
+    "the metric's default; `[box on theta]` the construction it replaced (issue 22); "
+    "`[independent box]` box and scale from an independent draw of the joint, on the "
+    "same draws.\n\n"
+)
+
+
 def render(args: argparse.Namespace, argv: list[str] | None, collected: dict, seconds: dict,
-           wall: float, train_seconds: float, done: int, total: int) -> str:
+           skipped: dict, wall: float, train_seconds: float, done: int, total: int,
+           path: Path | None) -> str:
+    """The results file: this run's sections, and those of earlier runs for other cases."""
     command = "python examples/benchmarks/level_audit.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
-    report = io.StringIO()
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     progress = "" if done == total else f" **Partial: {done} of {total} jobs done.**"
-    report.write(
-        "# Level and power audit of the calibration tests\n\n"
+    run = (
         f"Command: `{command.strip()}`, {when}. Machine: {platform.machine()}, "
         f"{os.cpu_count()} cores shared with other jobs (load average "
         f"{os.getloadavg()[0]:.1f} at the end), torch {torch.__version__}, "
-        f"{args.workers} worker processes x {args.threads} torch thread(s). Total wall time "
-        f"{wall:.0f} s (flow training {train_seconds:.0f} s).{progress}\n\n"
-        f"Each dataset: N = {args.n} fresh calibration pairs from the model's joint and "
-        f"O = {args.observations} reference observations x_o from its simulator; one fresh "
-        "metric per dataset with default arguments. Rejection at p <= 0.05. H0 rate: the "
-        "posterior given is the exact one; **!** marks a rate outside the central 99 % "
-        "binomial range of n level-0.05 tests. KS p: Kolmogorov-Smirnov test of the H0 "
-        "p-values against U(0, 1) (permutation and bootstrap p-values are discrete, "
-        "so a small KS p alone is not a failure). Alternatives: variance x 0.5 "
-        "(over-confident), x 2 (under-confident), mean + 0.5 posterior sd (biased); "
-        "power with the number of datasets in brackets. s / dataset: wall seconds of one "
-        "metric (update + compute), averaged over all variants, and in brackets the CPU "
-        "seconds of its process (steadier on a shared machine). LC2ST, LC2STNF (all "
-        "models) and RankCalibration, TARP on flow2 (N x 1000 flow draws per dataset) are "
-        f"the slow ones: they ran {args.heavy_datasets} datasets under H0 and "
-        f"{args.heavy_power_datasets} per alternative, with the band for that number.\n\n"
+        f"{args.workers} worker processes x {args.threads} torch thread(s). Wall time of "
+        f"the run {wall:.0f} s (flow training {train_seconds:.0f} s).{progress} Datasets: "
+        f"{args.datasets} under H0 and {args.power_datasets} per alternative; LC2ST, "
+        f"LC2STNF (and ranks, TARP on flow2) {args.heavy_datasets} under H0 and "
+        f"{args.heavy_power_datasets} per alternative."
     )
-    for model in args.models:
-        report.write(table(model, collected, seconds) + "\n\n")
+    sections = {}
+    if path is not None and path.exists():  # keep the sections of the cases not rerun
+        for block in re.split(r"\n(?=### )", path.read_text()):
+            m = re.match(r"### (\w+)\n", block)
+            if m and m.group(1) in CASES and m.group(1) not in args.cases:
+                sections[m.group(1)] = block.strip()
+    outside_all = []
+    for case in args.cases:
+        text, outside = table(case, collected, seconds, skipped)
+        outside_all += outside
+        verdict = ("Outside their band: " + "; ".join(outside) + "." if outside
+                   else "Every H0 rate inside its band.")
+        sections[case] = f"### {case}\n\n{run}\n\n{verdict}\n\n{text}"
+    report = io.StringIO()
+    report.write(INTRO)
+    for case in CASES:
+        if case in sections:
+            report.write(sections[case] + "\n\n")
     return report.getvalue()
 
 
