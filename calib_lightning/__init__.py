@@ -26,7 +26,7 @@ from calib_lightning.metrics import (
     RankCalibration,
 )
 from calib_lightning.misspecification import MisspecificationResult, misspecification_test
-from calib_lightning.posteriors import Posterior, as_posterior
+from calib_lightning.posteriors import Posterior, SamplePosterior, as_posterior
 
 # Lightning and matplotlib load on first use, so `import calib_lightning` stays light.
 _LAZY_MODULES = ("callbacks", "diagnosis", "plots")
@@ -62,6 +62,7 @@ __all__ = [
     "Posterior",
     "RankCalibration",
     "RankCalibrationCallback",
+    "SamplePosterior",
     "TARPCallback",
     "as_posterior",
     "baselines",

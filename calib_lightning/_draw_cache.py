@@ -19,6 +19,11 @@ same draws are dependent; the report combines them with the Cauchy combination, 
 under dependence. A metric that needs two *independent* sets at one ``x`` must ask for
 ``2 n`` draws and split them.
 
+**Samples only.** For a posterior without ``log_prob``
+(:func:`~calib_lightning.posteriors.supports`) the cache holds draws only, draws with
+``sample`` and serves chunks with ``None`` log-densities and all draws of a pair in one
+chunk, as :func:`~calib_lightning.evaluation.draw_chunks` does.
+
 **Memory.** The cache holds at most ``max_elements`` numbers (draws, their
 log-densities and the shared calibration batches); a request that would exceed it is
 drawn unshared, chunked as without sharing. Drawing into the cache is chunked like
@@ -34,7 +39,7 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import Tensor, nn
 
-from calib_lightning._posterior_base import Posterior
+from calib_lightning.posteriors.base import Posterior, supports
 
 __all__ = [
     "MAX_SHARED_ELEMENTS",
@@ -49,7 +54,7 @@ __all__ = [
 #: default bound on the numbers a :class:`SharedDraws` holds (128 MiB in float32)
 MAX_SHARED_ELEMENTS = 2**25
 
-Chunk = tuple[int, Tensor, Tensor, Tensor, Tensor, int]  # a DrawChunk of the evaluation layer
+Chunk = tuple[int, Tensor, Tensor | None, Tensor, Tensor | None, int]  # an evaluation.DrawChunk
 Fresh = Callable[[Tensor, Tensor, int, int], Iterator[Chunk]]
 
 
@@ -83,28 +88,32 @@ def same_data(a: Any, b: Any) -> bool:
 
 class _Entry:
     """Draws held at one observation tensor ``x``: segments ``(s_k, N, D)`` of draws and
-    ``(s_k, N)`` log-densities, ``held = sum s_k``."""
+    ``(s_k, N)`` log-densities (``None`` for a samples-only posterior), ``held = sum s_k``."""
 
     def __init__(self, x: Tensor, width: int | None = None) -> None:
         self.x, self.width = x, width
         self.samples: list[Tensor] = []
-        self.log_prob: list[Tensor] = []
+        self.log_prob: list[Tensor | None] = []
         self.held = 0
 
     def numel(self) -> int:
-        return sum(s.numel() + p.numel() for s, p in zip(self.samples, self.log_prob, strict=True))
+        return sum(s.numel() + (0 if p is None else p.numel())
+                   for s, p in zip(self.samples, self.log_prob, strict=True))  # fmt: skip
 
-    def take(self, first: int, count: int, rows: slice) -> tuple[Tensor, Tensor]:
+    def take(self, first: int, count: int, rows: slice) -> tuple[Tensor, Tensor | None]:
         """Draws ``first .. first + count`` at ``rows`` (views when one segment holds them)."""
         parts, at = [], 0
         for s, p in zip(self.samples, self.log_prob, strict=True):
             lo, hi = max(first, at), min(first + count, at + s.shape[0])
             if lo < hi:
-                parts.append((s[lo - at : hi - at, rows], p[lo - at : hi - at, rows]))
+                parts.append((s[lo - at : hi - at, rows],
+                              None if p is None else p[lo - at : hi - at, rows]))  # fmt: skip
             at += s.shape[0]
         if len(parts) == 1:
             return parts[0]
-        return torch.cat([s for s, _ in parts]), torch.cat([p for _, p in parts])
+        log_prob = [p for _, p in parts]
+        joined = None if None in log_prob else torch.cat(log_prob)  # type: ignore[arg-type]
+        return torch.cat([s for s, _ in parts]), joined
 
 
 class SharedDraws(Posterior):
@@ -126,6 +135,10 @@ class SharedDraws(Posterior):
         self._batches: list[tuple[tuple[Any, ...], list[tuple[Tensor, Tensor]]]] = []
 
     # -- the wrapped posterior ----------------------------------------------------------
+    @property
+    def capabilities(self) -> frozenset[str]:  # type: ignore[override]
+        return self.posterior.capabilities
+
     @property
     def dtype(self) -> torch.dtype | None:
         return self.posterior.dtype
@@ -195,31 +208,34 @@ class SharedDraws(Posterior):
         numbers per call. When ``D`` is not known yet, one row is drawn first to learn it;
         if the draws then exceed the bound, nothing is kept and this returns ``False``."""
         new, x, n = count - entry.held, entry.x, entry.x.shape[0]
-        d = entry.width or self.event_size()
+        d, dense = entry.width or self.event_size(), supports(self.posterior, "log_prob")
         samples: Tensor | None = None
         log_prob: Tensor | None = None
         start = 0
         while start < n:
             rows = 1 if d is None else max(1, max_chunk_elements // (new * d))
-            per_call = new if d is None else max(1, min(new, max_chunk_elements // d))
+            per_call = new if d is None or not dense else max(1, min(new, max_chunk_elements // d))
             xc = x[start : start + rows]
             k = xc.shape[0]
             for done in range(0, new, per_call):
                 take = min(per_call, new - done)
-                s, p = self.posterior.sample_and_log_prob(xc, take)
-                if s.ndim != 3 or s.shape[:2] != (take, k) or p.shape != (take, k):
+                s, p = (self.posterior.sample_and_log_prob(xc, take) if dense
+                        else (self.posterior.sample(xc, take), None))  # fmt: skip
+                shape = (take, k) if p is None else tuple(p.shape)
+                if s.ndim != 3 or s.shape[:2] != (take, k) or shape != (take, k):
                     raise ValueError(
                         "posterior.sample_and_log_prob must return shapes (S, N, D) and "
-                        f"(S, N) with (S, N) = {(take, k)}, got {tuple(s.shape)} and "
-                        f"{tuple(p.shape)}"
+                        f"(S, N) with (S, N) = {(take, k)}, got {tuple(s.shape)} and {shape}"
                     )
                 if samples is None:
                     if d is None and not self._fits(entry, count, s.shape[-1]):
                         return False
                     d = entry.width = s.shape[-1]
-                    samples, log_prob = s.new_empty(new, n, d), p.new_empty(new, n)
+                    samples = s.new_empty(new, n, d)
+                    log_prob = None if p is None else p.new_empty(new, n)
                 samples[done : done + take, start : start + k] = s
-                log_prob[done : done + take, start : start + k] = p
+                if log_prob is not None:
+                    log_prob[done : done + take, start : start + k] = p
                 self.drawn += take * k
             start += k
         entry.samples.append(samples)
@@ -262,9 +278,10 @@ class SharedDraws(Posterior):
             start, th, _, s, p, first = chunk
             if samples is None:
                 samples = s.new_empty(count, x.shape[0], s.shape[-1])
-                log_prob = p.new_empty(count, x.shape[0])
+                log_prob = None if p is None else p.new_empty(count, x.shape[0])
             samples[first : first + s.shape[0], start : start + th.shape[0]] = s
-            log_prob[first : first + s.shape[0], start : start + th.shape[0]] = p
+            if log_prob is not None:
+                log_prob[first : first + s.shape[0], start : start + th.shape[0]] = p
             self.drawn += s.shape[0] * th.shape[0]
             yield chunk
         if entry.held == 0 and samples is not None:  # complete: keep it
@@ -276,13 +293,13 @@ class SharedDraws(Posterior):
         self, entry: _Entry, rows: slice, theta: Tensor, x: Tensor, count: int,
         max_chunk_elements: int,
     ) -> Iterator[Chunk]:
-        n, d = theta.shape
+        (n, d), dense = theta.shape, supports(self.posterior, "log_prob")
         block = max(1, max_chunk_elements // (count * d))
-        per_call = max(1, min(count, max_chunk_elements // d))
+        per_call = max(1, min(count, max_chunk_elements // d)) if dense else count
         theta = theta.detach()
         for start in range(0, n, block):
             th, xc = theta[start : start + block], x[start : start + block]
-            log_prob_theta = self.posterior.log_prob(th, xc)
+            log_prob_theta = self.posterior.log_prob(th, xc) if dense else None
             part = slice(rows.start + start, rows.start + start + th.shape[0])
             for done in range(0, count, per_call):
                 s, p = entry.take(done, min(per_call, count - done), part)

@@ -45,6 +45,7 @@ from calib_lightning._checks import (
 from calib_lightning._chunks import row_blocks
 from calib_lightning._draw_cache import SharedDraws
 from calib_lightning.posteriors import DistributionPosterior, Posterior, as_posterior, check_width
+from calib_lightning.posteriors.base import supports
 
 __all__ = [
     "DrawChunk",
@@ -200,17 +201,17 @@ class DrawChunk(NamedTuple):
         start: index of the chunk's first pair.
         theta: the chunk's true parameters ``(n, D)``.
         log_prob_theta: :math:`\\log q(\\theta_i \\mid x_i)`, ``(n,)`` (equal for all
-            draw chunks of the same pairs).
+            draw chunks of the same pairs); ``None`` for a samples-only posterior.
         samples: ``(s, n, D)`` draws.
-        log_prob: their log-densities ``(s, n)``.
+        log_prob: their log-densities ``(s, n)``; ``None`` for a samples-only posterior.
         first_draw: index of the chunk's first draw among the pair's ``M``.
     """
 
     start: int
     theta: Tensor
-    log_prob_theta: Tensor
+    log_prob_theta: Tensor | None
     samples: Tensor
-    log_prob: Tensor
+    log_prob: Tensor | None
     first_draw: int
 
 
@@ -227,8 +228,9 @@ def draw_chunks(
     Pairs are taken ``max(1, max_chunk_elements // (M D))`` at a time; when one pair's
     ``M D`` exceeds the bound its draws are split too. For each block of pairs the
     truth's log-density comes from one ``log_prob`` call, the draws and their
-    densities from ``sample_and_log_prob`` calls. Output shapes are checked here;
-    finiteness is left to the consumer, which can check lazily.
+    densities from ``sample_and_log_prob`` calls; without ``log_prob`` (samples only),
+    from ``sample`` calls, with ``None`` log-densities and all ``M`` draws of a pair in
+    one chunk. Shapes are checked here; finiteness lazily by the consumer.
 
     Arguments:
         posterior: anything :func:`calib_lightning.as_posterior` accepts.
@@ -257,23 +259,24 @@ def _draw_fresh(
     post: Posterior, theta: Tensor, x: Tensor, num_posterior_samples: int, max_chunk_elements: int
 ) -> Iterator[DrawChunk]:
     """:func:`draw_chunks` without sharing."""
-    n, d, m = theta.shape[0], theta.shape[1], num_posterior_samples
+    (n, d), m, dense = theta.shape, num_posterior_samples, supports(post, "log_prob")
     rows = max(1, max_chunk_elements // (m * d))
-    per_call = max(1, min(m, max_chunk_elements // d))
+    per_call = max(1, min(m, max_chunk_elements // d)) if dense else m
     theta = theta.detach()
     with torch.no_grad():
         for start in range(0, n, rows):
             th, xc = theta[start : start + rows], x[start : start + rows]
-            log_prob_theta = post.log_prob(th, xc)
+            log_prob_theta = post.log_prob(th, xc) if dense else None
             for done in range(0, m, per_call):
-                take = min(per_call, m - done)
-                samples, log_prob = post.sample_and_log_prob(xc, take)
-                k = th.shape[0]
-                if samples.shape != (take, k, d) or log_prob.shape != (take, k):
+                take, k = min(per_call, m - done), th.shape[0]
+                samples, log_prob = (post.sample_and_log_prob(xc, take) if dense
+                                     else (post.sample(xc, take), None))  # fmt: skip
+                shape = (take, k) if log_prob is None else tuple(log_prob.shape)
+                if samples.shape != (take, k, d) or shape != (take, k):
                     raise ValueError(
                         "posterior.sample_and_log_prob must return shapes (S, N, D) = "
                         f"{(take, k, d)} and (S, N) = {(take, k)}, got "
-                        f"{tuple(samples.shape)} and {tuple(log_prob.shape)}"
+                        f"{tuple(samples.shape)} and {shape}"
                     )
                 yield DrawChunk(start, th, log_prob_theta, samples, log_prob, done)
 
@@ -292,10 +295,8 @@ def check_event_size(posterior: Posterior | Any, theta: Tensor, x: Tensor) -> No
     post = post.posterior if isinstance(post, SharedDraws) else post
     size = post.event_size()
     if size is None and isinstance(post, DistributionPosterior):
-        try:
+        with contextlib.suppress(ValueError, RuntimeError):  # the full evaluation reports these
             size = post.distribution(x[:1]).event_shape[-1]
-        except (ValueError, RuntimeError):  # the full evaluation reports these
-            size = None
     check_width(theta, size)
 
 

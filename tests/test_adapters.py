@@ -106,6 +106,23 @@ def sbi_estimator(model: str, direct_posterior: bool = False) -> object:
     return DirectPosterior(posterior_estimator=estimator, prior=prior)
 
 
+def sbi_vector_field(method: str) -> object:
+    """sbi's FMPE or NPSE estimator, trained briefly (seconds), float32 (sbi's dtype)."""
+    pytest.importorskip("sbi")
+    import warnings
+
+    from sbi.inference import FMPE, NPSE
+
+    theta, x = simulate(NUM_TRAIN, seed=1)
+    torch.manual_seed(0)
+    prior = MultivariateNormal(torch.zeros(D), torch.eye(D))
+    inference = {"fmpe": FMPE, "npse": NPSE}[method](prior=prior, show_progress_bars=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inference.append_simulations(theta.float(), x.float())
+        return inference.train(max_num_epochs=20, training_batch_size=200)
+
+
 def _loc(x: torch.Tensor) -> torch.Tensor:
     """The exact posterior mean of the task: a shrunken, standardized ``x``."""
     gain = SCALE / (SCALE**2 + NOISE**2)
@@ -145,11 +162,14 @@ ADAPTERS: dict[str, Callable[[], object]] = {
     "sbi-zuko-maf": lambda: sbi_estimator("zuko_maf"),
     "sbi-zuko-nsf": lambda: sbi_estimator("zuko_nsf"),
     "sbi-direct-posterior": lambda: sbi_estimator("maf", direct_posterior=True),
+    "sbi-fmpe": lambda: sbi_vector_field("fmpe"),
+    "sbi-npse": lambda: sbi_vector_field("npse"),
     "transformed-distribution": lambda: transformed,
     "independent-normal": lambda: independent_normal,
     "multivariate-normal": lambda: multivariate_normal,
 }
-SLOW = {"zuko-cnf"}  # an ODE per sample: fewer samples, looser change-of-variables tolerance
+# an ODE per sample: fewer samples, looser change-of-variables tolerance
+SLOW = {"zuko-cnf", "sbi-fmpe", "sbi-npse"}
 
 
 def assert_standard_normal(z: torch.Tensor) -> None:

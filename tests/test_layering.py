@@ -65,7 +65,7 @@ def import_graph() -> dict[str, set[str]]:
 FORBIDDEN = {
     # the functional core sees tensors only: no models, classifiers, state or logging
     "functional": {
-        "posteriors", "_posterior_base", "evaluation", "classifiers", "metrics",
+        "posteriors", "evaluation", "classifiers", "metrics",
         "callbacks", "plots", "losses", "baselines", "tasks", "lightning", "matplotlib",
     },
     # metrics know nothing about Lightning or figures

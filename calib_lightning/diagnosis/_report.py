@@ -91,6 +91,8 @@ class Diagnosis:
             (``ProbabilityMap``), when it ran; drawn in the report.
         level: the test level.
         seconds: wall time of each check (and of the shared draws).
+        skipped: check name -> why it did not run (a capability the posterior lacks,
+            e.g. the score for KCCSD on a samples-only posterior); listed in the table.
     """
 
     def __init__(
@@ -105,6 +107,7 @@ class Diagnosis:
         num_posterior_samples: int | None = None,
         reference_samples: Tensor | None = None,
         probability_maps: Any = None,
+        skipped: Mapping[str, str] | None = None,
     ) -> None:
         self.checks = dict(checks)
         self.level, self.labels = level, list(labels) if labels is not None else None
@@ -112,6 +115,7 @@ class Diagnosis:
         self.parameters = list(parameters) if parameters is not None else None
         self.num_pairs, self.num_posterior_samples = num_pairs, num_posterior_samples
         self.reference_samples, self.probability_maps = reference_samples, probability_maps
+        self.skipped = dict(skipped or {})
         self.findings: Verdict = verdict(self.checks, level, self.labels)
         self.overall_p_value = self.findings.overall_p_value
         self.verdict = self.findings.sentence
@@ -122,7 +126,8 @@ class Diagnosis:
 
     # -- the table -------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
-        """One row per check: name, statistic, p-value, global p-value, verdict, size."""
+        """One row per check: name, statistic, p-value, global p-value, verdict, size; then
+        one per skipped check, its verdict ``"skipped: <reason>"``."""
         rows = []
         for name, result in self.checks.items():
             field = VERDICT_CHECKS.get(name, getattr(type(result), "verdict", None))
@@ -146,6 +151,10 @@ class Diagnosis:
                 row["p_value"] = float(result.mmd_p_value.min())
                 row["verdict"] = "see p-values per observation"
             rows.append(row)
+        for name, reason in self.skipped.items():
+            rows.append({"check": name, "statistic": None, "p_value": None,
+                         "global_p_value": None, "verdict": f"skipped: {reason}",
+                         "seconds": None, "size": ""})  # fmt: skip
         return rows
 
     def table(self) -> str:

@@ -3,7 +3,9 @@ r"""``cl.diagnose``: every check of the package on a trained posterior, in one c
 The sampling-based checks (rank calibration, TARP, recovery) share one set of posterior
 draws, made once through the evaluation layer; KCCSD needs scores only and L-C2ST-NF
 latents; the misspecification test compares the observations with the calibration
-``x`` (simulator outputs).
+``x`` (simulator outputs). A check the posterior cannot support (KCCSD without a score,
+L-C2ST-NF without latents: a samples-only posterior) is skipped and listed in the report
+with the reason.
 """
 
 from __future__ import annotations
@@ -28,14 +30,16 @@ from calib_lightning.functional.tarp import tarp
 from calib_lightning.metrics import KCCSD, LC2STNF
 from calib_lightning.misspecification import misspecification_test
 from calib_lightning.plots._grid import select_parameters
-from calib_lightning.posteriors import as_posterior
+from calib_lightning.posteriors import as_posterior, supports, unsupported
 
-__all__ = ["CHECKS", "diagnose"]
+__all__ = ["CHECKS", "NEEDS", "diagnose", "skipped_checks"]
 
 #: every check ``diagnose`` can run, in the order of the report
 CHECKS = ("kccsd", "ranks", "tarp", "recovery", "lc2st_nf", "misspecification")
 _SAMPLING = ("ranks", "tarp", "recovery")
 _LOCAL = ("lc2st_nf", "misspecification")
+#: the posterior capability each check needs beyond sampling
+NEEDS = {"kccsd": "score", "lc2st_nf": "to_latent"}
 #: the random stream of each step (with ``seed``): a check's numbers do not depend on
 #: which other checks run
 _STREAMS = {name: k for k, name in enumerate(("draws", *CHECKS, "reference"), start=1)}
@@ -44,18 +48,29 @@ MAP_NUM_POSTERIOR_SAMPLES = 2000  # posterior draws per observation of the proba
 
 def _shared_draws(
     posterior: Any, theta: Tensor, x: Tensor, num_posterior_samples: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """``(samples (M, N, D), log_prob (M, N), log_prob_theta (N,))`` in one sampling pass."""
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """``(samples (M, N, D), log_prob (M, N), log_prob_theta (N,))`` in one sampling pass;
+    the log-densities ``None`` for a samples-only posterior."""
     samples = torch.empty(num_posterior_samples, *theta.shape, dtype=theta.dtype)
+    dense = supports(posterior, "log_prob")
     log_prob = torch.empty(num_posterior_samples, theta.shape[0], dtype=theta.dtype)
     log_prob_theta = torch.empty(theta.shape[0], dtype=theta.dtype)
     for chunk in draw_chunks(posterior, theta, x, num_posterior_samples):
         rows = slice(chunk.start, chunk.start + chunk.theta.shape[0])
         draws = slice(chunk.first_draw, chunk.first_draw + chunk.samples.shape[0])
         samples[draws, rows] = chunk.samples.to(samples)
-        log_prob[draws, rows] = chunk.log_prob.to(log_prob)
-        log_prob_theta[rows] = chunk.log_prob_theta.to(log_prob_theta)
-    return samples, log_prob, log_prob_theta
+        if chunk.log_prob is not None and chunk.log_prob_theta is not None:
+            log_prob[draws, rows] = chunk.log_prob.to(log_prob)
+            log_prob_theta[rows] = chunk.log_prob_theta.to(log_prob_theta)
+    return (samples, log_prob, log_prob_theta) if dense else (samples, None, None)
+
+
+def skipped_checks(posterior: Any, checks: Sequence[str]) -> dict[str, str]:
+    """The checks among ``checks`` that ``posterior`` cannot support, with the reason:
+    the capability it lacks (:data:`NEEDS`) and what it provides."""
+    post = as_posterior(posterior)
+    return {name: str(unsupported(post, NEEDS[name])) for name in checks
+            if name in NEEDS and not supports(post, NEEDS[name])}  # fmt: skip
 
 
 def local_num_null(num_observations: int, level: float, default: int = 100) -> int:
@@ -101,7 +116,11 @@ def diagnose(
             of ``S_ref`` posterior draws at each observation,
             :func:`~calib_lightning.functional.compare_to_reference`).
         checks: a subset of :data:`CHECKS`; default every check that applies
-            (the local ones need ``observations``).
+            (the local ones need ``observations``). A check the posterior cannot
+            support (:data:`NEEDS`: KCCSD needs the score, L-C2ST-NF the latents) is
+            skipped, not run, and listed in the report's table with the reason
+            (``Diagnosis.skipped``); for a samples-only posterior the joint rank is
+            the distance rank.
         labels: parameter names ``(D,)`` for tables and figures.
         parameters: indices of the parameters the per-parameter figures draw (default all).
         num_posterior_samples: draws per pair shared by ranks, TARP and recovery.
@@ -149,6 +168,8 @@ def diagnose(
                          "got observations=None")  # fmt: skip
     post = as_posterior(posterior)
     check_fits(post, theta, x, observations=observations)  # names the argument that is wrong
+    skipped = skipped_checks(post, checks)
+    checks = [c for c in checks if c not in skipped]
     if reference_samples is not None and (
         observations is None or reference_samples.ndim != 3
         or reference_samples.shape[1:] != (observations.shape[0], theta.shape[1])
@@ -214,5 +235,5 @@ def diagnose(
     return Diagnosis(
         results, level=level, labels=labels, parameters=parameters, seconds=seconds,
         num_pairs=theta.shape[0], num_posterior_samples=num_posterior_samples,
-        reference_samples=reference_samples, probability_maps=maps,
+        reference_samples=reference_samples, probability_maps=maps, skipped=skipped,
     )  # fmt: skip

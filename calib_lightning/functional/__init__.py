@@ -17,6 +17,7 @@ from calib_lightning.functional.bootstrap import (
 )
 from calib_lightning.functional.combine import combine_p_values, holm_adjust, monte_carlo_p_value
 from calib_lightning.functional.direction import RankMeanTest, rank_mean_test
+from calib_lightning.functional.distance_rank import distance_log_prob
 from calib_lightning.functional.kccsd import (
     KCCSDTest,
     gaussian_base_points,
@@ -118,6 +119,7 @@ __all__ = [
     "coverage_error",
     "default_num_bins",
     "density_coverage",
+    "distance_log_prob",
     "draw_moments",
     "ecdf_levels",
     "ecdf_test",

@@ -9,7 +9,7 @@ and :class:`calib_lightning.RankCalibration` return.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from torch import Tensor
 
@@ -109,6 +109,10 @@ class RankCalibrationResult(RankSummary):
             logged as ``statistic_ecdf_p_values/<name>``. Both enter ``global_p_value``.
         statistic_ecdf: ``(Q, K)`` their rank ECDFs at ``levels``.
         statistic_histogram: ``(Q, M + 1)`` their rank counts.
+        joint_statistic: what the joint rank (``p_value``, the last ECDF, ``coverage``)
+            ranks by: ``"energy"`` (minus the log-density) or, for a posterior known
+            through its samples only, ``"distance"``
+            (:mod:`~calib_lightning.functional.distance_rank`).
 
     Plus every field of :class:`RankSummary`.
     """
@@ -128,6 +132,7 @@ class RankCalibrationResult(RankSummary):
     statistic_ecdf_p_values: Tensor | None = None
     statistic_ecdf: Tensor | None = None
     statistic_histogram: Tensor | None = None
+    joint_statistic: str = "energy"
 
     def scalars(self) -> dict[str, Tensor]:
         """The ``logged`` fields, then each test quantity's p-values keyed by its name."""
@@ -141,9 +146,9 @@ class RankCalibrationResult(RankSummary):
 
     @classmethod
     def from_summary(
-        cls, summary: RankSummary, sharpness: Sharpness, **pairs: Tensor | None
+        cls, summary: RankSummary, sharpness: Sharpness, **pairs: Any
     ) -> RankCalibrationResult:
-        """Join a summary and a sharpness (and the per-pair fields), computing
+        """Join a summary and a sharpness (and the per-pair fields, the joint statistic), computing
         ``outside_band``."""
         simultaneous = summary.simultaneous_band.to(summary.ecdf)
         deviation = summary.ecdf - summary.levels

@@ -7,7 +7,8 @@ For a calibration pair :math:`(\theta^*, x)` and ``M`` draws
 * joint energy rank: :math:`r = \#\{k : e(\theta_k) < e(\theta^*)\}` with the energy
   (surprisal) :math:`e(\theta) = -\log q(\theta \mid x)`. The truth has a high
   energy rank when it lies outside the regions where ``q`` puts its mass: this is
-  the HPD / expected-coverage rank, one number for the whole vector.
+  the HPD / expected-coverage rank, one number for the whole vector. Without a density
+  (samples only), the distance rank (:mod:`~calib_lightning.functional.distance_rank`).
 
 Ties (samples equal to the truth) are broken at random: the rank is the number of
 strictly smaller values plus a uniform integer in ``[0, #ties]``. If ``q`` is the true
@@ -34,6 +35,7 @@ import torch
 from torch import Tensor
 
 from calib_lightning._checks import check_positive
+from calib_lightning.functional.distance_rank import distance_log_prob
 
 __all__ = [
     "MOMENT_DRAWS",
@@ -51,9 +53,8 @@ __all__ = [
 
 
 MOMENT_DRAWS = 256
-"""Draws per pair used for the sharpness moments (posterior mean and variance).
-
-Contraction and mean error are averages over ``N`` pairs, so a few hundred draws per
+"""Draws per pair used for the sharpness moments (posterior mean and variance):
+contraction and mean error are averages over ``N`` pairs, so a few hundred draws per
 pair make their Monte Carlo error negligible; using all ``M`` would make the moments,
 not the ranks, the main cost of the check when ``M`` is large."""
 
@@ -131,10 +132,7 @@ def marginal_ranks(
 
 
 def energy_ranks(
-    log_prob_samples: Tensor,
-    log_prob_theta: Tensor,
-    *,
-    generator: torch.Generator | None = None,
+    log_prob_samples: Tensor, log_prob_theta: Tensor, *, generator: torch.Generator | None = None
 ) -> Tensor:
     r"""Joint energy ranks :math:`r = \#\{k : -\log q(\theta_k) < -\log q(\theta^*)\}`.
 
@@ -194,9 +192,9 @@ def _check_draws(
 
 def sbc_ranks(
     samples: Tensor,
-    log_prob_samples: Tensor,
+    log_prob_samples: Tensor | None,
     theta: Tensor,
-    log_prob_theta: Tensor,
+    log_prob_theta: Tensor | None,
     *,
     generator: torch.Generator | None = None,
 ) -> Tensor:
@@ -204,7 +202,8 @@ def sbc_ranks(
 
     Arguments:
         samples: posterior draws ``(M, *, D)``.
-        log_prob_samples: their log-densities ``(M, *)``.
+        log_prob_samples: their log-densities ``(M, *)``; ``None`` (both) for the
+            density-free distance rank (:mod:`~calib_lightning.functional.distance_rank`).
         theta: true parameters ``(*, D)``.
         log_prob_theta: their log-densities ``(*)``; ``-inf`` is allowed (rank ``M``).
         generator: for tie-breaking.
@@ -216,6 +215,8 @@ def sbc_ranks(
         ValueError: if samples or their log-densities are not finite, or
             ``log_prob_theta`` is NaN or ``+inf``; the message counts the pairs.
     """
+    if log_prob_samples is None or log_prob_theta is None:
+        log_prob_samples, log_prob_theta = distance_log_prob(samples, theta)
     _check_draws(samples, log_prob_samples, log_prob_theta)
     joint = energy_ranks(log_prob_samples, log_prob_theta, generator=generator)
     return torch.cat([marginal_ranks(samples, theta, generator=generator), joint[..., None]], -1)
@@ -254,9 +255,9 @@ class PosteriorDraws(NamedTuple):
 
 def rank_draw_chunk(
     theta: Tensor,
-    log_prob_theta: Tensor,
+    log_prob_theta: Tensor | None,
     samples: Tensor,
-    log_prob: Tensor,
+    log_prob: Tensor | None,
     *,
     first_draw: int = 0,
     moment_draws: int = MOMENT_DRAWS,
@@ -276,7 +277,8 @@ def rank_draw_chunk(
         theta: true parameters ``(n, D)``.
         log_prob_theta: :math:`\log q(\theta^* \mid x)`, ``(n,)``; ``-inf`` allowed.
         samples: draws ``(s, n, D)``.
-        log_prob: their log-densities ``(s, n)``.
+        log_prob: their log-densities ``(s, n)``; ``None`` (both) for the distance rank
+            (:mod:`~calib_lightning.functional.distance_rank`: every draw in this chunk).
         first_draw: index of the chunk's first draw among the pair's ``M``.
         moment_draws: draws with index below it enter the moment sums.
         offset: index of the first pair, for error messages.
@@ -288,6 +290,10 @@ def rank_draw_chunk(
     """
     work = RankWorkspace() if workspace is None else workspace
     n, d = theta.shape
+    if log_prob is None or log_prob_theta is None:
+        if first_draw:
+            raise ValueError(f"the distance rank needs all draws in one chunk, got {first_draw=}")
+        log_prob, log_prob_theta = distance_log_prob(samples, theta)
     if first_draw == 0:
         _check_log_prob_theta(log_prob_theta, offset)
     total = torch.zeros(n, d, dtype=torch.float64, device=theta.device)

@@ -326,9 +326,9 @@ def statistic_tests(
 
 def rank_calibration(
     samples: Tensor,
-    log_prob_samples: Tensor,
+    log_prob_samples: Tensor | None,
     theta: Tensor,
-    log_prob_theta: Tensor,
+    log_prob_theta: Tensor | None,
     *,
     level: float = 0.05,
     num_bins: int | None = None,
@@ -340,7 +340,9 @@ def rank_calibration(
 
     Arguments:
         samples: posterior draws ``(M, *, N, D)``, ``M >= 2``.
-        log_prob_samples: their log-densities ``(M, *, N)``.
+        log_prob_samples: their log-densities ``(M, *, N)``; ``None`` (both) for a
+            posterior known through its samples only: the joint rank is then the
+            distance rank (:mod:`~calib_lightning.functional.distance_rank`).
         theta: true parameters ``(*, N, D)``.
         log_prob_theta: their log-densities ``(*, N)`` (``-inf`` allowed).
         level, num_bins, num_ecdf_points, global_method: as in :func:`summarize_ranks`.
@@ -382,4 +384,5 @@ def rank_calibration(
     variance = diff.var(0)  # unbiased, over the M draws
     prior_variance = theta.double().var(-2)
     sharp = sharpness((mean_error**2).mean(-2), variance.mean(-2), prior_variance, m)
-    return RankCalibrationResult.from_summary(summary, sharp)
+    joint = "energy" if log_prob_samples is not None and log_prob_theta is not None else "distance"
+    return RankCalibrationResult.from_summary(summary, sharp, joint_statistic=joint)

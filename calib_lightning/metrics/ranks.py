@@ -36,7 +36,7 @@ from calib_lightning.functional.sbc import (
     summarize_ranks,
 )
 from calib_lightning.metrics._lazy import LazyDimension
-from calib_lightning.posteriors import Posterior
+from calib_lightning.posteriors import Posterior, as_posterior, supports
 
 __all__ = ["RankCalibration", "RankCalibrationResult", "posterior_ranks"]
 
@@ -113,6 +113,12 @@ class RankCalibration(LazyDimension):
     true parameter among them per dimension and by energy
     :math:`e = -\log q(\theta \mid x)`, and adds the ranks to histograms.
     ``compute()`` tests them for discrete uniformity and returns the curves to plot.
+
+    A posterior known through its samples only (:class:`~calib_lightning.SamplePosterior`)
+    has no energy: its joint rank is the distance rank
+    (:mod:`~calib_lightning.functional.distance_rank`, exact level by exchangeability),
+    and the result's ``joint_statistic`` says ``"distance"``. One metric accumulates one
+    kind of joint rank: mixing the two in one histogram raises a ``ValueError``.
 
     Which test: ``p_value`` (joint) and ``marginal_p_values`` are chi-square tests
     against the *discrete* uniform on ``0..M``, with the rank values grouped into
@@ -246,6 +252,7 @@ class RankCalibration(LazyDimension):
         self.num_posterior_samples, self.num_dims = num_posterior_samples, num_dims
         self.level, self.num_bins, self.num_ecdf_points = level, num_bins, num_ecdf_points
         self.max_chunk_elements = max_chunk_elements
+        self.joint_statistic: str | None = None  # "energy" or "distance", set by update
         histogram, theta_moments, posterior_sums = self._zero_states(num_dims or 0)
         self.add_state("histogram", histogram, dist_reduce_fx="sum")
         self.add_state("theta_moments", theta_moments, dist_reduce_fx=merge_moments)
@@ -275,6 +282,13 @@ class RankCalibration(LazyDimension):
     def update(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> None:
         """Rank the true parameters ``theta (N, D)`` among posterior draws at ``x (N, *X)``."""
         check_pairs(theta, x)
+        joint = "energy" if supports(as_posterior(posterior), "log_prob") else "distance"
+        if self.joint_statistic not in (None, joint):
+            raise ValueError(
+                f"this RankCalibration holds {self.joint_statistic} ranks; a posterior "
+                f"{'without' if joint == 'distance' else 'with'} log_prob gives {joint} ranks:"
+                " use one metric per kind of posterior (or reset it)"
+            )
         check_event_size(posterior, theta, x)  # theta against the posterior first
         self._allocate(theta.shape[1])
         draws = posterior_ranks(
@@ -294,6 +308,12 @@ class RankCalibration(LazyDimension):
         if room > 0:
             rows = torch.cat([theta.double(), draws.mean_error, draws.variance], -1)[:room]
             self.pair_moments.append(rows.to(self.histogram.device))
+        self.joint_statistic = joint
+
+    def reset(self) -> None:
+        """Zero the states and forget the kind of joint rank."""
+        super().reset()
+        self.joint_statistic = None
 
     def compute(self) -> RankCalibrationResult:
         """p-values, coverage error, sharpness and the curves (see the class docstring).
@@ -319,7 +339,7 @@ class RankCalibration(LazyDimension):
         prior_variance = variance_from_moments(self.theta_moments)[1]
         draws = min(self.num_posterior_samples, MOMENT_DRAWS)
         sharp = sharpness(error_sq / n, variance / n, prior_variance, draws)
-        pairs: dict[str, Tensor | None] = {}
+        pairs: dict[str, Any] = {}
         stored = self.pair_moments
         rows = dim_zero_cat(stored) if isinstance(stored, list) and stored else stored
         if isinstance(rows, Tensor) and rows.numel():
@@ -329,6 +349,7 @@ class RankCalibration(LazyDimension):
         if self.statistics:
             summary, quantities = self._with_statistics(summary)
             pairs.update(quantities)
+        pairs["joint_statistic"] = self.joint_statistic or "energy"
         return RankCalibrationResult.from_summary(summary, sharp, **pairs)
 
     def _with_statistics(self, summary: Any) -> tuple[Any, dict[str, Any]]:

@@ -1,7 +1,7 @@
 """The :class:`Posterior` base class and the input checks every adapter shares.
 
-Adapters (:mod:`calib_lightning.posteriors`) subclass :class:`Posterior`; see that
-module for the shape and dtype conventions.
+Adapters (the other modules of :mod:`calib_lightning.posteriors`) subclass
+:class:`Posterior`; see the package docstring for the shape and dtype conventions.
 """
 
 from __future__ import annotations
@@ -13,7 +13,18 @@ from torch import Tensor
 
 from calib_lightning._checks import as_float, check_positive, model_dtype, model_errors
 
-__all__ = ["Posterior", "check_width"]
+__all__ = ["CAPABILITIES", "Posterior", "check_width", "supports", "unsupported"]
+
+#: what a posterior can compute, and the checks that need each capability
+CAPABILITIES: dict[str, str] = {
+    "sample": "RankCalibration, TARP, recovery, LC2ST and the reference distances",
+    "log_prob": (
+        "KCCSD (through the score), the calibration losses and the joint energy rank of "
+        "RankCalibration (a samples-only posterior gets the distance rank instead)"
+    ),
+    "score": "KCCSD and KCCSDLoss",
+    "to_latent": "LatentCalibration, LC2STNF and the latent losses",
+}
 
 
 def _check_x(x: Tensor) -> Tensor:
@@ -62,15 +73,41 @@ def _out_dtype(x: Tensor, model: torch.dtype | None) -> torch.dtype:
     return model or torch.get_default_dtype()
 
 
+def supports(posterior: Any, capability: str) -> bool:
+    """Whether ``posterior`` (a :class:`Posterior`) declares ``capability``, one of
+    :data:`CAPABILITIES`."""
+    if capability not in CAPABILITIES:
+        raise ValueError(f"capability must be one of {list(CAPABILITIES)}, got {capability!r}")
+    return capability in getattr(posterior, "capabilities", CAPABILITIES)
+
+
+def unsupported(posterior: Any, capability: str) -> ValueError:
+    """The error for a method ``posterior`` cannot support: which capability is missing
+    and which checks need it."""
+    return ValueError(
+        f"{type(posterior).__name__} does not provide {capability}, which "
+        f"{CAPABILITIES[capability]} need; it provides "
+        f"{', '.join(sorted(posterior.capabilities))}"
+    )
+
+
 class Posterior:
     r"""Base class: a conditional density :math:`q(\theta \mid x)` with a fixed interface.
 
     Subclasses implement :meth:`sample`, :meth:`log_prob` and :meth:`to_latent`;
-    :meth:`score` and :meth:`sample_and_log_prob` have generic implementations.
+    :meth:`score` and :meth:`sample_and_log_prob` have generic implementations. An
+    adapter that cannot support some of them (samples only, no inverse map) lists what
+    it can in :attr:`capabilities`; the others raise :func:`unsupported`'s error.
 
     Arguments:
         module: the wrapped estimator (kept so callers can reach its parameters).
+
+    Attributes:
+        capabilities: the :data:`CAPABILITIES` the adapter provides (every one by
+            default; a flow whose base is not normal still raises from ``to_latent``).
     """
+
+    capabilities: frozenset[str] = frozenset(CAPABILITIES)
 
     def __init__(self, module: Any) -> None:
         self.module = module
@@ -166,5 +203,3 @@ class Posterior:
             log_prob = self.log_prob(leaf, x)
             (grad,) = torch.autograd.grad(log_prob.sum(), leaf, create_graph=create_graph)
         return grad
-
-

@@ -1,0 +1,151 @@
+"""The adapter for any callable ``x -> torch.distributions.Distribution`` (zuko flows,
+Gaussians, ``TransformedDistribution`` s), and the inverse map of such a distribution to
+its standard-normal base."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from torch.distributions import (
+    Distribution,
+    Independent,
+    MultivariateNormal,
+    Normal,
+    TransformedDistribution,
+)
+
+from calib_lightning._model_info import distribution_dtype, zuko_context
+from calib_lightning.posteriors.base import Posterior
+
+__all__ = ["DistributionPosterior"]
+
+
+class DistributionPosterior(Posterior):
+    r"""Adapter for any callable ``x -> torch.distributions.Distribution``.
+
+    Covers zuko flows (``flow(x)`` is a :class:`zuko.distributions.NormalizingFlow`),
+    and user functions returning ``Independent(Normal)``, ``MultivariateNormal`` or a
+    ``TransformedDistribution``. The distribution must have batch shape ``(N,)`` and
+    event shape ``(D,)``; a ``Normal`` with batch shape ``(N, D)`` is reinterpreted
+    as ``Independent(Normal, 1)``.
+
+    Arguments:
+        module: callable taking ``x`` of shape ``(N, *X)``.
+    """
+
+    def __init__(self, module: Callable[[Tensor], Distribution]) -> None:
+        if not callable(module):
+            raise ValueError(f"module must be callable x -> Distribution, got {module!r}")
+        super().__init__(module)
+
+    def context_shape(self) -> tuple[int, ...] | None:
+        if not hasattr(self, "_context"):
+            self._context = zuko_context(self.module)
+        return self._context
+
+    def distribution(self, x: Tensor) -> Distribution:
+        """The conditional distribution at ``x``, batch shape ``(N,)``, event ``(D,)``.
+
+        ``x`` is checked and cast to the model's dtype first.
+        """
+        x = self._prepare_x(x)
+        with self._errors(None, x):
+            dist = self.module(x)
+        if not isinstance(dist, Distribution):
+            raise ValueError(
+                "the posterior callable must return a torch.distributions.Distribution, "
+                f"got {type(dist).__name__}"
+            )
+        n = x.shape[0]
+        if len(dist.event_shape) == 0 and len(dist.batch_shape) == 2:
+            dist = Independent(dist, 1)
+        if tuple(dist.batch_shape) != (n,) or len(dist.event_shape) != 1:
+            raise ValueError(
+                "the posterior distribution must have batch shape (N,) and event shape (D,) "
+                f"with N = {n}, got batch {tuple(dist.batch_shape)} and event "
+                f"{tuple(dist.event_shape)}"
+            )
+        return dist
+
+    def _draw(self, x: Tensor, num_posterior_samples: int, reparameterized: bool) -> Tensor:
+        x, out = self._sampling_inputs(x, num_posterior_samples)
+        dist = self.distribution(x)
+        with self._errors(None, x):
+            draw = dist.rsample if reparameterized else dist.sample
+            return draw((num_posterior_samples,)).to(out)
+
+    def sample(self, x: Tensor, num_posterior_samples: int) -> Tensor:
+        with torch.no_grad():
+            return self._draw(x, num_posterior_samples, reparameterized=False)
+
+    def rsample(self, x: Tensor, num_posterior_samples: int) -> Tensor:
+        """Reparameterized samples ``(S, N, D)`` that carry gradients to the parameters."""
+        return self._draw(x, num_posterior_samples, reparameterized=True)
+
+    def sample_and_log_prob(self, x: Tensor, num_posterior_samples: int) -> tuple[Tensor, Tensor]:
+        x, out = self._sampling_inputs(x, num_posterior_samples)
+        with torch.no_grad():
+            dist = self.distribution(x)
+            with self._errors(None, x):
+                joint = getattr(dist, "rsample_and_log_prob", None)
+                if joint is not None:
+                    theta, log_prob = joint((num_posterior_samples,))
+                else:
+                    theta = dist.sample((num_posterior_samples,))
+                    log_prob = dist.log_prob(theta)
+        return theta.to(out), log_prob.to(out)
+
+    def _evaluate(self, theta: Tensor, x: Tensor, method: Callable[..., Tensor]) -> Tensor:
+        """``method(dist, theta)`` with ``theta`` checked against the event shape and cast
+        to the distribution's dtype; the result in ``theta``'s dtype."""
+        x = self._prepare_x(x)
+        dist = self.distribution(x)
+        inner = self._prepare_theta(theta, x, size=dist.event_shape[-1])
+        inner = inner.to(self.dtype or distribution_dtype(dist) or inner.dtype)
+        with self._errors(inner, x, size=dist.event_shape[-1]):
+            return method(dist, inner).to(theta.dtype)
+
+    def log_prob(self, theta: Tensor, x: Tensor) -> Tensor:
+        return self._evaluate(theta, x, lambda dist, value: dist.log_prob(value))
+
+    def to_latent(self, theta: Tensor, x: Tensor) -> Tensor:
+        return self._evaluate(theta, x, _to_standard_normal)
+
+    def log_prob_and_latent(self, theta: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+        both = self._evaluate(theta, x, _log_prob_and_latent)
+        return both[..., 0], both[..., 1:]
+
+
+def _log_prob_and_latent(dist: Distribution, value: Tensor) -> Tensor:
+    """``[log q, z]`` stacked ``(*, 1 + D)``; one transform pass for a zuko flow."""
+    transform, base = getattr(dist, "transform", None), getattr(dist, "base", None)
+    if base is None or not hasattr(transform, "call_and_ladj"):
+        return torch.cat([dist.log_prob(value).unsqueeze(-1), _to_standard_normal(dist, value)], -1)
+    z, ladj = transform.call_and_ladj(value)
+    return torch.cat([(base.log_prob(z) + ladj).unsqueeze(-1), _to_standard_normal(base, z)], -1)
+
+
+def _to_standard_normal(dist: Distribution, value: Tensor) -> Tensor:
+    """Invert ``dist``'s generative map down to a standard normal base."""
+    transform = getattr(dist, "transform", None)
+    base = getattr(dist, "base", None)
+    if transform is not None and base is not None:  # zuko NormalizingFlow: z = f(theta)
+        return _to_standard_normal(base, transform(value))
+    if isinstance(dist, TransformedDistribution):  # torch: theta = t_k(...t_1(z))
+        for t in reversed(dist.transforms):
+            value = t.inv(value)
+        return _to_standard_normal(dist.base_dist, value)
+    if isinstance(dist, Independent):
+        return _to_standard_normal(dist.base_dist, value)
+    if isinstance(dist, Normal):
+        return (value - dist.loc) / dist.scale
+    if isinstance(dist, MultivariateNormal):
+        diff = (value - dist.loc).unsqueeze(-1)
+        tril = dist.scale_tril.expand(diff.shape[:-2] + dist.scale_tril.shape[-2:])
+        return torch.linalg.solve_triangular(tril, diff, upper=False).squeeze(-1)
+    raise ValueError(
+        "to_latent needs a flow or a Gaussian whose base is a normal distribution, got "
+        f"{type(dist).__name__}"
+    )
