@@ -189,9 +189,17 @@ class ConditionalJoint:
         return torch.randn(n, self.dim, generator=generator, dtype=torch.float64).float()
 
     def sample(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        # Every draw from ``generator``: the global generator is seeded with the same
+        # number per dataset, so drawing theta from it would reuse x's normals as its
+        # noise (theta = x + 0.5 x / ..., a joint the tests rightly reject).
         x = self.sample_x(n, generator)
-        with torch.no_grad():  # global RNG, seeded per dataset
-            theta = self._dist(x.double()).sample()
+        noise = torch.randn(n, self.dim, generator=generator, dtype=torch.float64)
+        if self.family == "t3":  # t_3 = N(0, 1) / sqrt(chi2_3 / 3), chi2_3 = 3 squared normals
+            chi2 = torch.randn(3, n, self.dim, generator=generator, dtype=torch.float64)
+            noise = noise / (chi2.square().sum(0) / 3).sqrt()
+            theta = x.double() + self.scale * noise
+        else:
+            theta = torch.sigmoid(x.double() + self.scale * noise)
         return theta.float(), x
 
     def posterior(self, variance_scale: float = 1.0, shift: float = 0.0):
