@@ -4,8 +4,8 @@ The sampling-based checks (rank calibration, TARP, recovery) share one set of po
 draws, made once through the evaluation layer; KCCSD needs scores only and L-C2ST-NF
 latents; the misspecification test compares the observations with the calibration
 ``x`` (simulator outputs). A check the posterior cannot support (KCCSD without a score,
-L-C2ST-NF without latents: a samples-only posterior) is skipped and listed in the report
-with the reason.
+L-C2ST-NF without latents: a samples-only posterior; KCCSD when the log-density has no
+gradient in theta) is skipped and listed in the report with the reason.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from calib_lightning.metrics import KCCSD, LC2STNF
 from calib_lightning.misspecification import misspecification_test
 from calib_lightning.plots._grid import select_parameters
 from calib_lightning.posteriors import as_posterior, supports, unsupported
+from calib_lightning.posteriors.base import NotDifferentiableError
 
 __all__ = ["CHECKS", "NEEDS", "diagnose", "skipped_checks"]
 
@@ -117,7 +118,8 @@ def diagnose(
             :func:`~calib_lightning.functional.compare_to_reference`).
         checks: a subset of :data:`CHECKS`; default every check that applies
             (the local ones need ``observations``). A check the posterior cannot
-            support (:data:`NEEDS`: KCCSD needs the score, L-C2ST-NF the latents) is
+            support (:data:`NEEDS`: KCCSD needs the score, L-C2ST-NF the latents; a
+            ``log_prob`` without a gradient in ``theta`` gives no score) is
             skipped, not run, and listed in the report's table with the reason
             (``Diagnosis.skipped``); for a samples-only posterior the joint rank is
             the distance rank.
@@ -196,7 +198,10 @@ def diagnose(
             metric.update(post, theta, x)
             return metric.compute()
 
-        timed("kccsd", run_kccsd)
+        try:
+            timed("kccsd", run_kccsd)
+        except NotDifferentiableError as err:  # no score after all: a box uniform, no_grad
+            skipped["kccsd"] = str(err)
     if any(c in checks for c in _SAMPLING):
         start = time.perf_counter()
         with seeded(seed, _STREAMS["draws"], devices=devices):
