@@ -5,7 +5,8 @@ draws, made once through the evaluation layer; KCCSD needs scores only and L-C2S
 latents; the misspecification test compares the observations with the calibration
 ``x`` (simulator outputs). A check the posterior cannot support (KCCSD without a score,
 L-C2ST-NF without latents: a samples-only posterior; KCCSD when the log-density has no
-gradient in theta) is skipped and listed in the report with the reason.
+gradient in theta, L-C2ST-NF when the base is not normal) is skipped and listed in the
+report with the reason.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from calib_lightning.metrics import KCCSD, LC2STNF
 from calib_lightning.misspecification import misspecification_test
 from calib_lightning.plots._grid import select_parameters
 from calib_lightning.posteriors import as_posterior, supports, unsupported
-from calib_lightning.posteriors.base import NotDifferentiableError
+from calib_lightning.posteriors.base import UnsupportedError
 
 __all__ = ["CHECKS", "NEEDS", "diagnose", "skipped_checks"]
 
@@ -119,7 +120,8 @@ def diagnose(
         checks: a subset of :data:`CHECKS`; default every check that applies
             (the local ones need ``observations``). A check the posterior cannot
             support (:data:`NEEDS`: KCCSD needs the score, L-C2ST-NF the latents; a
-            ``log_prob`` without a gradient in ``theta`` gives no score) is
+            ``log_prob`` without a gradient in ``theta`` gives no score, a base that is
+            not normal no latents) is
             skipped, not run, and listed in the report's table with the reason
             (``Diagnosis.skipped``); for a samples-only posterior the joint rank is
             the distance rank.
@@ -187,8 +189,12 @@ def diagnose(
 
     def timed(name: str, run: Any) -> None:
         start = time.perf_counter()
-        with seeded(seed, _STREAMS[name], devices=devices) as stream:
-            results[name] = run(torch.Generator().manual_seed(stream))
+        try:
+            with seeded(seed, _STREAMS[name], devices=devices) as stream:
+                results[name] = run(torch.Generator().manual_seed(stream))
+        except UnsupportedError as err:  # found when the model ran: no score, no latents
+            skipped[name] = str(err)
+            return
         seconds[name] = time.perf_counter() - start
 
     theta, x = theta.detach(), x.detach()
@@ -198,10 +204,7 @@ def diagnose(
             metric.update(post, theta, x)
             return metric.compute()
 
-        try:
-            timed("kccsd", run_kccsd)
-        except NotDifferentiableError as err:  # no score after all: a box uniform, no_grad
-            skipped["kccsd"] = str(err)
+        timed("kccsd", run_kccsd)
     if any(c in checks for c in _SAMPLING):
         start = time.perf_counter()
         with seeded(seed, _STREAMS["draws"], devices=devices):

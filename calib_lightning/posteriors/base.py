@@ -24,6 +24,7 @@ __all__ = [
     "CAPABILITIES",
     "NotDifferentiableError",
     "Posterior",
+    "UnsupportedError",
     "check_width",
     "supports",
     "unsupported",
@@ -95,17 +96,22 @@ def supports(posterior: Any, capability: str) -> bool:
     return capability in getattr(posterior, "capabilities", CAPABILITIES)
 
 
-def unsupported(posterior: Any, capability: str) -> ValueError:
+class UnsupportedError(ValueError):
+    """A posterior cannot compute what a check needs (a capability it lacks, found from its
+    ``capabilities`` or only when the model runs); ``cl.diagnose`` skips that check."""
+
+
+def unsupported(posterior: Any, capability: str) -> UnsupportedError:
     """The error for a method ``posterior`` cannot support: which capability is missing
     and which checks need it."""
-    return ValueError(
+    return UnsupportedError(
         f"{type(posterior).__name__} does not provide {capability}, which "
         f"{CAPABILITIES[capability]} need; it provides "
         f"{', '.join(sorted(posterior.capabilities))}"
     )
 
 
-class NotDifferentiableError(ValueError):
+class NotDifferentiableError(UnsupportedError):
     """A posterior's log-density has no gradient in ``theta``, hence no score: raised by
     :meth:`Posterior.score` (so by KCCSD and KCCSDLoss); ``cl.diagnose`` skips KCCSD."""
 
