@@ -8,7 +8,8 @@ posterior draws at them (the toy's posterior is known). Every check FMPE support
 through its probability-flow ODE: KCCSD on the score of the ODE's log-density, rank
 calibration, TARP, recovery, L-C2ST-NF on the ODE's latents, the misspecification test,
 and the distances to the exact posterior. It prints the verdict and the table and
-writes ``fmpe_report/report.html`` with the figures.
+writes ``fmpe_report/report.html`` with the figures (and sbi's training logs in
+``fmpe_report/sbi_logs``).
 
 Run (a few minutes on two cores: the ODE's log-densities and scores dominate)::
 
@@ -36,12 +37,16 @@ from calib_lightning.tasks import GaussianToy
 from examples._smoke import add_smoke_argument, output_folder
 
 
-def train_fmpe(theta: torch.Tensor, x: torch.Tensor, epochs: int) -> object:
-    """sbi's ``VectorFieldPosterior`` of an ``FMPE`` trained on ``(theta, x)``."""
+def train_fmpe(theta: torch.Tensor, x: torch.Tensor, epochs: int, logs: Path) -> object:
+    """sbi's ``VectorFieldPosterior`` of an ``FMPE`` trained on ``(theta, x)``; sbi's
+    TensorBoard logs of the training go to ``logs``."""
     from sbi.inference import FMPE
+    from sbi.utils.tracking import TensorBoardTracker
+    from torch.utils.tensorboard import SummaryWriter
 
     prior = MultivariateNormal(torch.zeros(theta.shape[1]), torch.eye(theta.shape[1]))
-    inference = FMPE(prior=prior, show_progress_bars=False)
+    inference = FMPE(prior=prior, show_progress_bars=False,
+                     tracker=TensorBoardTracker(SummaryWriter(str(logs))))  # fmt: skip
     with warnings.catch_warnings():  # sbi's notes on its defaults
         warnings.simplefilter("ignore")
         inference.append_simulations(theta, x).train(
@@ -71,7 +76,7 @@ def main() -> None:
     observations = task.sample(3, generator)[1]
     exact = task.posterior()(observations).sample((500 if args.smoke else 2_000,))
 
-    posterior = train_fmpe(theta, x, args.epochs)
+    posterior = train_fmpe(theta, x, args.epochs, out / "sbi_logs")
     report = cl.diagnose(
         posterior, theta_cal, x_cal, observations=observations, reference_samples=exact,
         labels=["theta_1", "theta_2"], num_posterior_samples=20 if args.smoke else 100,

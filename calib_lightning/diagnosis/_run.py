@@ -121,9 +121,8 @@ def diagnose(
             (the local ones need ``observations``). A check the posterior cannot
             support (:data:`NEEDS`: KCCSD needs the score, L-C2ST-NF the latents; a
             ``log_prob`` without a gradient in ``theta`` gives no score, a base that is
-            not normal no latents) is
-            skipped, not run, and listed in the report's table with the reason
-            (``Diagnosis.skipped``); for a samples-only posterior the joint rank is
+            not normal no latents) is skipped and listed in the report's table with the
+            reason (``Diagnosis.skipped``); for a samples-only posterior the joint rank is
             the distance rank.
         labels: parameter names ``(D,)`` for tables and figures.
         parameters: indices of the parameters the per-parameter figures draw (default all).
