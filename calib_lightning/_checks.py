@@ -17,6 +17,7 @@ from torch import Tensor
 __all__ = [
     "as_float",
     "check_choice",
+    "check_device",
     "check_finite",
     "check_matrix",
     "check_pairs",
@@ -25,6 +26,7 @@ __all__ = [
     "check_probability",
     "check_same_device_dtype",
     "check_shape",
+    "model_device",
     "model_dtype",
     "model_errors",
 ]
@@ -36,9 +38,19 @@ def _as_tensor(name: str, value: object) -> Tensor:
     return value
 
 
+def _check_readable(name: str, value: Tensor) -> None:
+    """Raise if ``value`` lives on the ``meta`` device: a shape without values."""
+    if value.device.type == "meta":
+        raise ValueError(
+            f"{name} must hold values on the model's device (e.g. cpu or cuda), got a "
+            "tensor on the meta device, which has a shape but no values"
+        )
+
+
 def check_finite(name: str, value: Tensor) -> Tensor:
     """Raise if ``value`` holds NaN or infinite entries; say how many and where."""
     value = _as_tensor(name, value)
+    _check_readable(name, value)
     if value.is_floating_point() or value.is_complex():
         bad = ~torch.isfinite(value)
         if bool(bad.any()):
@@ -139,8 +151,13 @@ def check_pairs(theta: Tensor, x: Tensor, *, min_rows: int = 1) -> tuple[Tensor,
     Returns:
         ``(theta, x)``, ``x`` floating.
     """
+    theta, x = _as_tensor("theta", theta), _as_tensor("x", x)
+    if theta.device != x.device:
+        raise ValueError(
+            f"theta and x must be on one device (the model's), got theta on {theta.device} "
+            f"and x on {x.device}"
+        )
     check_matrix("theta", theta, min_rows=min_rows)
-    x = _as_tensor("x", x)
     if x.ndim < 2:
         raise ValueError(
             f"x must have shape (N, X) with a leading batch dimension, got {tuple(x.shape)}"
@@ -194,6 +211,27 @@ def model_dtype(module: object) -> torch.dtype | None:
             if isinstance(tensor, Tensor) and tensor.is_floating_point():
                 return tensor.dtype
     return None
+
+
+def model_device(module: object) -> torch.device | None:
+    """The device of a model's first parameter (or buffer); ``None`` when it has none."""
+    for getter in ("parameters", "buffers"):
+        tensors = getattr(module, getter, None)
+        if not callable(tensors):
+            return None
+        for tensor in tensors():
+            if isinstance(tensor, Tensor):
+                return tensor.device
+    return None
+
+
+def check_device(name: str, value: Tensor, device: torch.device | None) -> None:
+    """Raise unless ``value`` is on the model's ``device`` (``None``: not known, passes)."""
+    if device is not None and value.device != device:
+        raise ValueError(
+            f"{name} must be on the posterior's device {device} (where its parameters are), "
+            f"got {name} on {value.device}"
+        )
 
 
 def as_float(value: Tensor, dtype: torch.dtype | None) -> Tensor:

@@ -35,6 +35,7 @@ EXPECTED = {
     "npe_regularized.py": ["plain NPE", "LatentScale (val)", "NPE + 5 * latent coverage",
                            "joint-rank p-value"],
     "diagnose_posthoc.py": ["Verdict: ", "misspecification", "report: "],
+    "fmpe_sbi.py": ["Verdict: ", "kccsd", "lc2st_nf", "reference", "report: "],
     "kccsd_demo.py": ["MGM, calibrated (delta=0)", "HGM, variance inflated near c"],
     "callback_overhead.py": ["| npe_two_moons |", "| npe_slcp_nflows |", "wrote "],
     "kccsd_rejection.py": ["| MGM (calibrated) | 32 |", "wrote "],

@@ -372,3 +372,98 @@ def test_reference_samples_of_the_wrong_width_are_named_before_any_check():
                                          r"\(10, 2, 2\)"):  # fmt: skip
         cl.diagnose(zuko_model(), theta, x, observations=x[:2],
                     reference_samples=torch.zeros(10, 2, 2))  # fmt: skip
+
+
+# -- a log-density without a gradient, data on another device (issue 24, item 6) ----------
+
+
+class NoGradNormal(Normal):
+    """A Normal whose log_prob runs under torch.no_grad (an estimator evaluated so)."""
+
+    def log_prob(self, value):
+        with torch.no_grad():
+            return super().log_prob(value)
+
+
+NOT_DIFFERENTIABLE = {
+    # piecewise constant in theta: autograd's graph has no path to theta
+    "box-uniform": lambda x: Independent(torch.distributions.Uniform(x - 5.0, x + 5.0), 1),
+    "no-grad": lambda x: Independent(NoGradNormal(0.8 * x, 0.2**0.5), 1),  # exact
+}
+NEEDS_A_GRADIENT = "needs a log-density differentiable in theta"
+
+
+@pytest.mark.parametrize("name", list(NOT_DIFFERENTIABLE))
+def test_kccsd_and_its_loss_need_a_differentiable_log_density(name):
+    theta, x = cl.tasks.GaussianToy(dim=2).sample(20, torch.Generator().manual_seed(0))
+    posterior = NOT_DIFFERENTIABLE[name]
+    with pytest.raises(ValueError, match=NEEDS_A_GRADIENT):
+        cl.KCCSD(num_null=20).update(posterior, theta, x)
+    with pytest.raises(ValueError, match=NEEDS_A_GRADIENT):
+        cl.KCCSDLoss(space="parameter")(posterior, theta, x)
+
+
+@pytest.mark.parametrize("name", list(NOT_DIFFERENTIABLE))
+def test_diagnose_skips_kccsd_without_a_differentiable_log_density(name):
+    toy = cl.tasks.GaussianToy(dim=2)
+    theta, x = toy.sample(100, torch.Generator().manual_seed(0))
+    report = cl.diagnose(NOT_DIFFERENTIABLE[name], theta, x, num_posterior_samples=20,
+                         checks=("kccsd", "ranks", "tarp"))  # fmt: skip
+    assert set(report.checks) == {"ranks", "tarp"}
+    assert NEEDS_A_GRADIENT in report.skipped["kccsd"]
+    assert f"skipped: the score (KCCSD, KCCSDLoss) {NEEDS_A_GRADIENT}" in report.table()
+    # the verdict comes from the checks that ran: the no-grad Normal is the exact
+    # posterior (calibrated), the box of half-width 5 is far too wide (rejected)
+    calibrated = report.verdict.startswith("calibrated")
+    assert calibrated == (name == "no-grad"), report.verdict
+
+
+DEVICE_METRICS = ["KCCSD", "RankCalibration", "TARP", "LatentCalibration", "LC2STNF"]
+MISPLACED = {
+    "theta-on-meta": (
+        "meta", "cpu", r"theta and x must be on one device \(the model's\), got theta on "
+        r"meta and x on cpu"),
+    "x-on-meta": (
+        "cpu", "meta", r"theta and x must be on one device \(the model's\), got theta on "
+        r"cpu and x on meta"),
+    "both-on-meta": ("meta", "meta", r"theta must hold values .* got a tensor on the meta"),
+}  # fmt: skip
+
+
+def _diagnose(model, theta, x, observations):
+    return cl.diagnose(model, theta, x, observations=observations, num_posterior_samples=9,
+                       checks=("kccsd", "ranks", "tarp", "lc2st_nf"))  # fmt: skip
+
+
+@pytest.mark.parametrize("entry", [*DEVICE_METRICS, "diagnose"])
+@pytest.mark.parametrize("case", list(MISPLACED))
+def test_data_on_another_device_is_named(entry, case):
+    theta_device, x_device, match = MISPLACED[case]
+    theta, x = pairs()
+    model = zuko_model("maf")  # on the cpu
+    theta, x = theta.to(theta_device), x.to(x_device)
+    run = _diagnose if entry == "diagnose" else lambda *args: run_metric(entry, *args)
+    with pytest.raises(ValueError, match=match):
+        run(model, theta, x, pairs()[1][:2])
+
+
+@pytest.mark.parametrize("entry", [*DEVICE_METRICS, "diagnose"])
+def test_a_model_on_another_device_than_the_data_is_named(entry):
+    theta, x = pairs()
+    model = zuko_model("maf").to("meta")
+    match = r"x must be on the posterior's device meta \(where its parameters are\), got x on cpu"
+    run = _diagnose if entry == "diagnose" else lambda *args: run_metric(entry, *args)
+    with pytest.raises(ValueError, match=match):
+        run(model, theta, x, x[:2])
+
+
+def test_diagnose_skips_lc2st_nf_when_the_base_is_not_normal():
+    """A box uniform has no score and no standard-normal latents: both checks are skipped
+    with the adapter's reason, the sampling checks and the misspecification test run."""
+    theta, x = cl.tasks.GaussianToy(dim=2).sample(100, torch.Generator().manual_seed(0))
+    report = cl.diagnose(NOT_DIFFERENTIABLE["box-uniform"], theta, x, observations=x[:2],
+                         num_posterior_samples=20)  # fmt: skip
+    assert set(report.skipped) == {"kccsd", "lc2st_nf"}
+    assert "to_latent needs a flow or a Gaussian" in report.skipped["lc2st_nf"]
+    assert {"ranks", "tarp", "recovery", "misspecification"} <= set(report.checks)
+    assert "skipped: to_latent needs" in report.table()

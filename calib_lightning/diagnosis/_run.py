@@ -4,8 +4,9 @@ The sampling-based checks (rank calibration, TARP, recovery) share one set of po
 draws, made once through the evaluation layer; KCCSD needs scores only and L-C2ST-NF
 latents; the misspecification test compares the observations with the calibration
 ``x`` (simulator outputs). A check the posterior cannot support (KCCSD without a score,
-L-C2ST-NF without latents: a samples-only posterior) is skipped and listed in the report
-with the reason.
+L-C2ST-NF without latents: a samples-only posterior; KCCSD when the log-density has no
+gradient in theta, L-C2ST-NF when the base is not normal) is skipped and listed in the
+report with the reason.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from calib_lightning.metrics import KCCSD, LC2STNF
 from calib_lightning.misspecification import misspecification_test
 from calib_lightning.plots._grid import select_parameters
 from calib_lightning.posteriors import as_posterior, supports, unsupported
+from calib_lightning.posteriors.base import UnsupportedError
 
 __all__ = ["CHECKS", "NEEDS", "diagnose", "skipped_checks"]
 
@@ -117,9 +119,10 @@ def diagnose(
             :func:`~calib_lightning.functional.compare_to_reference`).
         checks: a subset of :data:`CHECKS`; default every check that applies
             (the local ones need ``observations``). A check the posterior cannot
-            support (:data:`NEEDS`: KCCSD needs the score, L-C2ST-NF the latents) is
-            skipped, not run, and listed in the report's table with the reason
-            (``Diagnosis.skipped``); for a samples-only posterior the joint rank is
+            support (:data:`NEEDS`: KCCSD needs the score, L-C2ST-NF the latents; a
+            ``log_prob`` without a gradient in ``theta`` gives no score, a base that is
+            not normal no latents) is skipped and listed in the report's table with the
+            reason (``Diagnosis.skipped``); for a samples-only posterior the joint rank is
             the distance rank.
         labels: parameter names ``(D,)`` for tables and figures.
         parameters: indices of the parameters the per-parameter figures draw (default all).
@@ -185,8 +188,12 @@ def diagnose(
 
     def timed(name: str, run: Any) -> None:
         start = time.perf_counter()
-        with seeded(seed, _STREAMS[name], devices=devices) as stream:
-            results[name] = run(torch.Generator().manual_seed(stream))
+        try:
+            with seeded(seed, _STREAMS[name], devices=devices) as stream:
+                results[name] = run(torch.Generator().manual_seed(stream))
+        except UnsupportedError as err:  # found when the model ran: no score, no latents
+            skipped[name] = str(err)
+            return
         seconds[name] = time.perf_counter() - start
 
     theta, x = theta.detach(), x.detach()

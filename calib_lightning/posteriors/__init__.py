@@ -16,8 +16,10 @@ one module per estimator family:
   (:class:`SamplePosterior`).
 
 An adapter lists what it can compute in ``capabilities`` (:data:`CAPABILITIES`: sample,
-log_prob, score, to_latent); a method it cannot support raises a :class:`ValueError`
-naming the missing capability and the checks that need it.
+log_prob, score, to_latent); a method it cannot support raises an
+:class:`UnsupportedError` (a ``ValueError``) naming the missing capability and the checks
+that need it; so does a score whose log-density has no gradient in ``theta``
+(:class:`NotDifferentiableError`) and a latent map without a normal base.
 
 Shape convention, identical for every backend:
 
@@ -61,7 +63,9 @@ from typing import Any
 from calib_lightning._model_info import is_nflows, sbi_estimator
 from calib_lightning.posteriors.base import (
     CAPABILITIES,
+    NotDifferentiableError,
     Posterior,
+    UnsupportedError,
     check_width,
     supports,
     unsupported,
@@ -76,9 +80,11 @@ __all__ = [
     "CAPABILITIES",
     "DistributionPosterior",
     "NflowsPosterior",
+    "NotDifferentiableError",
     "Posterior",
     "SamplePosterior",
     "SbiPosterior",
+    "UnsupportedError",
     "VectorFieldPosterior",
     "as_posterior",
     "check_width",

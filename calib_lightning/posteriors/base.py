@@ -11,9 +11,24 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import as_float, check_positive, model_dtype, model_errors
+from calib_lightning._checks import (
+    as_float,
+    check_device,
+    check_positive,
+    model_device,
+    model_dtype,
+    model_errors,
+)
 
-__all__ = ["CAPABILITIES", "Posterior", "check_width", "supports", "unsupported"]
+__all__ = [
+    "CAPABILITIES",
+    "NotDifferentiableError",
+    "Posterior",
+    "UnsupportedError",
+    "check_width",
+    "supports",
+    "unsupported",
+]
 
 #: what a posterior can compute, and the checks that need each capability
 CAPABILITIES: dict[str, str] = {
@@ -81,14 +96,24 @@ def supports(posterior: Any, capability: str) -> bool:
     return capability in getattr(posterior, "capabilities", CAPABILITIES)
 
 
-def unsupported(posterior: Any, capability: str) -> ValueError:
+class UnsupportedError(ValueError):
+    """A posterior cannot compute what a check needs (a capability it lacks, found from its
+    ``capabilities`` or only when the model runs); ``cl.diagnose`` skips that check."""
+
+
+def unsupported(posterior: Any, capability: str) -> UnsupportedError:
     """The error for a method ``posterior`` cannot support: which capability is missing
     and which checks need it."""
-    return ValueError(
+    return UnsupportedError(
         f"{type(posterior).__name__} does not provide {capability}, which "
         f"{CAPABILITIES[capability]} need; it provides "
         f"{', '.join(sorted(posterior.capabilities))}"
     )
+
+
+class NotDifferentiableError(UnsupportedError):
+    """A posterior's log-density has no gradient in ``theta``, hence no score: raised by
+    :meth:`Posterior.score` (so by KCCSD and KCCSDLoss); ``cl.diagnose`` skips KCCSD."""
 
 
 class Posterior:
@@ -120,6 +145,11 @@ class Posterior:
         """The model's floating dtype (its parameters'), ``None`` if it has none."""
         return model_dtype(self.module)
 
+    @property
+    def device(self) -> torch.device | None:
+        """The model's device (its parameters'), ``None`` if it has none."""
+        return model_device(self.module)
+
     def event_size(self) -> int | None:
         """``D``, the width of ``theta``, when known without evaluating the model."""
         return None
@@ -129,8 +159,10 @@ class Posterior:
         return None
 
     def _prepare_x(self, x: Tensor) -> Tensor:
-        """``x`` checked against the context shape and cast to the model's dtype."""
+        """``x`` checked against the context shape and the model's device, and cast to the
+        model's dtype."""
         x = _check_x(x)
+        check_device("x", x, self.device)
         expected = self.context_shape()
         if expected is not None and not _context_fits(x, expected):
             raise ValueError(
@@ -149,6 +181,7 @@ class Posterior:
         """``theta`` checked against ``N``, the event size (``size`` or :meth:`event_size`)
         and cast to the model's dtype."""
         theta = _check_theta(theta, x)
+        check_device("theta", theta, self.device)
         if not theta.is_floating_point():
             raise ValueError(f"theta must have a floating dtype, got {theta.dtype}")
         check_width(theta, self.event_size() if size is None else size)
@@ -193,6 +226,10 @@ class Posterior:
         Computed by autograd through the estimator. With ``create_graph=True`` the
         result stays differentiable with respect to the estimator's parameters
         (needed for calibration losses); ``theta`` itself is treated as data.
+
+        Raises:
+            NotDifferentiableError: a ``ValueError``, when ``log_prob`` has no gradient
+                with respect to ``theta``.
         """
         x = _check_x(x)
         theta = _check_theta(theta, x)
@@ -201,5 +238,16 @@ class Posterior:
         with torch.enable_grad():
             leaf = theta.detach().requires_grad_(True)
             log_prob = self.log_prob(leaf, x)
-            (grad,) = torch.autograd.grad(log_prob.sum(), leaf, create_graph=create_graph)
+            grad = None
+            if log_prob.requires_grad:  # else computed without a graph (torch.no_grad)
+                (grad,) = torch.autograd.grad(
+                    log_prob.sum(), leaf, create_graph=create_graph, allow_unused=True
+                )
+        if grad is None:  # no graph, or one that does not reach theta (a box uniform)
+            raise NotDifferentiableError(
+                "the score (KCCSD, KCCSDLoss) needs a log-density differentiable in theta, "
+                f"got {self!r} whose log_prob has no gradient with respect to theta (a "
+                "piecewise-constant density such as a box uniform, or one computed under "
+                "torch.no_grad)"
+            )
         return grad

@@ -17,7 +17,7 @@ from torch.distributions import (
 )
 
 from calib_lightning._model_info import distribution_dtype, zuko_context
-from calib_lightning.posteriors.base import Posterior
+from calib_lightning.posteriors.base import Posterior, UnsupportedError
 
 __all__ = ["DistributionPosterior"]
 
@@ -145,7 +145,7 @@ def _to_standard_normal(dist: Distribution, value: Tensor) -> Tensor:
         diff = (value - dist.loc).unsqueeze(-1)
         tril = dist.scale_tril.expand(diff.shape[:-2] + dist.scale_tril.shape[-2:])
         return torch.linalg.solve_triangular(tril, diff, upper=False).squeeze(-1)
-    raise ValueError(
+    raise UnsupportedError(
         "to_latent needs a flow or a Gaussian whose base is a normal distribution, got "
         f"{type(dist).__name__}"
     )

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from calib_lightning._model_info import default_dtype, nflows_context
-from calib_lightning.posteriors.base import Posterior
+from calib_lightning.posteriors.base import Posterior, UnsupportedError
 
 __all__ = ["NflowsPosterior"]
 
@@ -66,7 +66,7 @@ class NflowsPosterior(Posterior):
         base = self.module._distribution
         name = type(base).__name__
         if name not in ("StandardNormal", "ConditionalDiagonalNormal"):
-            raise ValueError(
+            raise UnsupportedError(
                 "to_latent needs an nflows base distribution StandardNormal or "
                 f"ConditionalDiagonalNormal, got {name}"
             )

@@ -46,8 +46,8 @@ class SamplePosterior(Posterior):
         >>> post.log_prob(torch.zeros(4, 2), torch.zeros(4, 2))
         Traceback (most recent call last):
         ...
-        ValueError: SamplePosterior does not provide log_prob, which KCCSD ...
-    """
+        calib_lightning.posteriors.base.UnsupportedError: SamplePosterior does not provide log_prob, which KCCSD ...
+    """  # noqa: E501
 
     capabilities = frozenset({"sample"})
 

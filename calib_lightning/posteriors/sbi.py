@@ -11,7 +11,7 @@ from torch.distributions import Distribution
 from zuko.lazy import LazyDistribution
 
 from calib_lightning._model_info import default_dtype, is_nflows
-from calib_lightning.posteriors.base import Posterior
+from calib_lightning.posteriors.base import Posterior, UnsupportedError
 from calib_lightning.posteriors.distributions import DistributionPosterior
 from calib_lightning.posteriors.flows import NflowsPosterior
 
@@ -97,7 +97,7 @@ def _sbi_flow(estimator: Any) -> Posterior:
         return NflowsPosterior(net)
     if isinstance(net, LazyDistribution) and isinstance(embedding, torch.nn.Module):
         return DistributionPosterior(_EmbeddedFlow(embedding, net))
-    raise ValueError(
+    raise UnsupportedError(
         "to_latent needs an sbi flow estimator (NFlowsFlow, whose net is an nflows Flow, or "
         "ZukoFlow, whose net is a zuko flow with an embedding_net), got "
         f"{type(estimator).__name__} with net {type(net).__name__}"
