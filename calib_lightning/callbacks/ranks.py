@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from calib_lightning.callbacks.base import CalibrationCallback
+from calib_lightning.functional.combine import holm_adjust
 from calib_lightning.functional.ranks import MOMENT_DRAWS
 from calib_lightning.functional.recovery import recovery_from_moments
 from calib_lightning.metrics.ranks import RankCalibration, RankCalibrationResult
@@ -30,11 +31,7 @@ AUTO_MAX_DIMS = 6  # per_parameter="auto": every per-parameter tag up to this ma
 
 def _holm_rejections(p_values: Tensor, level: float) -> Tensor:
     """How many of the hypotheses Holm's step-down procedure rejects at ``level``."""
-    ordered = p_values.double().sort().values
-    m = ordered.numel()
-    thresholds = level / torch.arange(m, 0, -1, dtype=torch.float64)  # level / (m - k)
-    passed = (ordered <= thresholds).long().cumprod(0)  # stop at the first acceptance
-    return passed.sum()
+    return (holm_adjust(p_values.double()) <= level).sum()
 
 
 def parameter_scalars(
