@@ -7,13 +7,21 @@ a conditional normalizing flow while it trains.
 import importlib as _importlib
 from typing import Any as _Any
 
-from calib_lightning import baselines, classifiers, evaluation, functional, kernels, losses, tasks
+from calib_lightning import (
+    baselines,
+    classifiers,
+    evaluation,
+    functional,
+    kernels,
+    losses,
+    recalibration,
+    tasks,
+)
 from calib_lightning.losses import (
     BalancingLoss,
     CoverageLoss,
     KCCSDLoss,
     LatentCoverageLoss,
-    LatentScale,
 )
 from calib_lightning.metrics import (
     KCCSD,
@@ -27,6 +35,7 @@ from calib_lightning.metrics import (
 )
 from calib_lightning.misspecification import MisspecificationResult, misspecification_test
 from calib_lightning.posteriors import Posterior, SamplePosterior, as_posterior
+from calib_lightning.recalibration import LatentScale
 
 # Lightning and matplotlib load on first use, so `import calib_lightning` stays light.
 _LAZY_MODULES = ("callbacks", "diagnosis", "plots")
@@ -76,6 +85,7 @@ __all__ = [
     "losses",
     "misspecification_test",
     "plots",
+    "recalibration",
     "tasks",
 ]
 

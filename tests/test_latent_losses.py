@@ -12,11 +12,11 @@ import calib_lightning as cl
 from calib_lightning.losses import (
     BalancingLoss,
     LatentCoverageLoss,
-    LatentScale,
     latent_coverage_levels,
     latent_coverage_loss,
     log_prob_and_latent,
 )
+from calib_lightning.recalibration import LatentScale
 from calib_lightning.tasks import GaussianToy
 from tests.test_losses import _gen, _held_out_coverage_error, _toy_model
 

@@ -67,12 +67,16 @@ FORBIDDEN = {
     "functional": {
         "posteriors", "evaluation", "classifiers", "metrics",
         "callbacks", "plots", "losses", "baselines", "tasks", "lightning", "matplotlib",
+        "recalibration",
     },
     # metrics know nothing about Lightning or figures
-    "metrics": {"callbacks", "plots", "lightning", "matplotlib"},
+    "metrics": {"callbacks", "plots", "lightning", "matplotlib", "recalibration"},
     # the evaluation layer runs models; it does not compute statistics or log
     "evaluation": {"functional", "metrics", "callbacks", "plots"},
     "posteriors": {"functional", "metrics", "callbacks", "plots", "evaluation"},
+    # post-hoc maps build on posteriors, the evaluation layer and the functional core;
+    # they do not log or draw
+    "recalibration": {"callbacks", "plots", "lightning", "matplotlib", "diagnosis"},
 }  # fmt: skip
 
 

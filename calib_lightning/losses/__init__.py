@@ -1,8 +1,8 @@
-r"""Calibration terms for neural posterior estimation, and a held-out latent scale.
+r"""Calibration terms for neural posterior estimation.
 
-* :class:`LatentScale`: rescales a trained flow's latent by ``D`` numbers fitted on
-  held-out pairs (the validation split); the package's recommendation at small
-  budgets, where NPE is over-confident on new pairs (:mod:`.scale`).
+Post-hoc fixes of a trained posterior (``LatentScale`` and the others) live in
+:mod:`calib_lightning.recalibration`.
+
 * Losses to add to the negative log-likelihood of an NPE,
   ``loss = nll + weight * regularizer(posterior, theta, x)``, on the training batch:
   :class:`LatentCoverageLoss` (sampling-free coverage of the flow's own regions,
@@ -35,14 +35,12 @@ from calib_lightning.losses.latent import (
     latent_coverage_levels,
     latent_coverage_loss,
 )
-from calib_lightning.losses.scale import LatentScale
 
 __all__ = [
     "BalancingLoss",
     "CoverageLoss",
     "KCCSDLoss",
     "LatentCoverageLoss",
-    "LatentScale",
     "kccsd_loss",
     "latent_coverage_levels",
     "latent_coverage_loss",
