@@ -30,6 +30,7 @@ from calib_lightning.metrics import (
     TARP,
     DensityCoverage,
     FrechetDistance,
+    JointC2ST,
     LatentCalibration,
     RankCalibration,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "DensityCoverage",
     "Diagnosis",
     "FrechetDistance",
+    "JointC2ST",
     "KCCSDCallback",
     "KCCSDLoss",
     "LC2STNFCallback",

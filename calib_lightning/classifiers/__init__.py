@@ -42,6 +42,7 @@ References:
 from __future__ import annotations
 
 from calib_lightning.classifiers._make import Ensemble, make_ensemble
+from calib_lightning.classifiers.joint_c2st import joint_c2st_test, joint_c2st_train
 from calib_lightning.classifiers.lc2st_null import LC2STNFNull
 from calib_lightning.classifiers.local_c2st import (
     lc2st_nf_null,
@@ -57,6 +58,8 @@ __all__ = [
     "LC2STNFNull",
     "MLPEnsemble",
     "SklearnEnsemble",
+    "joint_c2st_test",
+    "joint_c2st_train",
     "lc2st_nf_null",
     "lc2st_nf_train",
     "lc2st_probabilities",

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
+from calib_lightning.diagnosis._sizes import quantile as _quantile
+from calib_lightning.diagnosis._sizes import size as _size
 from calib_lightning.diagnosis._verdict import VERDICT_CHECKS, Verdict, verdict
 from calib_lightning.plots._format import format_p_value
 
@@ -32,6 +34,7 @@ _TITLES = {
     "kccsd": "KCCSD (kernel calibration test, scores only)",
     "ranks": "Rank calibration (SBC, marginal and joint)",
     "tarp": "TARP (coverage from random references)",
+    "joint_c2st": "Joint classifier test (theta and x together; sees a posterior ignoring x)",
     "recovery": "Recovery (posterior mean vs truth, z-scores)",
     "lc2st_nf": "L-C2ST-NF (local test at each observation)",
     "misspecification": "Misspecification (observation vs simulations)",
@@ -55,7 +58,7 @@ posterior, however good the verdicts on simulations; revisit the simulator or th
 noise model first.</li>
 <li><b>Calibrated but wide:</b> calibration says nothing about sharpness. Look at the
 contraction and R<sup>2</sup> of the recovery plot: a posterior equal to the prior is
-calibrated and useless.</li>
+calibrated and useless; of the global checks only the joint classifier test sees it.</li>
 <li>Each verdict is a test at the stated level: "not rejected" is no proof of calibration;
 more calibration pairs give more power. "Cannot reject at this size" is weaker still: the
 test could not have rejected whatever the data.</li>
@@ -376,33 +379,6 @@ def _table(header: Sequence[str], rows: list[list[str]], classes: list[str] | No
         for row, c in zip(rows, classes or [""] * len(rows), strict=True)
     )
     return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def _quantile(values: Tensor, q: float) -> list[float]:
-    import torch
-
-    return torch.quantile(values.double(), q, dim=0).tolist()
-
-
-def _size(name: str, result: Any, findings: Verdict, level: float) -> str:
-    """How large the miscalibration a check measures is, in its own units."""
-    if name == "ranks":
-        joint = [d for d in findings.directions if d.parameter is None]
-        return joint[0].size() if joint else ""
-    if name == "tarp":
-        return (f"largest coverage gap {float(result.statistic):.3f} (band "
-                f"{float(result.band):.3f}); ATC {float(result.coverage_error):+.3f}")  # fmt: skip
-    if name == "lc2st_nf":
-        null = _quantile(result.null_statistics, 1 - level)
-        ratio = [float(t) / max(q, 1e-300) for t, q in zip(result.statistic, null, strict=True)]
-        worst = max(range(len(ratio)), key=ratio.__getitem__)
-        return (f"L-C2ST statistic {float(result.statistic[worst]):.3g} at observation "
-                f"{worst}, {ratio[worst]:.2g} times its null {1 - level:.0%} quantile "
-                f"{null[worst]:.3g} (the largest ratio)")  # fmt: skip
-    if name == "misspecification":
-        return (f"smallest p {float(result.p_value.min()):.3g} over {result.p_value.shape[0]} "
-                f"observations (attainable: {result.smallest_p_value:.2g})")  # fmt: skip
-    return ""
 
 
 def _caption(key: str) -> str:

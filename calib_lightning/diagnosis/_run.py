@@ -1,12 +1,12 @@
 r"""``cl.diagnose``: every check of the package on a trained posterior, in one call.
 
-The sampling-based checks (rank calibration, TARP, recovery) share one set of posterior
-draws, made once through the evaluation layer; KCCSD needs scores only and L-C2ST-NF
-latents; the misspecification test compares the observations with the calibration
-``x`` (simulator outputs). A check the posterior cannot support (KCCSD without a score,
-L-C2ST-NF without latents: a samples-only posterior; KCCSD when the log-density has no
-gradient in theta, L-C2ST-NF when the base is not normal) is skipped and listed in the
-report with the reason.
+The sampling-based checks (rank calibration, TARP, the joint classifier test, recovery)
+share one set of posterior draws, made once through the evaluation layer; KCCSD needs
+scores only and L-C2ST-NF latents; the misspecification test compares the observations
+with the calibration ``x`` (simulator outputs). A check the posterior cannot support
+(KCCSD without a score, L-C2ST-NF without latents: a samples-only posterior; KCCSD when
+the log-density has no gradient in theta, L-C2ST-NF when the base is not normal) is
+skipped and listed in the report with the reason.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from calib_lightning.functional.reference import compare_to_reference
 from calib_lightning.functional.sbc import rank_calibration
 from calib_lightning.functional.tarp import tarp
 from calib_lightning.metrics import KCCSD, LC2STNF
+from calib_lightning.metrics.joint_c2st import joint_c2st
 from calib_lightning.misspecification import misspecification_test
 from calib_lightning.plots._grid import select_parameters
 from calib_lightning.posteriors import as_posterior, supports, unsupported
@@ -37,14 +38,15 @@ from calib_lightning.posteriors.base import UnsupportedError
 __all__ = ["CHECKS", "NEEDS", "diagnose", "skipped_checks"]
 
 #: every check ``diagnose`` can run, in the order of the report
-CHECKS = ("kccsd", "ranks", "tarp", "recovery", "lc2st_nf", "misspecification")
-_SAMPLING = ("ranks", "tarp", "recovery")
+CHECKS = ("kccsd", "ranks", "tarp", "joint_c2st", "recovery", "lc2st_nf", "misspecification")
+_SAMPLING = ("ranks", "tarp", "joint_c2st", "recovery")
 _LOCAL = ("lc2st_nf", "misspecification")
 #: the posterior capability each check needs beyond sampling
 NEEDS = {"kccsd": "score", "lc2st_nf": "to_latent"}
 #: the random stream of each step (with ``seed``): a check's numbers do not depend on
 #: which other checks run
-_STREAMS = {name: k for k, name in enumerate(("draws", *CHECKS, "reference"), start=1)}
+_STREAMS = {name: k for k, name in enumerate(
+    ("draws", *(c for c in CHECKS if c != "joint_c2st"), "reference", "joint_c2st"), start=1)}
 MAP_NUM_POSTERIOR_SAMPLES = 2000  # posterior draws per observation of the probability maps
 
 
@@ -126,7 +128,10 @@ def diagnose(
             the distance rank.
         labels: parameter names ``(D,)`` for tables and figures.
         parameters: indices of the parameters the per-parameter figures draw (default all).
-        num_posterior_samples: draws per pair shared by ranks, TARP and recovery.
+        num_posterior_samples: draws per pair shared by ranks, TARP, the joint classifier
+            test (:func:`~calib_lightning.metrics.joint_c2st.joint_c2st`: a classifier on
+            half of the pairs, the other half's true parameters ranked among these draws;
+            the one global check that sees a posterior ignoring ``x``) and recovery.
         level: the test level of the verdicts.
         embedding: ``x -> features`` for the misspecification test (e.g. the flow's
             embedding network); ``None``: standardized raw ``x``.
@@ -172,6 +177,10 @@ def diagnose(
     post = as_posterior(posterior)
     check_fits(post, theta, x, observations=observations)  # names the argument that is wrong
     skipped = skipped_checks(post, checks)
+    if "joint_c2st" in checks and (theta.shape[0] < 4 or num_posterior_samples < 2):
+        skipped["joint_c2st"] = ("the joint classifier test needs N >= 4 pairs and "
+                                 f"num_posterior_samples >= 2, got N = {theta.shape[0]} and "
+                                 f"{num_posterior_samples}")  # fmt: skip
     checks = [c for c in checks if c not in skipped]
     if reference_samples is not None and (
         observations is None or reference_samples.ndim != 3
@@ -215,6 +224,9 @@ def diagnose(
                 samples, log_prob, theta, log_prob_theta, level=level, generator=generator))
         if "tarp" in checks:
             timed("tarp", lambda generator: tarp(samples, theta, level=level, generator=generator))
+        if "joint_c2st" in checks:
+            timed("joint_c2st", lambda generator: joint_c2st(
+                theta, x.reshape(x.shape[0], -1), samples, seed=seed))
         if "recovery" in checks:
             timed("recovery", lambda generator: recovery(samples, theta))
     maps = None  # L-C2ST-NF's classifier on posterior draws at each observation, for the report

@@ -2,7 +2,8 @@ r"""The plain-sentence verdict of a diagnosis: it says only what a test found.
 
 **Overall.** One p-value keeps the level: the Cauchy combination of each check's
 verdict p-value (KCCSD ``p_value``, ranks ``global_p_value``, TARP ``p_value``,
-L-C2ST-NF ``global_p_value``). At or above the level the sentence says "calibrated".
+L-C2ST-NF ``global_p_value``, the joint classifier test ``p_value``). At or above the
+level the sentence says "calibrated".
 
 **Directions** (over-confident, under-confident, biased in a parameter) are named only
 when a test *of that direction* rejects: the one-sided t-tests of
@@ -60,6 +61,7 @@ VERDICT_CHECKS = {
     "ranks": "global_p_value",
     "tarp": "p_value",
     "lc2st_nf": "global_p_value",
+    "joint_c2st": "p_value",
 }
 
 #: how the sentence names each check, and the figures it points to
@@ -68,6 +70,7 @@ NAMES = {
     "ranks": ("the rank tests", "the expected-coverage, rank ECDF and histogram figures"),
     "tarp": ("TARP", "the TARP coverage figure"),
     "lc2st_nf": ("L-C2ST-NF", "the PP-plots and probability maps"),
+    "joint_c2st": ("the joint classifier test", ""),  # no figure of its own
     "misspecification": ("the misspecification test", "the misspecification figure"),
 }
 

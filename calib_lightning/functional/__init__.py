@@ -18,6 +18,7 @@ from calib_lightning.functional.bootstrap import (
 from calib_lightning.functional.combine import combine_p_values, holm_adjust, monte_carlo_p_value
 from calib_lightning.functional.direction import RankMeanTest, rank_mean_test
 from calib_lightning.functional.distance_rank import distance_log_prob
+from calib_lightning.functional.joint_c2st import conformal_ranks, uniform_mean_test
 from calib_lightning.functional.kccsd import (
     KCCSDTest,
     gaussian_base_points,
@@ -117,6 +118,7 @@ __all__ = [
     "combine_p_values",
     "compare_to_reference",
     "conformal_p_value",
+    "conformal_ranks",
     "coverage_error",
     "default_num_bins",
     "density_coverage",
@@ -171,6 +173,7 @@ __all__ = [
     "tarp_references",
     "tarp_test",
     "u_statistic",
+    "uniform_mean_test",
     "uniform_multinomial",
     "uniformity_test",
     "vendi_score",

@@ -2,12 +2,14 @@
 
 Each ``compute()`` returns a typed result (:class:`~calib_lightning.results.Result`):
 :class:`KCCSDResult`, :class:`RankCalibrationResult`, :class:`TARPResult`,
-:class:`LC2STResult`, :class:`FrechetDistanceResult`, :class:`DensityCoverageResult`.
+:class:`LC2STResult`, :class:`JointC2STResult`, :class:`FrechetDistanceResult`,
+:class:`DensityCoverageResult`.
 """
 
 from calib_lightning.functional.sbc import RankCalibrationResult
 from calib_lightning.functional.tarp import TARPResult
 from calib_lightning.metrics._local_c2st import LC2STResult, ProbabilityMap
+from calib_lightning.metrics.joint_c2st import JointC2ST, JointC2STResult
 from calib_lightning.metrics.kccsd import KCCSD, KCCSDResult
 from calib_lightning.metrics.latent import LatentCalibration, LatentCalibrationResult
 from calib_lightning.metrics.lc2st import LC2ST, LC2STNF
@@ -29,6 +31,8 @@ __all__ = [
     "DensityCoverageResult",
     "FrechetDistance",
     "FrechetDistanceResult",
+    "JointC2ST",
+    "JointC2STResult",
     "KCCSDResult",
     "LC2STResult",
     "LatentCalibration",

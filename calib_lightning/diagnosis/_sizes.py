@@ -1,0 +1,41 @@
+"""How large the miscalibration a check of a diagnosis measures is, in its own units."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from calib_lightning.diagnosis._verdict import Verdict
+
+__all__ = ["quantile", "size"]
+
+
+def quantile(values: Tensor, q: float) -> list[float]:
+    """The ``q`` quantile of ``values`` along the first dimension, as floats."""
+    return torch.quantile(values.double(), q, dim=0).tolist()
+
+
+def size(name: str, result: Any, findings: Verdict, level: float) -> str:
+    """How large the miscalibration a check measures is, in its own units."""
+    if name == "ranks":
+        joint = [d for d in findings.directions if d.parameter is None]
+        return joint[0].size() if joint else ""
+    if name == "tarp":
+        return (f"largest coverage gap {float(result.statistic):.3f} (band "
+                f"{float(result.band):.3f}); ATC {float(result.coverage_error):+.3f}")  # fmt: skip
+    if name == "lc2st_nf":
+        null = quantile(result.null_statistics, 1 - level)
+        ratio = [float(t) / max(q, 1e-300) for t, q in zip(result.statistic, null, strict=True)]
+        worst = max(range(len(ratio)), key=ratio.__getitem__)
+        return (f"L-C2ST statistic {float(result.statistic[worst]):.3g} at observation "
+                f"{worst}, {ratio[worst]:.2g} times its null {1 - level:.0%} quantile "
+                f"{null[worst]:.3g} (the largest ratio)")  # fmt: skip
+    if name == "joint_c2st":
+        return (f"mean conformal rank {float(result.mean_rank):.3f} over {result.ranks.numel()} "
+                "held-out pairs (0.5 if calibrated)")  # fmt: skip
+    if name == "misspecification":
+        return (f"smallest p {float(result.p_value.min()):.3g} over {result.p_value.shape[0]} "
+                f"observations (attainable: {result.smallest_p_value:.2g})")  # fmt: skip
+    return ""
