@@ -13,13 +13,12 @@ score -> score A^-1; the Stein identity holds in any coordinates, so every varia
 valid test):
 
 * ``rbf`` / ``imq``: the median heuristic on raw theta (the default is ``rbf``);
-* ``+std``: per-coordinate standardization by the calibration theta's deviations;
 * ``+white``: full whitening by the calibration theta's covariance (Mahalanobis);
 * ``+fisher``: whitening by the mean outer product of the scores at the pairs (under
   calibration the mean posterior precision), so the kernel sees posterior units;
 * ``xK``: the median bandwidth times K.
 
-Run:  python examples/benchmarks/kccsd_kernel.py [--n 300] [--reps 200] [--power-reps 100]
+Run:  python examples/benchmarks/kccsd_kernel.py [--n 200] [--reps 200] [--power-reps 40]
 Writes examples/benchmarks/results/kccsd_kernel.md (``--smoke``: tiny sizes, temporary folder).
 """
 
@@ -48,14 +47,11 @@ ESTIMATORS = {"exact": 1.0, "over 0.7x": 0.7, "under 1.5x": 1.5}
 KERNELS = {
     "rbf (default)": ("rbf", None, 1.0),
     "imq": ("imq", None, 1.0),
-    "rbf+std": ("rbf", "std", 1.0),
     "rbf+white": ("rbf", "white", 1.0),
     "imq+white": ("imq", "white", 1.0),
     "rbf+fisher": ("rbf", "fisher", 1.0),
     "imq+fisher": ("imq", "fisher", 1.0),
     "rbf x0.5": ("rbf", None, 0.5),
-    "rbf+white x0.5": ("rbf", "white", 0.5),
-    "imq+white x0.5": ("imq", "white", 0.5),
 }
 
 
@@ -120,9 +116,9 @@ def p_values(family, dim, n, reps, variance, g) -> dict[str, torch.Tensor]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=300)
+    parser.add_argument("--n", type=int, default=200)
     parser.add_argument("--reps", type=int, default=200, help="datasets under H0")
-    parser.add_argument("--power-reps", type=int, default=100)
+    parser.add_argument("--power-reps", type=int, default=40)
     add_smoke_argument(parser)
     args = parser.parse_args()
     torch.set_num_threads(1)
