@@ -56,7 +56,7 @@ def conformal_ranks(
         score: :math:`d(\theta^*_i, x_i)`, shape ``(*, n)``.
         drawn_scores: :math:`d(\theta_{im}, x_i)` for ``M`` draws
             :math:`\theta_{im} \sim q(\cdot \mid x_i)`, shape ``(*, M, n)``.
-        generator: draws the tie-breaking :math:`V_i` (on ``score``'s device).
+        generator: draws the tie-breaking :math:`V_i` (on the CPU).
 
     Returns:
         ``(*, n)`` in :math:`(0, 1)`; exactly uniform when ``score`` and the ``M`` draws
@@ -81,8 +81,8 @@ def conformal_ranks(
     score = score.unsqueeze(-2)
     below = (drawn_scores < score).sum(-2).to(torch.float64)
     ties = (drawn_scores == score).sum(-2).to(torch.float64)
-    jitter = torch.rand(below.shape, generator=generator, dtype=torch.float64,
-                        device=below.device)  # fmt: skip
+    jitter = torch.rand(below.shape, generator=generator, dtype=torch.float64)  # on the CPU
+    jitter = jitter.to(below.device)
     return ((below + jitter * (1 + ties)) / (drawn_scores.shape[-2] + 1)).to(
         score.dtype if score.is_floating_point() else torch.float64
     )
