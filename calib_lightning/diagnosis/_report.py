@@ -79,7 +79,8 @@ class Diagnosis:
 
     Attributes:
         checks: check name -> its typed result (``KCCSDResult``,
-            ``RankCalibrationResult``, ``TARPResult``, ``Recovery``, ``LC2STResult``,
+            ``RankCalibrationResult``, ``TARPResult``, ``JointC2STResult``, ``Recovery``,
+            ``LC2STResult``,
             ``MisspecificationResult``).
         verdict: one plain sentence (calibrated; over-/under-confident; biased in a
             parameter; wrong at an observation; an observation outside the simulator;
