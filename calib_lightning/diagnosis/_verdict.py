@@ -48,6 +48,7 @@ __all__ = [
     "Direction",
     "ObservationList",
     "Verdict",
+    "combine_verdicts",
     "overall_p_value",
     "smallest_verdict_p_value",
     "verdict",
@@ -136,13 +137,20 @@ class Verdict:
     cannot_reject: dict[str, float]
 
 
-def overall_p_value(checks: Mapping[str, Any]) -> float:
-    """Cauchy combination of the verdict p-values of the checks that ran (``nan``: none)."""
-    values = [float(getattr(checks[name], field)) for name, field in VERDICT_CHECKS.items()
-              if name in checks]  # fmt: skip
+def combine_verdicts(p_values: Mapping[str, float]) -> float:
+    """The overall p-value from the verdict p-values of the checks that ran, by name
+    (keys of :data:`VERDICT_CHECKS`; others are ignored); ``nan`` when none ran."""
+    values = [float(p_values[name]) for name in VERDICT_CHECKS if name in p_values]
     if not values:
         return math.nan
     return float(combine_p_values(torch.tensor(values, dtype=torch.float64), dim=0))
+
+
+def overall_p_value(checks: Mapping[str, Any]) -> float:
+    """:func:`combine_verdicts` of the checks' results (``nan``: none ran)."""
+    values = {name: float(getattr(checks[name], field))
+              for name, field in VERDICT_CHECKS.items() if name in checks}  # fmt: skip
+    return combine_verdicts(values)
 
 
 def _verdict_p_value(name: str, result: Any) -> float | None:

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 import calib_lightning as cl
-from calib_lightning.diagnosis._verdict import overall_p_value
+from calib_lightning.diagnosis._verdict import combine_verdicts
 from calib_lightning.functional.combine import combine_p_values
 from calib_lightning.posteriors.base import UnsupportedError
 from calib_lightning.tasks import NPTGaussian
@@ -47,15 +47,15 @@ from calib_lightning.tasks import NPTGaussian
 LEVEL = 0.05
 #: strengths per mode (strength 0, the exact posterior, is shared by all modes)
 STRENGTHS = {
-    "mean_shift": (0.01, 0.02, 0.04, 0.08, 0.16),
-    "covariance": (0.05, 0.1, 0.2, 0.4, 0.8),
-    "anisotropic": (0.025, 0.05, 0.1, 0.2, 0.4),
-    "heavy_tails": (0.025, 0.05, 0.1, 0.2, 0.4),
-    "extra_mode": (0.01, 0.02, 0.04, 0.08, 0.16),
-    "mode_collapse": (0.01, 0.02, 0.04, 0.08, 0.16),
+    "mean_shift": (0.02, 0.04, 0.08, 0.16),
+    "covariance": (0.1, 0.2, 0.4, 0.8),
+    "anisotropic": (0.05, 0.1, 0.2, 0.4),
+    "heavy_tails": (0.05, 0.1, 0.2, 0.4),
+    "extra_mode": (0.02, 0.04, 0.08, 0.16),
+    "mode_collapse": (0.02, 0.04, 0.08, 0.16),
 }
 CHECKS = ("kccsd", "ranks", "ranks_marginal", "ranks_joint", "tarp", "latent", "lc2st_nf",
-          "overall")  # fmt: skip
+          "cauchy", "bonferroni", "overall")  # fmt: skip
 MEMBERS = ("kccsd", "ranks", "tarp")  # the verdict without observations
 NUM_OBSERVATIONS = 5
 
@@ -72,8 +72,8 @@ def cheap_checks(estimate: object, theta: torch.Tensor, x: torch.Tensor, seed: i
         "ranks_marginal": float(combine_p_values(marginal.double())),
         "ranks_joint": float(combine_p_values(joint.double())),
         "tarp": float(report.checks["tarp"].p_value),
-        "overall": overall_p_value(report.checks),
     }
+    assert combine_verdicts(out) == report.overall_p_value  # the same function as diagnose
     try:
         metric = cl.LatentCalibration()
         metric.update(estimate, theta, x)
@@ -122,8 +122,23 @@ def run_lc2st(task: NPTGaussian, n: int, reps: int, null_reps: int, seed: int) -
     return cells
 
 
+def combined(row: dict, name: str) -> float | None:
+    """A member's p-value, or a combination of the members' (``overall``: the package's
+    :func:`combine_verdicts` as committed; ``cauchy``: the Cauchy combination used before
+    issue 23; ``bonferroni``: ``min(1, 3 min p)``)."""
+    if name in row:
+        return row[name]
+    if name not in ("overall", "cauchy", "bonferroni") or not all(m in row for m in MEMBERS):
+        return None
+    members = {m: row[m] for m in MEMBERS}
+    if name == "overall":
+        return combine_verdicts(members)
+    p = torch.tensor(list(members.values()), dtype=torch.float64)
+    return float(combine_p_values(p, method={"cauchy": "cauchy", "bonferroni": "holm"}[name]))
+
+
 def rates(rows: list[dict], name: str) -> float | None:
-    values = [r[name] for r in rows if name in r]
+    values = [v for r in rows if (v := combined(r, name)) is not None]
     return None if not values else sum(v < LEVEL for v in values) / len(values)
 
 
@@ -198,7 +213,8 @@ def figure(results: dict, path: Path) -> None:
     styles = {"overall": ("black", "-", 2.5), "kccsd": ("C0", "-", 1.2), "ranks": ("C1", "-", 1.2),
               "ranks_marginal": ("C1", ":", 1.2), "ranks_joint": ("C1", "--", 1.2),
               "tarp": ("C2", "-", 1.2), "latent": ("C3", "-", 1.2),
-              "lc2st_nf": ("C4", "-", 1.2)}  # fmt: skip
+              "lc2st_nf": ("C4", "-", 1.2), "cauchy": ("grey", "--", 1.5),
+              "bonferroni": ("C5", ":", 1.5)}  # fmt: skip
     for i, key in enumerate(keys):
         cheap, lc2st = results[key]["cheap"], results[key].get("lc2st")
         for j, mode in enumerate(STRENGTHS):
@@ -229,10 +245,12 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--dims", type=int, nargs="+", default=[3, 10])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000])
-    parser.add_argument("--reps", type=int, nargs="+", default=[100, 50],
+    parser.add_argument("--reps", type=int, nargs="+", default=[80, 30],
                         help="datasets per strength, one number per size")  # fmt: skip
-    parser.add_argument("--null-reps", type=int, nargs="+", default=[300, 150])
-    parser.add_argument("--lc2st-reps", type=int, default=30)
+    parser.add_argument("--null-reps", type=int, nargs="+", default=[200, 100])
+    parser.add_argument("--lc2st-reps", type=int, default=20)
+    parser.add_argument("--from-json", type=Path, default=None,
+                        help="re-render the table and figure from a run's p-values")  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.smoke:
@@ -242,8 +260,12 @@ def main() -> None:
         folder = Path(tempfile.mkdtemp())
     else:
         folder = Path(__file__).parent / "results"
-    start, results, seconds = time.perf_counter(), {}, {}
-    for d in args.dims:
+    results, seconds = {}, {}
+    if args.from_json is not None:
+        folder, saved = args.from_json.parent, json.loads(args.from_json.read_text())
+        results, seconds, args.__dict__ = saved["results"], saved["seconds"], saved["args"]
+        args.from_json = True
+    for d in [] if args.from_json else args.dims:
         task = NPTGaussian(dim=d)
         for k, n in enumerate(args.sizes):
             key, begin = f"D = {d}, N = {n}", time.perf_counter()
@@ -255,20 +277,29 @@ def main() -> None:
                                                   7 + d)  # fmt: skip
             seconds[key] = time.perf_counter() - begin
             print(f"{key}: {seconds[key]:.0f} s", flush=True)
-            (folder / "power_curves.json").write_text(json.dumps(results))  # after each block
+            run = {
+                "results": results,
+                "seconds": seconds,
+                "args": {**vars(args), "from_json": None},
+            }
+            (folder / "power_curves.json").write_text(json.dumps(run))  # after each block
     figure(results, folder / "power_curves.png")
     command = "python examples/benchmarks/power_curves.py" + (" --smoke" if args.smoke else "")
+    if args.from_json:
+        command += "`, table re-read by `--from-json .../power_curves.json"
     text = "\n".join([
         "# Power curves on the NPT perturbation suite", "",
         f"Written by `{command}` (dims {args.dims}, N {args.sizes}, datasets per strength "
         f"{args.reps}, at strength 0 {args.null_reps}; LC2STNF {args.lc2st_reps} per "
         f"strength at N = {max(args.sizes)}, one x and one null per D). Rejection rate at "
         f"{LEVEL}; `overall` is the verdict of `cl.diagnose` without observations "
-        "(KCCSD, ranks, TARP); `exact` is strength 0 of every mode. Figure: "
+        "(KCCSD, ranks, TARP) as the package now combines them, `cauchy` their Cauchy "
+        "combination (the verdict before issue 23), `bonferroni` `min(1, 3 min p)`; "
+        "`exact` is strength 0 of every mode. Figure: "
         "[`power_curves.png`](power_curves.png); p-values: `power_curves.json`.", "",
         *table(results),
         "Seconds per block: " + ", ".join(f"{k}: {v:.0f}" for k, v in seconds.items())
-        + f"; total {time.perf_counter() - start:.0f} s.", "",
+        + f"; total {sum(seconds.values()):.0f} s.", "",
     ])  # fmt: skip
     (folder / "power_curves.md").write_text(text)
     print(text)
