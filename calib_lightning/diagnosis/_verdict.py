@@ -45,6 +45,8 @@ from calib_lightning.plots._format import format_p_value
 
 __all__ = [
     "VERDICT_CHECKS",
+    "VERDICT_METHOD",
+    "VERDICT_WEIGHTS",
     "Direction",
     "ObservationList",
     "Verdict",
@@ -62,6 +64,15 @@ VERDICT_CHECKS = {
     "tarp": "p_value",
     "lc2st_nf": "global_p_value",
 }
+
+#: the share of the level each check's verdict gets in the overall verdict (weighted
+#: Bonferroni, renormalized over the checks that ran): the rank check carries the power
+#: on every failure mode of the NPT suite (examples/benchmarks/results/power_curves.md);
+#: L-C2ST-NF, the only one that sees a blind prior, gets enough to reject with its
+#: smallest p-value (1 / 201 for 5 observations: 0.25 / 1.25 of 0.05 is 0.01)
+VERDICT_WEIGHTS = {"kccsd": 0.05, "ranks": 0.9, "tarp": 0.05, "lc2st_nf": 0.25}
+#: how the overall verdict combines the weighted checks (functional.combine_p_values)
+VERDICT_METHOD = "holm"
 
 #: how the sentence names each check, and the figures it points to
 NAMES = {
@@ -139,11 +150,16 @@ class Verdict:
 
 def combine_verdicts(p_values: Mapping[str, float]) -> float:
     """The overall p-value from the verdict p-values of the checks that ran, by name
-    (keys of :data:`VERDICT_CHECKS`; others are ignored); ``nan`` when none ran."""
-    values = [float(p_values[name]) for name in VERDICT_CHECKS if name in p_values]
-    if not values:
+    (keys of :data:`VERDICT_CHECKS`; others are ignored), weighted by
+    :data:`VERDICT_WEIGHTS` (a check without a weight there gets L-C2ST-NF's);
+    ``nan`` when none ran."""
+    names = [name for name in VERDICT_CHECKS if name in p_values]
+    if not names:
         return math.nan
-    return float(combine_p_values(torch.tensor(values, dtype=torch.float64), dim=0))
+    values = torch.tensor([float(p_values[name]) for name in names], dtype=torch.float64)
+    weights = torch.tensor([VERDICT_WEIGHTS.get(name, VERDICT_WEIGHTS["lc2st_nf"])
+                            for name in names], dtype=torch.float64)  # fmt: skip
+    return float(combine_p_values(values, dim=0, method=VERDICT_METHOD, weights=weights))
 
 
 def overall_p_value(checks: Mapping[str, Any]) -> float:
