@@ -233,7 +233,7 @@ def figure(results: dict, path: Path) -> None:
             ax.set_xscale("symlog", linthresh=min(STRENGTHS[mode]))
             ax.set_title(f"{mode}, {key}", fontsize=8)
             ax.tick_params(labelsize=7)
-    axes[0, 0].legend(fontsize=6)
+    axes[-1, 0].legend(fontsize=6)  # the last row has every check (L-C2ST-NF at the largest N)
     fig.supxlabel("strength")
     fig.supylabel(f"rejection rate at {LEVEL}")
     fig.tight_layout()
