@@ -89,7 +89,8 @@ class Diagnosis:
         findings: what the sentence was built from: the directional tests with their
             Holm-adjusted p-values, the Holm-corrected per-observation lists, the checks
             that cannot reject.
-        overall_p_value: Cauchy combination of the checks' verdict p-values; the
+        overall_p_value: weighted Bonferroni combination of the checks' verdict
+            p-values (``_verdict.VERDICT_WEIGHTS``); the
             verdict rejects calibration when it is below ``level``.
         probability_maps: L-C2ST-NF's classifier on posterior draws at each observation
             (``ProbabilityMap``), when it ran; drawn in the report.
@@ -267,7 +268,7 @@ figcaption {{ font-weight: 600; margin-bottom: .3em; }}
 </style></head><body>
 <h1>Calibration report</h1>
 <p class="verdict">{html.escape(self.verdict[0].upper() + self.verdict[1:])}</p>
-<p>{html.escape(overall)} (Cauchy combination of the checks' verdicts, level
+<p>{html.escape(overall)} (weighted Bonferroni combination of the checks' verdicts, level
 {self.level:g}); {html.escape(budget)}.</p>
 <h2>Checks</h2>
 {_table(header, self._tab_rows())}

@@ -23,6 +23,14 @@ must hold its level under dependence.
   (equal to Bonferroni's): exact under any dependence, conservative when the tests
   are strongly dependent.
 
+Both take ``weights`` :math:`w_k > 0` (normalized to sum to one over the tests that
+ran): the weighted Bonferroni p-value :math:`\min(1, \min_k p_k / w_k)`, exact under
+any dependence (it rejects when some :math:`p_k \le w_k \alpha`, and the
+:math:`w_k \alpha` sum to :math:`\alpha`), and the weighted Cauchy statistic
+:math:`T = \sum_k w_k \tan((\tfrac12 - p_k)\pi)` (Liu and Xie's general form). A
+weight spends the level where the power is: a test that carries the power against
+most alternatives keeps most of :math:`\alpha`.
+
 References:
     Liu, Xie. "Cauchy Combination Test: A Powerful Test With Analytic p-Value
     Calculation Under Arbitrary Dependency Structures." JASA 115 (2020).
@@ -49,7 +57,9 @@ _SMALL_P = 1e-12
 _LARGE_P = 1.0 - 1e-3
 
 
-def combine_p_values(p_values: Tensor, dim: int = -1, method: str = "cauchy") -> Tensor:
+def combine_p_values(
+    p_values: Tensor, dim: int = -1, method: str = "cauchy", weights: Tensor | None = None
+) -> Tensor:
     r"""Combine dependent p-values along ``dim`` into one p-value.
 
     Arguments:
@@ -57,6 +67,8 @@ def combine_p_values(p_values: Tensor, dim: int = -1, method: str = "cauchy") ->
         dim: the dimension of the ``K`` tests.
         method: ``"cauchy"`` (Liu and Xie 2020) or ``"holm"`` (smallest Holm-adjusted
             p-value); see the module docstring for when each holds its level.
+        weights: ``(K,)`` positive weights of the tests along ``dim`` (normalized over
+            the tests that ran); ``None``: equal weights.
 
     Returns:
         ``(*, **)``, in ``[0, 1]``, float64 unless the input is another floating type
@@ -69,6 +81,9 @@ def combine_p_values(p_values: Tensor, dim: int = -1, method: str = "cauchy") ->
         (0.0331, 0.03)
         >>> float(combine_p_values(torch.tensor([0.2, 0.2])))  # equal p-values: same p
         0.2
+        >>> w = torch.tensor([0.8, 0.1, 0.1])  # weighted Bonferroni: min_k p_k / w_k
+        >>> round(float(combine_p_values(p, method="holm", weights=w)), 4)
+        0.0125
     """
     if not isinstance(p_values, Tensor):
         raise ValueError(f"p_values must be a torch.Tensor, got {type(p_values).__name__}")
@@ -87,9 +102,14 @@ def combine_p_values(p_values: Tensor, dim: int = -1, method: str = "cauchy") ->
             f"{float(p[valid].max())}]"
         )
     count = valid.sum(-1)
+    share = None if weights is None else _shares(weights, valid, dim)
     if method == "holm":
-        smallest = torch.where(valid, p, torch.ones_like(p)).amin(-1)
-        out = (count * smallest).clamp(max=1.0)
+        if share is None:
+            smallest = torch.where(valid, p, torch.ones_like(p)).amin(-1)
+            out = (count * smallest).clamp(max=1.0)
+        else:
+            ratio = torch.where(valid, p / share, torch.ones_like(p))
+            out = ratio.amin(-1).clamp(max=1.0)
     else:
         clipped = p.clamp(min=torch.finfo(p.dtype).tiny, max=_LARGE_P)
         terms = torch.where(
@@ -97,7 +117,10 @@ def combine_p_values(p_values: Tensor, dim: int = -1, method: str = "cauchy") ->
             1.0 / (clipped * math.pi),
             torch.tan((0.5 - clipped) * math.pi),
         )
-        statistic = torch.where(valid, terms, torch.zeros_like(terms)).sum(-1) / count
+        if share is None:
+            statistic = torch.where(valid, terms, torch.zeros_like(terms)).sum(-1) / count
+        else:
+            statistic = torch.where(valid, share * terms, torch.zeros_like(terms)).sum(-1)
         # 1/2 - arctan(T)/pi, written as arctan(1/T)/pi for T > 0 (no cancellation).
         out = torch.where(
             statistic > 0,
@@ -106,6 +129,17 @@ def combine_p_values(p_values: Tensor, dim: int = -1, method: str = "cauchy") ->
         )
         out = out.clamp(0.0, 1.0)
     return torch.where(count > 0, out, torch.full_like(out, math.nan))
+
+
+def _shares(weights: Tensor, valid: Tensor, dim: int) -> Tensor:
+    """``weights`` ``(K,)`` normalized over the valid tests, the shape of ``valid``."""
+    weights = torch.as_tensor(weights)
+    if weights.shape != valid.shape[-1:] or not bool((weights > 0).all()):
+        raise ValueError(f"weights must be {valid.shape[-1]} positive numbers, one per test "
+                         f"along dim={dim}, got {weights.tolist()}")  # fmt: skip
+    dtype = torch.promote_types(weights.dtype, torch.float64)
+    share = torch.where(valid, weights.to(dtype=dtype, device=valid.device), 0.0)
+    return share / share.sum(-1, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
 
 
 def holm_adjust(p_values: Tensor, dim: int = -1) -> Tensor:

@@ -7,6 +7,9 @@ Two families live here:
   ``delta = 0`` and miscalibrated otherwise;
 * the SBI benchmark tasks of the L-C2ST paper (sbibm definitions): :class:`TwoMoons`,
   :class:`SLCP`, :class:`GaussianLinearUniform`;
+* :class:`NPTGaussian`, the perturbation suite of neural posterior testing (Chen,
+  Bansal and Scott 2024): a Gaussian posterior whose mean and covariance depend on
+  ``x`` and its failure modes;
 * :class:`GaussianToy`, the conjugate toy :math:`\theta \sim N(0, I)`,
   :math:`x = \theta + N(0, s^2 I)` whose exact posterior is Gaussian, with knobs to
   inflate, shrink or shift it.
@@ -20,6 +23,7 @@ References:
 """
 
 from calib_lightning.tasks.images import GaussianBlob, Oscillator
+from calib_lightning.tasks.npt import NPT_MODES, MultivariateT, NPTGaussian
 from calib_lightning.tasks.sbi import SLCP, GaussianLinearUniform, SBITask, TwoMoons
 from calib_lightning.tasks.synthetic import HGM, LGM, MGM, QGM, SyntheticModel
 from calib_lightning.tasks.toys import CorrelatedGaussianToy, GaussianToy
@@ -28,12 +32,15 @@ __all__ = [
     "HGM",
     "LGM",
     "MGM",
+    "NPT_MODES",
     "QGM",
     "SLCP",
     "CorrelatedGaussianToy",
     "GaussianBlob",
     "GaussianLinearUniform",
     "GaussianToy",
+    "MultivariateT",
+    "NPTGaussian",
     "Oscillator",
     "SBITask",
     "SyntheticModel",

@@ -1,0 +1,309 @@
+"""Power curves on the perturbation suite of neural posterior testing (NPT, issue 23).
+
+The failure modes of Chen, Bansal and Scott (2024) on
+:class:`calib_lightning.tasks.NPTGaussian` (Gaussian posteriors whose mean and
+covariance depend on ``x``): mean shift, covariance inflation, anisotropic distortion
+along the least-variance direction, heavy tails (multivariate t, ``nu = 1 / strength``),
+an extra reflected mode, mode collapse of a bimodal truth; and the blind prior
+``q(theta | x) = p(theta)``. For each ``D`` and ``N`` and strength, fresh datasets:
+
+* cheap checks, ``--reps`` datasets per strength (``--null-reps`` at strength 0, where
+  every mode is the exact posterior): ``cl.diagnose(estimate, theta, x,
+  checks=("kccsd", "ranks", "tarp"), seed=rep)`` at its defaults, read for KCCSD's
+  ``p_value``, the ranks' ``global_p_value`` and its marginal and joint parts (the
+  Cauchy combination of each part's chi-square and ECDF p-values), TARP's ``p_value``
+  and the overall verdict (``Diagnosis.overall_p_value``, the package's combination);
+  ``LatentCalibration()`` (defaults) where the estimate has latents (not the mixtures);
+* expensive check, ``--lc2st-reps`` datasets per strength at ``N = 1000`` only:
+  ``LC2STNF`` (defaults, 5 observations drawn from the marginal of ``x``) read for its
+  ``global_p_value``. Its null classifiers depend on the calibration ``x`` only, so one
+  ``x`` per ``D`` is drawn and kept, one null trained on it, and each dataset draws fresh
+  ``theta ~ truth(x)``: power conditional on that ``x``, valid at every ``x``.
+
+Every member's p-values are written to ``power_curves.json`` so that other combinations
+of the same p-values can be read off the same datasets (Cauchy as before issue 23,
+Bonferroni, ...); the table gives the rejection rate at 0.05 and, per mode, the strength
+at which each check first reaches power 0.8 (linear interpolation between strengths).
+
+    python examples/benchmarks/power_curves.py [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import calib_lightning as cl
+from calib_lightning.diagnosis._verdict import combine_verdicts
+from calib_lightning.functional.combine import combine_p_values
+from calib_lightning.posteriors.base import UnsupportedError
+from calib_lightning.tasks import NPTGaussian
+
+LEVEL = 0.05
+#: strengths per mode (strength 0, the exact posterior, is shared by all modes)
+STRENGTHS = {
+    "mean_shift": (0.02, 0.04, 0.08, 0.16),
+    "covariance": (0.1, 0.2, 0.4, 0.8),
+    "anisotropic": (0.05, 0.1, 0.2, 0.4),
+    "heavy_tails": (0.05, 0.1, 0.2, 0.4),
+    "extra_mode": (0.02, 0.04, 0.08, 0.16),
+    "mode_collapse": (0.02, 0.04, 0.08, 0.16),
+}
+CHECKS = ("kccsd", "ranks", "ranks_marginal", "ranks_joint", "tarp", "latent", "lc2st_nf",
+          "cauchy", "bonferroni", "overall")  # fmt: skip
+MEMBERS = ("kccsd", "ranks", "tarp")  # the verdict without observations
+NUM_OBSERVATIONS = 5
+
+
+def cheap_checks(estimate: object, theta: torch.Tensor, x: torch.Tensor, seed: int) -> dict:
+    report = cl.diagnose(estimate, theta, x, checks=("kccsd", "ranks", "tarp"), seed=seed)
+    ranks = report.checks["ranks"]
+    d = theta.shape[1]
+    marginal = torch.cat([ranks.marginal_p_values, ranks.ecdf_p_values[:d]])
+    joint = torch.stack([ranks.p_value, ranks.ecdf_p_values[d]])
+    out = {
+        "kccsd": float(report.checks["kccsd"].p_value),
+        "ranks": float(ranks.global_p_value),
+        "ranks_marginal": float(combine_p_values(marginal.double())),
+        "ranks_joint": float(combine_p_values(joint.double())),
+        "tarp": float(report.checks["tarp"].p_value),
+    }
+    assert combine_verdicts(out) == report.overall_p_value  # the same function as diagnose
+    try:
+        metric = cl.LatentCalibration()
+        metric.update(estimate, theta, x)
+        out["latent"] = float(metric.compute().global_p_value)
+    except UnsupportedError:  # a mixture: no normal base
+        pass
+    return out
+
+
+def run_cheap(task: NPTGaussian, n: int, reps: int, null_reps: int, seed: int) -> dict:
+    cells: dict[str, dict[str, list[dict]]] = {}
+    cases = [("exact", 0.0, null_reps), ("blind_prior", 0.0, null_reps)]
+    cases += [(mode, s, reps) for mode, grid in STRENGTHS.items() for s in grid]
+    for k, (mode, strength, count) in enumerate(cases):
+        truth, estimate = task.case("covariance" if mode == "exact" else mode, strength)
+        rows = []
+        for rep in range(count):
+            g = torch.Generator().manual_seed(seed * 1_000_003 + k * 10_007 + rep)
+            theta, x = task.sample(n, truth, g)
+            rows.append(cheap_checks(estimate, theta, x, seed=rep))
+        cells.setdefault(mode, {})[f"{strength:g}"] = rows
+    return cells
+
+
+def run_lc2st(task: NPTGaussian, n: int, reps: int, null_reps: int, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    x = task.sample_x(n, g)
+    observations = task.sample_x(NUM_OBSERVATIONS, g)
+    metric = cl.LC2STNF(observations=observations, seed=seed)
+    cells: dict[str, dict[str, list[dict]]] = {}
+    cases = [("exact", 0.0, null_reps), ("blind_prior", 0.0, null_reps)]
+    cases += [(mode, s, reps) for mode, grid in STRENGTHS.items() for s in grid]
+    for mode, strength, count in cases:
+        truth, estimate = task.case("covariance" if mode == "exact" else mode, strength)
+        if mode in ("extra_mode",) and strength > 0:
+            continue  # a mixture estimate has no latents
+        rows = []
+        for _ in range(count):
+            with torch.random.fork_rng():
+                torch.manual_seed(int(torch.randint(2**62, (), generator=g)))
+                theta = truth(x).sample().to(x.dtype)
+            metric.reset()
+            metric.update(estimate, theta, x)
+            rows.append({"lc2st_nf": float(metric.compute().global_p_value)})
+        cells.setdefault(mode, {})[f"{strength:g}"] = rows
+    return cells
+
+
+def combined(row: dict, name: str) -> float | None:
+    """A member's p-value, or a combination of the members' (``overall``: the package's
+    :func:`combine_verdicts` as committed; ``cauchy``: the Cauchy combination used before
+    issue 23; ``bonferroni``: ``min(1, 3 min p)``)."""
+    if name in row:
+        return row[name]
+    if name not in ("overall", "cauchy", "bonferroni") or not all(m in row for m in MEMBERS):
+        return None
+    members = {m: row[m] for m in MEMBERS}
+    if name == "overall":
+        return combine_verdicts(members)
+    p = torch.tensor(list(members.values()), dtype=torch.float64)
+    return float(combine_p_values(p, method={"cauchy": "cauchy", "bonferroni": "holm"}[name]))
+
+
+def rates(rows: list[dict], name: str) -> float | None:
+    values = [v for r in rows if (v := combined(r, name)) is not None]
+    return None if not values else sum(v < LEVEL for v in values) / len(values)
+
+
+def crossing(points: list[tuple[float, float | None]], target: float = 0.8) -> float | None:
+    """First strength where power reaches ``target``, linear between grid points."""
+    previous = None
+    for strength, power in points:
+        if power is None:
+            return None
+        if power >= target:
+            if previous is None:
+                return strength
+            s0, p0 = previous
+            return s0 + (target - p0) / (power - p0) * (strength - s0)
+        previous = (strength, power)
+    return float("inf")
+
+
+def merged(cheap: dict, lc2st: dict | None, mode: str, strength: str) -> list[dict]:
+    rows = [dict(r) for r in cheap[mode][strength]]
+    if lc2st is not None and strength in lc2st.get(mode, {}):
+        for r, extra in zip(rows, lc2st[mode][strength], strict=False):
+            r.update(extra)
+        for extra in lc2st[mode][strength][len(rows) :]:
+            rows.append(dict(extra))
+    return rows
+
+
+def table(results: dict) -> list[str]:
+    lines = []
+    for key, block in results.items():
+        cheap, lc2st = block["cheap"], block.get("lc2st")
+        lines += [f"### {key}", "",
+                  "| mode | strength | datasets | " + " | ".join(CHECKS) + " |",
+                  "| --- | --- | --- | " + " | ".join("---" for _ in CHECKS) + " |"]  # fmt: skip
+        for mode in ("exact", "blind_prior", *STRENGTHS):
+            for strength in cheap[mode]:
+                rows = merged(cheap, lc2st, mode, strength)
+                cells = [rates(rows, c) for c in CHECKS]
+                count = len(cheap[mode][strength])
+                lines.append(f"| {mode} | {strength} | {count} | " + " | ".join(
+                    "-" if c is None else f"{c:.2f}" for c in cells) + " |")  # fmt: skip
+        lines += ["", "Strength at which power first reaches 0.8 (inf: not on the grid; "
+                  "the best member among KCCSD, ranks and TARP; the overall verdict):", "",
+                  "| mode | " + " | ".join(CHECKS) + " | best member | overall <= best |",
+                  "| --- | " + " | ".join("---" for _ in CHECKS) + " | --- | --- |"]  # fmt: skip
+        for mode in STRENGTHS:
+            found = {}
+            for c in CHECKS:
+                points = [(0.0, rates(merged(cheap, lc2st, "exact", "0"), c))]
+                points += [(float(s), rates(merged(cheap, lc2st, mode, s), c))
+                           for s in cheap[mode]]  # fmt: skip
+                found[c] = crossing(points)
+            best = min(v for c, v in found.items() if c in MEMBERS and v is not None)
+            ok = found["overall"] is not None and found["overall"] <= best + 1e-12
+            lines.append(f"| {mode} | " + " | ".join(
+                "-" if v is None else f"{v:.3g}" for v in found.values())
+                + f" | {best:.3g} | {'yes' if ok else 'NO'} |")  # fmt: skip
+        lines.append("")
+    return lines
+
+
+def figure(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(results)
+    fig, axes = plt.subplots(len(keys), len(STRENGTHS), figsize=(3.0 * len(STRENGTHS),
+                             2.6 * len(keys)), squeeze=False, sharey=True)  # fmt: skip
+    styles = {"overall": ("black", "-", 2.5), "kccsd": ("C0", "-", 1.2), "ranks": ("C1", "-", 1.2),
+              "ranks_marginal": ("C1", ":", 1.2), "ranks_joint": ("C1", "--", 1.2),
+              "tarp": ("C2", "-", 1.2), "latent": ("C3", "-", 1.2),
+              "lc2st_nf": ("C4", "-", 1.2), "cauchy": ("grey", "--", 1.5),
+              "bonferroni": ("C5", ":", 1.5)}  # fmt: skip
+    for i, key in enumerate(keys):
+        cheap, lc2st = results[key]["cheap"], results[key].get("lc2st")
+        for j, mode in enumerate(STRENGTHS):
+            ax = axes[i, j]
+            strengths = ["0", *cheap[mode]]
+            for c in CHECKS:
+                ys = [rates(merged(cheap, lc2st, "exact" if s == "0" else mode, s), c)
+                      for s in strengths]  # fmt: skip
+                pts = [(float(s), y) for s, y in zip(strengths, ys, strict=True) if y is not None]
+                if len(pts) > 1:
+                    color, style, width = styles[c]
+                    ax.plot(*zip(*pts, strict=True), color=color, ls=style, lw=width, marker=".",
+                            label=c)  # fmt: skip
+            ax.axhline(LEVEL, color="grey", lw=0.5)
+            ax.axhline(0.8, color="grey", lw=0.5, ls=":")
+            ax.set_xscale("symlog", linthresh=min(STRENGTHS[mode]))
+            ax.set_title(f"{mode}, {key}", fontsize=8)
+            ax.tick_params(labelsize=7)
+    axes[-1, 0].legend(fontsize=6)  # the last row has every check (L-C2ST-NF at the largest N)
+    fig.supxlabel("strength")
+    fig.supylabel(f"rejection rate at {LEVEL}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--dims", type=int, nargs="+", default=[3, 10])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--reps", type=int, nargs="+", default=[80, 30],
+                        help="datasets per strength, one number per size")  # fmt: skip
+    parser.add_argument("--null-reps", type=int, nargs="+", default=[200, 100])
+    parser.add_argument("--lc2st-reps", type=int, default=20)
+    parser.add_argument("--from-json", type=Path, default=None,
+                        help="re-render the table and figure from a run's p-values")  # fmt: skip
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.smoke:
+        args.dims, args.sizes, args.reps, args.null_reps, args.lc2st_reps = [3], [100], [2], [2], 2
+        for mode in STRENGTHS:
+            STRENGTHS[mode] = STRENGTHS[mode][-1:]
+        folder = Path(tempfile.mkdtemp())
+    else:
+        folder = Path(__file__).parent / "results"
+    results, seconds = {}, {}
+    if args.from_json is not None:
+        folder, saved = args.from_json.parent, json.loads(args.from_json.read_text())
+        results, seconds, args.__dict__ = saved["results"], saved["seconds"], saved["args"]
+        args.from_json = True
+    for d in [] if args.from_json else args.dims:
+        task = NPTGaussian(dim=d)
+        for k, n in enumerate(args.sizes):
+            key, begin = f"D = {d}, N = {n}", time.perf_counter()
+            results[key] = {
+                "cheap": run_cheap(task, n, args.reps[k], args.null_reps[k], 1000 * d + n)
+            }
+            if n == max(args.sizes) and args.lc2st_reps:
+                results[key]["lc2st"] = run_lc2st(task, n, args.lc2st_reps, 2 * args.lc2st_reps,
+                                                  7 + d)  # fmt: skip
+            seconds[key] = time.perf_counter() - begin
+            print(f"{key}: {seconds[key]:.0f} s", flush=True)
+            run = {
+                "results": results,
+                "seconds": seconds,
+                "args": {**vars(args), "from_json": None},
+            }
+            (folder / "power_curves.json").write_text(json.dumps(run))  # after each block
+    figure(results, folder / "power_curves.png")
+    command = "python examples/benchmarks/power_curves.py" + (" --smoke" if args.smoke else "")
+    if args.from_json:
+        command += "`, table re-read by `--from-json .../power_curves.json"
+    text = "\n".join([
+        "# Power curves on the NPT perturbation suite", "",
+        f"Written by `{command}` (dims {args.dims}, N {args.sizes}, datasets per strength "
+        f"{args.reps}, at strength 0 {args.null_reps}; LC2STNF {args.lc2st_reps} per "
+        f"strength at N = {max(args.sizes)}, one x and one null per D). Rejection rate at "
+        f"{LEVEL}; `overall` is the verdict of `cl.diagnose` without observations "
+        "(KCCSD, ranks, TARP) as the package now combines them, `cauchy` their Cauchy "
+        "combination (the verdict before issue 23), `bonferroni` `min(1, 3 min p)`; "
+        "`exact` is strength 0 of every mode. Figure: "
+        "[`power_curves.png`](power_curves.png); p-values: `power_curves.json`.", "",
+        *table(results),
+        "Seconds per block: " + ", ".join(f"{k}: {v:.0f}" for k, v in seconds.items())
+        + f"; total {sum(seconds.values()):.0f} s.", "",
+    ])  # fmt: skip
+    (folder / "power_curves.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
