@@ -2,14 +2,14 @@ r"""The plain-sentence verdict of a diagnosis: it says only what a test found.
 
 **Overall.** One p-value keeps the level: the weighted Bonferroni combination
 :math:`\min(1, \min_k p_k / w_k)` of each check's verdict p-value (KCCSD ``p_value``,
-ranks ``global_p_value``, TARP ``p_value``, L-C2ST-NF ``global_p_value``, the joint classifier test ``p_value``) with the
-weights :data:`VERDICT_WEIGHTS` renormalized over the checks that ran: exact under any
-dependence, and the check that carries the power (the ranks: the strongest or tied on
-22 of the 24 curves of the NPT suite) keeps 0.9 of the level, so the verdict loses
-little against it; the
-equal-weight Cauchy combination it replaces was diluted by the checks that saw nothing
-(their terms are Cauchy noise of either sign), see ``docs/design.md``. At or above the
-level the sentence says "calibrated".
+ranks ``global_p_value``, TARP ``p_value``, L-C2ST-NF ``global_p_value``, the joint
+classifier test ``p_value``) with the weights :data:`VERDICT_WEIGHTS` renormalized over
+the checks that ran: exact under any dependence, and the check that carries the power
+(the ranks: the strongest or tied on 22 of the 24 curves of the NPT suite) keeps 0.9 of
+the level, so the verdict loses little against it; the equal-weight Cauchy combination
+it replaces was diluted by the checks that saw nothing (their terms are Cauchy noise of
+either sign), see ``docs/design.md``. At or above the level the sentence says
+"calibrated".
 
 **Directions** (over-confident, under-confident, biased in a parameter) are named only
 when a test *of that direction* rejects: the one-sided t-tests of
