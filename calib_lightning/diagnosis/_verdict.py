@@ -5,7 +5,7 @@ r"""The plain-sentence verdict of a diagnosis: it says only what a test found.
 ranks ``global_p_value``, TARP ``p_value``, L-C2ST-NF ``global_p_value``, the joint
 classifier test ``p_value``) with the weights :data:`VERDICT_WEIGHTS` renormalized over
 the checks that ran: exact under any dependence, and the check that carries the power
-(the ranks: the strongest or tied on 22 of the 24 curves of the NPT suite) keeps 0.9 of
+(the ranks: the strongest or tied on 22 of the 24 curves of the NPT suite) keeps 0.86 of
 the level, so the verdict loses little against it; the equal-weight Cauchy combination
 it replaces was diluted by the checks that saw nothing (their terms are Cauchy noise of
 either sign), see ``docs/design.md``. At or above the level the sentence says
