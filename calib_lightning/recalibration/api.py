@@ -111,7 +111,7 @@ def _coverage_error(u: Tensor) -> float:
 
 def default_band(n: int) -> int:
     r"""The radial band used when none is given: :math:`\max(1, \mathrm{round}(\sqrt n / 2))`
-    (slack at most :math:`1 / (2 \\sqrt n)`, below the :math:`1/\\sqrt n` noise of an
+    (slack at most :math:`1 / (2 \sqrt n)`, below the :math:`1/\sqrt n` noise of an
     empirical coverage curve from ``n`` pairs), for a smoother density than ``band=1``:
     on calibrated latents, ``band=1`` costs 0.36-0.39 nats of held-out NLL and the
     default 0.015-0.036 (D = 2, 5; n = 100, 400:
