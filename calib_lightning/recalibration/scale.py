@@ -43,7 +43,10 @@ class LatentScale(nn.Module):
     parameter: an optimizer over ``module.parameters()`` never trains them with the NLL.
 
     Supports zuko flows (``flow(x)`` a ``NormalizingFlow``) and torch
-    ``TransformedDistribution`` s over a standard-normal base.
+    ``TransformedDistribution`` s over a standard-normal base. For nflows and sbi
+    estimators (any posterior with ``to_latent`` and ``from_latent``),
+    ``cl.recalibrate(posterior, theta, x, method="scale")`` fits the same scales and
+    returns a posterior.
 
     Arguments:
         flow: callable ``x -> distribution`` as above.
