@@ -287,3 +287,22 @@ def test_callback_logs_before_after_and_saves_the_map(tmp_path):
     with torch.no_grad():
         assert torch.allclose(post.log_prob(theta_val, x_val),
                               callback.recalibrated.log_prob(theta_val, x_val))  # fmt: skip
+
+
+def test_a_registered_method_is_called_with_the_pairs():
+    from calib_lightning.recalibration import METHODS, register_method
+
+    seen = {}
+
+    def fit(posterior, theta, x, z, **options):
+        seen.update(rows=theta.shape[0], z=z, options=options)
+        return posterior
+
+    register_method("identity-test", fit)
+    try:
+        theta, x = toy_pairs(30, 10)
+        post = cl.recalibrate(GaussianToy(dim=2).posterior(), theta, x, "identity-test", level=0.9)
+    finally:
+        del METHODS["identity-test"]
+    assert isinstance(post, cl.Posterior)
+    assert seen == {"rows": 30, "z": None, "options": {"level": 0.9}}
