@@ -198,7 +198,9 @@ def report() -> list[str]:
         lines += [
             "",
             f"`latent-scale hpd` fit time at 4,000 simulations (400 validation pairs): "
-            f"max {max(hpd):.1f} s over {len(hpd)} runs (goal <= 10 s; before: 107-135 s).",
+            f"max {max(hpd):.1f} wall s over {len(hpd)} runs, on the shared 2-core machine "
+            "under a load of about 17 (CPU seconds of the same fit, measured apart: "
+            "`hpd_scale_speed.md`; goal <= 10 s; before: 107-135 s).",
         ]
     (CACHE.parent / "recalibration_study.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
