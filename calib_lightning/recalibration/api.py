@@ -130,7 +130,8 @@ def cross_fit_scores(
     and scored on the other, both ways, and the two scores averaged:
     ``coverage_error``, the latent coverage error of the recalibrated latents (mean
     absolute gap of their ball levels to uniform), and ``nll``, the held-out negative
-    log-density (the maps act on the latent, so
+    log-density, and ``nll_difference_se``, the standard error of its per-pair difference
+    to the first candidate's (the maps act on the latent, so
     :math:`\log q' = \log q - \log N(z) + \log N(u) + \log|\det|` needs no new pass of
     the flow).
     """
@@ -139,8 +140,9 @@ def cross_fit_scores(
     halves = (order[: n // 2], order[n // 2 :])
     z, log_prob = z.detach().double().cpu(), log_prob.detach().double().cpu()
     scores: dict[str, dict[str, float]] = {}
+    changes: dict[str, Tensor] = {}
     for name in candidates:
-        errors, nlls = [], []
+        errors, nlls, parts = [], [], []
         for fit_rows, test_rows in (halves, halves[::-1]):
             latent_map = _fit_map(z[fit_rows], name, band)
             z_test = z[test_rows]
@@ -148,7 +150,12 @@ def cross_fit_scores(
             change = standard_normal_log_prob(u) - standard_normal_log_prob(z_test) + log_det
             errors.append(_coverage_error(u))
             nlls.append(float(-(log_prob[test_rows] + change).mean()))
+            parts.append(change)
         scores[name] = {"coverage_error": sum(errors) / 2, "nll": sum(nlls) / 2}
+        changes[name] = torch.cat(parts)
+    for name in candidates:  # paired standard error of the NLL difference to the first
+        diff = changes[candidates[0]] - changes[name]
+        scores[name]["nll_difference_se"] = float(diff.std() / math.sqrt(diff.numel()))
     return scores
 
 
@@ -158,14 +165,20 @@ def select_method(
 ) -> tuple[str, dict[str, dict[str, float]]]:  # fmt: skip
     """The method ``"auto"`` picks, and every candidate's :func:`cross_fit_scores`.
 
-    Candidates (:data:`AUTO_CANDIDATES`) whose held-out ``nll`` exceeds the best
-    candidate's by more than ``nll_tolerance * max(1, |nll|)`` are out; of the others, the
-    smallest held-out ``coverage_error`` wins (the identity ``"none"`` when nothing helps).
+    Candidates (:data:`AUTO_CANDIDATES`) whose held-out ``nll`` exceeds the identity's by
+    more than ``nll_tolerance * max(1, |nll|)`` plus two paired standard errors
+    (``nll_difference_se``: a half-size fit is noisier than the final one, so a
+    difference within the noise does not exclude) are out; of the others, the smallest
+    held-out ``coverage_error`` wins (the identity ``"none"`` when nothing helps).
     """
     scores = cross_fit_scores(z, log_prob, band=band, seed=seed)
-    reference = min(score["nll"] for score in scores.values())
-    allowed = reference + nll_tolerance * max(1.0, abs(reference))
-    kept = [name for name in AUTO_CANDIDATES if scores[name]["nll"] <= allowed]
+    reference = scores["none"]["nll"]
+    margin = nll_tolerance * max(1.0, abs(reference))
+    kept = [
+        name
+        for name in AUTO_CANDIDATES
+        if scores[name]["nll"] <= reference + margin + 2 * scores[name]["nll_difference_se"]
+    ]
     best = min(kept, key=lambda name: scores[name]["coverage_error"])
     return best, scores
 

@@ -120,6 +120,14 @@ def run(tasks: list[str], budgets: list[int], seeds: list[int], methods: list[st
                         row.update({k: plain[k] for k in EVALUATED}, copied="regularizer_study")
                     elif method == "auto" and _row_of(posterior.method) in done:
                         row.update({k: done[_row_of(posterior.method)][k] for k in EVALUATED})
+                    elif (
+                        method == "auto"
+                        and (
+                            key := study.run_key(task_name, budget, seed, _row_of(posterior.method))
+                        )
+                        in cache
+                    ):
+                        row.update({k: cache[key][k] for k in EVALUATED})
                     else:
                         row.update(evaluate(posterior, task, seed))
                     done[method] = row
