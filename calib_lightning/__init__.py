@@ -36,7 +36,7 @@ from calib_lightning.metrics import (
 )
 from calib_lightning.misspecification import MisspecificationResult, misspecification_test
 from calib_lightning.posteriors import Posterior, SamplePosterior, as_posterior
-from calib_lightning.recalibration import LatentScale
+from calib_lightning.recalibration import LatentScale, RecalibratedPosterior, recalibrate
 
 # Lightning and matplotlib load on first use, so `import calib_lightning` stays light.
 _LAZY_MODULES = ("callbacks", "diagnosis", "plots")
@@ -47,6 +47,7 @@ _LAZY_CALLBACKS = (
     "LC2STNFCallback",
     "LatentCalibrationCallback",
     "RankCalibrationCallback",
+    "RecalibrationCallback",
     "TARPCallback",
 )
 
@@ -73,6 +74,8 @@ __all__ = [
     "Posterior",
     "RankCalibration",
     "RankCalibrationCallback",
+    "RecalibratedPosterior",
+    "RecalibrationCallback",
     "SamplePosterior",
     "TARPCallback",
     "as_posterior",
@@ -87,6 +90,7 @@ __all__ = [
     "losses",
     "misspecification_test",
     "plots",
+    "recalibrate",
     "recalibration",
     "tasks",
 ]

@@ -206,6 +206,14 @@ class Posterior:
         """Map ``theta`` ``(*, N, D)`` to the standard-normal base space: ``(*, N, D)``."""
         raise NotImplementedError
 
+    def from_latent(self, z: Tensor, x: Tensor) -> Tensor:
+        """The inverse of :meth:`to_latent`: ``z`` ``(*, N, D)`` in the base space to
+        ``theta`` ``(*, N, D)`` (what a recalibrated posterior samples through)."""
+        raise UnsupportedError(
+            f"{type(self).__name__} has no map from its latent space back to theta "
+            "(from_latent), which sampling a recalibrated posterior needs"
+        )
+
     def log_prob_and_latent(self, theta: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
         """``(log_prob, to_latent)`` of ``theta`` ``(N, D)``: ``(N,)`` and ``(N, D)``, with
         their graphs. Flows override this to share one pass of the network."""

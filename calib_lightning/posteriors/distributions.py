@@ -113,6 +113,9 @@ class DistributionPosterior(Posterior):
     def to_latent(self, theta: Tensor, x: Tensor) -> Tensor:
         return self._evaluate(theta, x, _to_standard_normal)
 
+    def from_latent(self, z: Tensor, x: Tensor) -> Tensor:
+        return self._evaluate(z, x, _from_standard_normal)
+
     def log_prob_and_latent(self, theta: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
         both = self._evaluate(theta, x, _log_prob_and_latent)
         return both[..., 0], both[..., 1:]
@@ -147,5 +150,30 @@ def _to_standard_normal(dist: Distribution, value: Tensor) -> Tensor:
         return torch.linalg.solve_triangular(tril, diff, upper=False).squeeze(-1)
     raise UnsupportedError(
         "to_latent needs a flow or a Gaussian whose base is a normal distribution, got "
+        f"{type(dist).__name__}"
+    )
+
+
+def _from_standard_normal(dist: Distribution, z: Tensor) -> Tensor:
+    """The generative map of ``dist`` from its standard normal base: the inverse of
+    :func:`_to_standard_normal`."""
+    transform = getattr(dist, "transform", None)
+    base = getattr(dist, "base", None)
+    if transform is not None and base is not None:  # zuko NormalizingFlow: theta = f^-1(z)
+        return transform.inv(_from_standard_normal(base, z))
+    if isinstance(dist, TransformedDistribution):
+        value = _from_standard_normal(dist.base_dist, z)
+        for t in dist.transforms:
+            value = t(value)
+        return value
+    if isinstance(dist, Independent):
+        return _from_standard_normal(dist.base_dist, z)
+    if isinstance(dist, Normal):
+        return dist.loc + dist.scale * z
+    if isinstance(dist, MultivariateNormal):
+        tril = dist.scale_tril.expand(z.shape[:-1] + dist.scale_tril.shape[-2:])
+        return dist.loc + (tril @ z.unsqueeze(-1)).squeeze(-1)
+    raise UnsupportedError(
+        "from_latent needs a flow or a Gaussian whose base is a normal distribution, got "
         f"{type(dist).__name__}"
     )

@@ -76,3 +76,20 @@ class NflowsPosterior(Posterior):
                 mean, log_std = base._compute_params(self.module._embedding_net(context))
                 noise = (noise - mean) * torch.exp(-log_std)
         return noise.reshape(*lead, x.shape[0], theta.shape[-1]).to(theta.dtype)
+
+    def from_latent(self, z: Tensor, x: Tensor) -> Tensor:
+        flat, context, lead = self._flat(z, x)
+        base = self.module._distribution
+        name = type(base).__name__
+        if name not in ("StandardNormal", "ConditionalDiagonalNormal"):
+            raise UnsupportedError(
+                "from_latent needs an nflows base distribution StandardNormal or "
+                f"ConditionalDiagonalNormal, got {name}"
+            )
+        with self._errors(flat, context):
+            embedded = self.module._embedding_net(context)
+            if name == "ConditionalDiagonalNormal":
+                mean, log_std = base._compute_params(embedded)
+                flat = mean + flat * torch.exp(log_std)
+            theta, _ = self.module._transform.inverse(flat, context=embedded)
+        return theta.reshape(*lead, x.shape[0], z.shape[-1]).to(z.dtype)

@@ -73,6 +73,11 @@ class SbiPosterior(Posterior):
         inner = self._prepare_theta(theta, x)
         return _sbi_flow(self.module).to_latent(inner, x).to(theta.dtype)
 
+    def from_latent(self, z: Tensor, x: Tensor) -> Tensor:
+        x = self._prepare_x(x)
+        inner = self._prepare_theta(z, x)
+        return _sbi_flow(self.module).from_latent(inner, x).to(z.dtype)
+
 
 class _EmbeddedFlow(torch.nn.Module):
     """``x -> flow(embedding(x))``: a zuko flow conditioned on an embedding of ``x``."""

@@ -3,10 +3,23 @@ r"""Post-hoc recalibration of a trained posterior, fitted on held-out pairs.
 A posterior that the diagnosis finds miscalibrated is fixed here, without retraining,
 from pairs the estimator never trained on (the validation split):
 
+* :func:`recalibrate` (:mod:`.api`): one call, any estimator with an inverse, methods
+  ``"scale"``, ``"radial"``, ``"scale+radial"`` and ``"auto"``;
+* :class:`RecalibratedPosterior` and :class:`LatentMap` (:mod:`.radial`): the fitted map
+  of the latent space, before the flow, with an explicit density;
 * :class:`LatentScale`: per-coordinate scales of a flow's latent (:mod:`.scale`), the
   flow counterpart of temperature scaling.
 """
 
+from calib_lightning.recalibration.api import METHODS, recalibrate, register_method
+from calib_lightning.recalibration.radial import LatentMap, RecalibratedPosterior
 from calib_lightning.recalibration.scale import LatentScale
 
-__all__ = ["LatentScale"]
+__all__ = [
+    "METHODS",
+    "LatentMap",
+    "LatentScale",
+    "RecalibratedPosterior",
+    "recalibrate",
+    "register_method",
+]

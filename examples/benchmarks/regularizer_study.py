@@ -64,8 +64,8 @@ from calib_lightning.losses import (
     CoverageLoss,
     KCCSDLoss,
     LatentCoverageLoss,
-    LatentScale,
 )
+from calib_lightning.recalibration import LatentScale
 from calib_lightning.tasks import SLCP, GaussianLinearUniform, TwoMoons
 from examples._npe import build_flow, regularized_loss
 from examples._smoke import add_smoke_argument, output_folder

@@ -1,0 +1,144 @@
+"""A callback that recalibrates the estimator on the validation pairs when ``fit`` ends.
+
+:class:`RecalibrationCallback` runs :func:`calib_lightning.recalibrate` once, at the end of
+``Trainer.fit``, logs the calibration before and after (held-out, cross-fitted) to every
+logger, and keeps the fitted latent map in its state, so that a checkpoint saved after
+``fit`` (``trainer.save_checkpoint``) holds it and :meth:`RecalibrationCallback.posterior`
+rebuilds the recalibrated posterior from a reloaded estimator.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch import Tensor
+
+from calib_lightning._checks import check_pairs
+from calib_lightning._random import seeded
+from calib_lightning.callbacks._plumbing import eval_mode, find_estimator
+from calib_lightning.posteriors import as_posterior
+from calib_lightning.recalibration import LatentMap, RecalibratedPosterior, recalibrate
+from calib_lightning.recalibration.api import AUTO_CANDIDATES, MIN_PAIRS, cross_fit_scores
+
+__all__ = ["RecalibrationCallback"]
+
+
+class RecalibrationCallback(Callback):
+    """Fit :func:`calib_lightning.recalibrate` on held-out pairs at the end of ``fit``.
+
+    Logged under ``{prefix}/{name}/`` at the last global step, to every logger:
+    ``coverage_error_before`` / ``_after`` and ``nll_before`` / ``_after`` (the held-out
+    latent coverage error and NLL of :func:`~calib_lightning.recalibration.api.cross_fit_scores`:
+    each half of the pairs scored by the map fitted on the other half, so "after" is not
+    measured on the pairs it was fitted on), and ``fit_seconds``. ``method="auto"`` also
+    logs which method won (``method_index``: its position in ``AUTO_CANDIDATES``).
+
+    Arguments:
+        theta: held-out parameters ``(n, D)`` (the validation split, never trained on).
+        x: their observations ``(n, *X)``.
+        method: passed to :func:`~calib_lightning.recalibrate` (``"auto"`` by default).
+        estimator: attribute of the LightningModule holding the estimator (dotted paths
+            work) or a function ``pl_module -> estimator``.
+        prefix: first part of the logged keys.
+        name: second part, and the callback's checkpoint key.
+        seed: the cross-fitting split and any random draw of the fit.
+        options: more arguments of :func:`~calib_lightning.recalibrate` (``band``,
+            ``scale_target``).
+
+    Attributes:
+        recalibrated: the recalibrated posterior after ``fit`` (``None`` before).
+        scores: the logged scalars (empty before).
+    """
+
+    def __init__(
+        self,
+        theta: Tensor,
+        x: Tensor,
+        *,
+        method: str = "auto",
+        estimator: str | Callable[[LightningModule], Any] = "flow",
+        prefix: str = "calibration",
+        name: str = "recalibration",
+        seed: int = 0,
+        **options: Any,
+    ) -> None:
+        super().__init__()
+        check_pairs(theta, x, min_rows=2)
+        self.theta, self.x, self.method, self.estimator = theta, x, method, estimator
+        self.prefix, self.name, self.seed, self.options = prefix.rstrip("/"), name, seed, options
+        self.recalibrated: RecalibratedPosterior | None = None
+        self.scores: dict[str, float] = {}
+        self._state: dict[str, Any] = {}
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(prefix=self.prefix, name=self.name)
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        estimator = find_estimator(pl_module, self.estimator)
+        post = as_posterior(estimator)
+        device = post.device or pl_module.device
+        dtype = post.dtype or torch.get_default_dtype()
+        theta, x = self.theta.to(device, dtype), self.x.to(device)
+        start = time.perf_counter()
+        with eval_mode(pl_module, estimator), seeded(self.seed), torch.no_grad():
+            fixed = recalibrate(post, theta, x, self.method, seed=self.seed, **self.options)
+            seconds = time.perf_counter() - start
+            scores = self._before_after(post, fixed, theta, x)
+        scores["fit_seconds"] = seconds
+        self.recalibrated, self.scores = fixed, scores
+        if isinstance(fixed, RecalibratedPosterior):
+            self._state = {"method": fixed.method, "selection": fixed.selection,
+                           "map": fixed.latent_map.state_dict(), "dim": theta.shape[1]}  # fmt: skip
+        metrics = {f"{self.prefix}/{self.name}/{key}": value for key, value in scores.items()}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+            logger.save()
+
+    def _before_after(self, post: Any, fixed: Any, theta: Tensor, x: Tensor) -> dict[str, float]:
+        """Held-out scores of the identity and of the fitted method (when it is a latent map
+        and there are pairs enough for two halves)."""
+        method = getattr(fixed, "method", None)
+        if method not in AUTO_CANDIDATES or theta.shape[0] < 2 * MIN_PAIRS:
+            return {}
+        selection = getattr(fixed, "selection", None)
+        if selection is None:
+            z, log_prob = post.to_latent(theta, x), post.log_prob(theta, x)
+            selection = cross_fit_scores(z, log_prob, ("none", method), seed=self.seed,
+                                         band=self.options.get("band"))  # fmt: skip
+        out = {
+            "coverage_error_before": selection["none"]["coverage_error"],
+            "coverage_error_after": selection[method]["coverage_error"],
+            "nll_before": selection["none"]["nll"],
+            "nll_after": selection[method]["nll"],
+        }
+        if self.method == "auto":
+            out["method_index"] = float(AUTO_CANDIDATES.index(method))
+        return out
+
+    def posterior(self, estimator: Any) -> RecalibratedPosterior:
+        """The recalibrated posterior of ``estimator`` (e.g. reloaded from a checkpoint)
+        with the latent map this callback fitted or loaded."""
+        if not self._state:
+            raise ValueError(
+                "the callback has no fitted map: it fits at the end of Trainer.fit, or loads "
+                "one with load_state_dict from a checkpoint saved after fit"
+            )
+        latent_map = LatentMap(self._state["dim"])
+        latent_map.load_state_dict(self._state["map"])
+        post = as_posterior(estimator)
+        if post.device is not None:
+            latent_map = latent_map.to(post.device)
+        return RecalibratedPosterior(post, latent_map, self._state["method"],
+                                     self._state["selection"])  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"recalibration": dict(self._state), "scores": dict(self.scores)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._state = dict(state_dict.get("recalibration", {}))
+        self.scores = dict(state_dict.get("scores", {}))
