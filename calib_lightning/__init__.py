@@ -35,7 +35,7 @@ from calib_lightning.metrics import (
 )
 from calib_lightning.misspecification import MisspecificationResult, misspecification_test
 from calib_lightning.posteriors import Posterior, SamplePosterior, as_posterior
-from calib_lightning.recalibration import LatentScale
+from calib_lightning.recalibration import ConformalRegion, LatentScale
 
 # Lightning and matplotlib load on first use, so `import calib_lightning` stays light.
 _LAZY_MODULES = ("callbacks", "diagnosis", "plots")
@@ -56,6 +56,7 @@ __all__ = [
     "TARP",
     "BalancingLoss",
     "CalibrationCallback",
+    "ConformalRegion",
     "CoverageLoss",
     "DensityCoverage",
     "Diagnosis",

@@ -7,6 +7,7 @@ from pairs the estimator never trained on (the validation split):
   flow counterpart of temperature scaling.
 """
 
+from calib_lightning.recalibration.conformal import ConformalRegion
 from calib_lightning.recalibration.scale import LatentScale
 
-__all__ = ["LatentScale"]
+__all__ = ["ConformalRegion", "LatentScale"]
