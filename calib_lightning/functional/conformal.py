@@ -28,7 +28,8 @@ the upper bound needing no ties (true for the randomized score). The region at
 :math:`\{\theta : r(\theta) < \hat a (S + 1)\}`, i.e. a log-density above
 :func:`density_threshold`. It contains :math:`\{c \le \hat a\}`, so its coverage is at
 least :math:`1 - \alpha` too (and at most the upper bound plus :math:`P(r = \lceil \hat a
-(S + 1) \rceil - 1) \approx 1 / (S + 1)`).
+(S + 1) \rceil - 1)`, about :math:`1 / (S + 1)` unless the truth often lies beyond all
+the draws).
 
 **Local.** With a partition of the ``x`` space built without the calibration pairs (a
 regression tree fitted on other pairs), :func:`leaf_quantiles` takes one conformal

@@ -61,13 +61,17 @@ class ConformalRegion:
 
     for any posterior, however miscalibrated, and any ``n`` (the probability is over the
     held-out pairs, the new pair and the draws). The lower bound is exact; the upper one
-    holds for the randomized score (no ties) with :math:`\varepsilon_S = 0`, and for the
-    deterministic membership test of :meth:`contains` with
-    :math:`\varepsilon_S \approx 1 / (S + 1)`. With ``local=True`` the tree is fitted on
-    a random ``tree_fraction`` of the pairs and the quantiles are taken on the others,
-    so the bounds hold within every leaf (with the leaf's ``n``), conditionally on the
-    tree, hence marginally. It is marginal coverage, not coverage at every ``x``: the
-    local form only gets closer to the latter.
+    holds for the randomized score (no ties: :math:`P(c_{n+1} \le \hat a)`) with
+    :math:`\varepsilon_S = 0`; the deterministic membership test of :meth:`contains`
+    adds :math:`\varepsilon_S = P(r_{n+1} = \lceil \hat a (S + 1) \rceil - 1)`, about
+    :math:`1 / (S + 1)` for a roughly calibrated posterior. A posterior so over-confident
+    that the truth often lies beyond all ``S`` draws needs :math:`\hat a` above
+    :math:`S / (S + 1)`, whose region is the whole space: more draws sharpen it.
+
+    With ``local=True`` the tree is fitted on a random ``tree_fraction`` of the pairs and
+    the quantiles are taken on the others, so the bounds hold within every leaf (with the
+    leaf's ``n``), conditionally on the tree, hence marginally. It is marginal coverage,
+    not coverage at every ``x``: the local form only gets closer to the latter.
 
     Arguments:
         posterior: anything :func:`calib_lightning.as_posterior` accepts.
@@ -88,12 +92,12 @@ class ConformalRegion:
         >>> from calib_lightning.tasks import GaussianToy
         >>> toy = GaussianToy(dim=2)
         >>> theta, x = toy.sample(1000, torch.Generator().manual_seed(0))
-        >>> too_narrow = toy.posterior(variance_scale=0.25)  # over-confident
+        >>> too_narrow = toy.posterior(variance_scale=0.5)  # over-confident
         >>> region = ConformalRegion(too_narrow).fit(theta, x)
-        >>> round(float(region.calibrated_level(0.9)), 2)  # its 90 % region is its 99.9 %
-        1.0
+        >>> round(float(region.calibrated_level(0.9)), 2)  # its 90 % region: its 99 % one
+        0.99
         >>> theta, x = toy.sample(4000, torch.Generator().manual_seed(1))
-        >>> round(float(region.contains(theta, x, level=0.9).double().mean()), 1)
+        >>> round(float(region.contains(theta, x, level=0.9).double().mean()), 2)
         0.9
 
     References:
