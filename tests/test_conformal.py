@@ -199,6 +199,22 @@ def test_zuko_and_nflows_flows_are_accepted() -> None:
         assert region.contains(theta[:5], x[:5]).dtype == torch.bool
 
 
+def test_a_local_region_can_reuse_the_scores_of_a_global_one() -> None:
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(400, torch.Generator().manual_seed(13))
+    post = toy.posterior(variance_scale=0.5)
+    torch.manual_seed(14)
+    scored = cl.ConformalRegion(post, local=True, min_leaf_size=50, seed=3).fit(theta, x)
+    torch.manual_seed(14)
+    shared = cl.ConformalRegion(post, seed=3).fit(theta, x).scores
+    reused = cl.ConformalRegion(post, local=True, min_leaf_size=50, seed=3)
+    reused.fit(theta, x, scores=shared)
+    assert torch.equal(reused.scores, scored.scores)
+    assert torch.equal(reused.calibrated_level(LEVEL, x), scored.calibrated_level(LEVEL, x))
+    with pytest.raises(ValueError, match="scores"):
+        reused.fit(theta, x, scores=shared[:10])
+
+
 def test_bad_input_raises_value_errors() -> None:
     toy = GaussianToy(dim=2)
     post = toy.posterior()

@@ -201,16 +201,27 @@ class ConformalRegion:
 
     # --- fit ----------------------------------------------------------------------------
 
-    def fit(self, theta: Tensor, x: Tensor) -> ConformalRegion:
+    def fit(self, theta: Tensor, x: Tensor, *, scores: Tensor | None = None) -> ConformalRegion:
         """Score the held-out pairs (and fit the tree when ``local``); returns ``self``.
 
         Arguments:
             theta: held-out true parameters ``(n, D)``, never used to train the posterior.
             x: their observations ``(n, *X)``.
+            scores: the same pairs' scores from a global region of the same posterior
+                (its :attr:`scores`, ``(n,)``), to skip the draws (e.g. a local region
+                beside a global one).
         """
         theta, x = check_pairs(theta, x, min_rows=2)
         check_finite("theta", theta)
         generator = torch.Generator().manual_seed(self.seed)
+        if scores is not None:
+            if not isinstance(scores, Tensor) or scores.shape != (len(theta),):
+                raise ValueError(
+                    f"scores must have shape (n,) = ({len(theta)},), got {scores!r:.60}"
+                )
+            check_finite("scores", scores)
+            torch.rand(len(theta), generator=generator, dtype=torch.float64)  # same split
+            return self._store(scores.double().cpu(), x, generator)
         above = torch.zeros(len(theta), dtype=torch.float64)
         for chunk in evaluation.draw_chunks(self.posterior, theta, x, self.num_posterior_samples):
             rows = slice(chunk.start, chunk.start + chunk.theta.shape[0])
@@ -222,7 +233,9 @@ class ConformalRegion:
             check_finite("posterior log_prob at theta", ell_theta)
             above[rows] += (ell_samples > ell_theta).sum(0).double().cpu()
         noise = torch.rand(len(theta), generator=generator, dtype=torch.float64)
-        scores = (above + noise) / (self.num_posterior_samples + 1)
+        return self._store((above + noise) / (self.num_posterior_samples + 1), x, generator)
+
+    def _store(self, scores: Tensor, x: Tensor, generator: torch.Generator) -> ConformalRegion:
         self.scores, self.leaves, self.tree = scores, None, None
         if self.local:
             self._fit_tree(scores, x, generator)
