@@ -19,7 +19,7 @@ from torch import Tensor
 
 __all__ = ["plot_conformal_region"]
 
-_CALIBRATED, _NOMINAL, _REFERENCE = "C0", "C3", "0.55"
+_CALIBRATED, _NOMINAL, _REFERENCE = "C0", "C3", "C1"
 
 
 def plot_conformal_region(
@@ -30,7 +30,7 @@ def plot_conformal_region(
     reference: Tensor | None = None,
     truth: Tensor | None = None,
     parameters: tuple[int, int] = (0, 1),
-    grid_size: int = 120,
+    grid_size: int = 200,
     num_shown: int = 500,
     figsize: tuple[float, float] = (4.2, 4.0),
 ) -> Figure:
@@ -66,14 +66,15 @@ def plot_conformal_region(
     shown = draws[:num_shown].double().cpu().numpy()
     if reference is not None:
         ref = reference.double().cpu().numpy()
-        ax.scatter(ref[:num_shown, i], ref[:num_shown, j], s=3, c=_REFERENCE, alpha=0.5,
+        ax.scatter(ref[:num_shown, i], ref[:num_shown, j], s=3, c=_REFERENCE, alpha=0.35,
                    label="reference", rasterized=True)  # fmt: skip
     if d == 2:
-        ax.scatter(shown[:, 0], shown[:, 1], s=2, c="0.2", alpha=0.25, rasterized=True)
+        ax.scatter(shown[:, 0], shown[:, 1], s=2, c="0.2", alpha=0.25, rasterized=True,
+                   label="posterior draws")  # fmt: skip
         every = draws.double().cpu().numpy()
         points = np.concatenate([every] + ([] if reference is None else [ref[:, :2]]))
-        low, high = points.min(0), points.max(0)
-        pad = 0.2 * (high - low)
+        low, high = np.quantile(points, 0.002, 0), np.quantile(points, 0.998, 0)
+        pad = 0.15 * (high - low)  # robust to stray draws; the regions' tails fit
         axes = [np.linspace(low[k] - pad[k], high[k] + pad[k], grid_size) for k in range(2)]
         grid = np.stack(np.meshgrid(*axes, indexing="xy"), -1).reshape(-1, 1, 2)
         theta = torch.as_tensor(grid, dtype=draws.dtype, device=draws.device)
