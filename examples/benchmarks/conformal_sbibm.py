@@ -28,7 +28,8 @@ Run (sbibm lives in its own venv; calib_lightning from the checkout)::
 
 Writes examples/benchmarks/results/conformal_sbibm.md and conformal_sbibm_runs.json
 (rewritten after every run; ``--resume`` skips runs already in the json), and
-conformal_sbibm.png: the local region of the first Two Moons run at observation 1.
+conformal_sbibm.png: the local region of the first Two Moons run at observation 1
+(``--figure-only`` redoes that run for the figure alone).
 """
 
 from __future__ import annotations
@@ -224,6 +225,11 @@ def main() -> None:
     parser.add_argument("--reference", type=int, default=10_000)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--no-figure", action="store_true")
+    parser.add_argument(
+        "--figure-only",
+        action="store_true",
+        help="redo the first Two Moons run for its figure only (no tables)",
+    )
     add_smoke_argument(parser)
     args = parser.parse_args()
     if args.smoke:
@@ -231,6 +237,10 @@ def main() -> None:
         args.samples, args.min_leaf_size, args.observations, args.reference = 100, 20, 2, 500
     torch.set_num_threads(1)
     folder = output_folder(Path(__file__).parent / "results", args.smoke)
+    if args.figure_only:
+        run("two_moons", args.seeds[0], args, folder / "conformal_sbibm.png")
+        print(f"figure written to {folder}")
+        return
     runs_path = folder / "conformal_sbibm_runs.json"
     runs = json.loads(runs_path.read_text()) if args.resume and runs_path.exists() else []
     done = {(r["task"], r["seed"]) for r in runs}
