@@ -236,6 +236,10 @@ def test_bad_input_raises_value_errors() -> None:
         region.fit(theta, x).calibrated_level(1.5)
     with pytest.raises(ValueError, match="score"):
         cl.ConformalRegion(post, score="energy")
+    box = torch.distributions.Independent(torch.distributions.Uniform(-torch.ones(2), 1.0), 1)
+    outside = cl.ConformalRegion(lambda x: box.expand((x.shape[0],)), num_posterior_samples=50)
+    outside.fit(theta.clamp(-0.99, 0.99), x)  # a point outside the support: never inside
+    assert not outside.contains(torch.full((3, 2), 5.0), x[:3]).any()
     samples_only = cl.SamplePosterior(lambda x, s: torch.randn(s, *x.shape), num_dims=2)
     with pytest.raises(ValueError, match="log_prob"):
         cl.ConformalRegion(samples_only, score="density")

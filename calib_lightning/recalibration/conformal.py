@@ -176,7 +176,7 @@ class ConformalRegion:
         theta, x = self._check(theta, x)
         samples = self._draws(x)
         ell_samples, ell_theta = self._log_prob(samples, theta, x)
-        check_finite("posterior log_prob at theta", ell_theta.reshape(-1, ell_theta.shape[-1]).T)
+        _check_log_prob(ell_theta)
         noise = None
         if randomized:
             generator = torch.Generator(device=theta.device).manual_seed(self.seed + 1)
@@ -230,7 +230,7 @@ class ConformalRegion:
             else:
                 ell_samples, ell_theta = chunk.log_prob, chunk.log_prob_theta
             evaluation.checked_samples(chunk.samples, ell_samples)
-            check_finite("posterior log_prob at theta", ell_theta)
+            _check_log_prob(ell_theta)
             above[rows] += (ell_samples > ell_theta).sum(0).double().cpu()
         noise = torch.rand(len(theta), generator=generator, dtype=torch.float64)
         return self._store((above + noise) / (self.num_posterior_samples + 1), x, generator)
@@ -347,3 +347,14 @@ class ConformalRegion:
         with torch.no_grad():
             ell = self.posterior.log_prob(samples, x)
         return density_threshold(ell, target)
+
+
+def _check_log_prob(ell_theta: Tensor) -> None:
+    """``-inf`` (outside the posterior's support: least credible) passes; NaN and ``+inf``
+    raise, counting the points."""
+    bad = torch.isnan(ell_theta) | (ell_theta == torch.inf)
+    if bool(bad.any()):
+        raise ValueError(
+            f"posterior log_prob at theta must not be NaN or +inf, got {int(bad.sum())} such "
+            f"values out of {ell_theta.numel()}"
+        )
