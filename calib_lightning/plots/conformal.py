@@ -31,6 +31,7 @@ def plot_conformal_region(
     truth: Tensor | None = None,
     parameters: tuple[int, int] = (0, 1),
     grid_size: int = 200,
+    bounds: tuple[tuple[float, float], tuple[float, float]] | None = None,
     num_shown: int = 500,
     figsize: tuple[float, float] = (4.2, 4.0),
 ) -> Figure:
@@ -44,6 +45,8 @@ def plot_conformal_region(
         truth: the true parameter ``(D,)``, drawn as a star.
         parameters: the two coordinates shown (``D > 2``).
         grid_size: grid points per axis (``D = 2``).
+        bounds: ``((low, high), (low, high))`` of the two axes (a zoom); ``None``: the
+            draws' range.
         num_shown: posterior draws shown.
         figsize: figure size in inches.
 
@@ -75,7 +78,8 @@ def plot_conformal_region(
         points = np.concatenate([every] + ([] if reference is None else [ref[:, :2]]))
         low, high = np.quantile(points, 0.002, 0), np.quantile(points, 0.998, 0)
         pad = 0.15 * (high - low)  # robust to stray draws; the regions' tails fit
-        axes = [np.linspace(low[k] - pad[k], high[k] + pad[k], grid_size) for k in range(2)]
+        limits = bounds or [(low[k] - pad[k], high[k] + pad[k]) for k in range(2)]
+        axes = [np.linspace(*limits[k], grid_size) for k in range(2)]
         grid = np.stack(np.meshgrid(*axes, indexing="xy"), -1).reshape(-1, 1, 2)
         theta = torch.as_tensor(grid, dtype=draws.dtype, device=draws.device)
         cred = region.credibility(theta, x_o).reshape(grid_size, grid_size).double().cpu()
@@ -91,6 +95,9 @@ def plot_conformal_region(
         nominal = cred < level
         ax.scatter(shown[nominal, i], shown[nominal, j], s=14, facecolors="none",
                    edgecolors=_NOMINAL, linewidths=0.5, alpha=0.6)  # fmt: skip
+    if bounds is not None:
+        ax.set_xlim(*bounds[0])
+        ax.set_ylim(*bounds[1])
     if truth is not None:
         t = truth.reshape(-1).double().cpu().numpy()
         ax.scatter([t[i]], [t[j]], marker="*", s=120, c="k", zorder=5, label="truth")

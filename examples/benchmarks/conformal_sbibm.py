@@ -28,8 +28,8 @@ Run (sbibm lives in its own venv; calib_lightning from the checkout)::
 
 Writes examples/benchmarks/results/conformal_sbibm.md and conformal_sbibm_runs.json
 (rewritten after every run; ``--resume`` skips runs already in the json), and
-conformal_sbibm.png: the local region of the first Two Moons run at observation 1
-(``--figure-only`` redoes that run for the figure alone).
+conformal_sbibm.png (and _zoom.png, around the true parameter): the local region of the
+first Two Moons run at observation 1 (``--figure-only`` redoes that run for the figures).
 """
 
 from __future__ import annotations
@@ -141,12 +141,14 @@ def run(task_name: str, seed: int, args: argparse.Namespace, figure: Path | None
         from calib_lightning.plots import plot_conformal_region
 
         x_o = task.get_observation(num_observation=1).float()
-        fig = plot_conformal_region(
-            regions["local"], x_o,
-            reference=task.get_reference_posterior_samples(num_observation=1).float(),
-            truth=task.get_true_parameters(num_observation=1)[0],
-        )  # fmt: skip
-        fig.savefig(figure, dpi=110)
+        truth = task.get_true_parameters(num_observation=1)[0]
+        reference = task.get_reference_posterior_samples(num_observation=1).float()
+        for zoom in (None, 0.12):  # the whole posterior, then the truth's crescent
+            bounds = None if zoom is None else [(float(t) - zoom, float(t) + zoom) for t in truth]
+            fig = plot_conformal_region(regions["local"], x_o, reference=reference,
+                                        truth=truth, bounds=bounds)  # fmt: skip
+            fig.savefig(figure if zoom is None else figure.with_name(figure.stem + "_zoom.png"),
+                        dpi=110)  # fmt: skip
     error = {m: statistics.fmean(abs(c - LEVEL) for c in cs) for m, cs in coverage.items()}
     return dict(task=task_name, seed=seed, budget=args.budget, calibration_pairs=n_cal,
                 error=error, coverage=coverage, levels=levels, fit_seconds=fit_seconds,
