@@ -36,7 +36,12 @@ from calib_lightning.metrics import (
 )
 from calib_lightning.misspecification import MisspecificationResult, misspecification_test
 from calib_lightning.posteriors import Posterior, SamplePosterior, as_posterior
-from calib_lightning.recalibration import LatentScale, RecalibratedPosterior, recalibrate
+from calib_lightning.recalibration import (
+    ConformalRegion,
+    LatentScale,
+    RecalibratedPosterior,
+    recalibrate,
+)
 
 # Lightning and matplotlib load on first use, so `import calib_lightning` stays light.
 _LAZY_MODULES = ("callbacks", "diagnosis", "plots")
@@ -58,6 +63,7 @@ __all__ = [
     "TARP",
     "BalancingLoss",
     "CalibrationCallback",
+    "ConformalRegion",
     "CoverageLoss",
     "DensityCoverage",
     "Diagnosis",

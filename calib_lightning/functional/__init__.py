@@ -16,6 +16,13 @@ from calib_lightning.functional.bootstrap import (
     wild_bootstrap,
 )
 from calib_lightning.functional.combine import combine_p_values, holm_adjust, monte_carlo_p_value
+from calib_lightning.functional.conformal import (
+    conformal_quantile,
+    credibility,
+    density_threshold,
+    leaf_quantiles,
+    min_pairs,
+)
 from calib_lightning.functional.direction import RankMeanTest, rank_mean_test
 from calib_lightning.functional.distance_rank import distance_log_prob
 from calib_lightning.functional.joint_c2st import conformal_ranks, uniform_mean_test
@@ -118,10 +125,13 @@ __all__ = [
     "combine_p_values",
     "compare_to_reference",
     "conformal_p_value",
+    "conformal_quantile",
     "conformal_ranks",
     "coverage_error",
+    "credibility",
     "default_num_bins",
     "density_coverage",
+    "density_threshold",
     "distance_log_prob",
     "draw_moments",
     "ecdf_levels",
@@ -145,7 +155,9 @@ __all__ = [
     "latent_values",
     "lc2st_p_value",
     "lc2st_statistic",
+    "leaf_quantiles",
     "marginal_ranks",
+    "min_pairs",
     "misspecification_scores",
     "mmd",
     "monte_carlo_p_value",

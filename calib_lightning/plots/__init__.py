@@ -4,6 +4,7 @@ Every function returns a :class:`matplotlib.figure.Figure` and never calls
 ``plt.show``, so callbacks can hand it to ``SummaryWriter.add_figure``.
 """
 
+from calib_lightning.plots.conformal import plot_conformal_region
 from calib_lightning.plots.history import plot_history
 from calib_lightning.plots.lc2st import plot_pp, plot_probability_map
 from calib_lightning.plots.misspecification import plot_misspecification
@@ -16,6 +17,7 @@ from calib_lightning.plots.recovery import plot_recovery, plot_z_score_contracti
 from calib_lightning.plots.tarp import plot_tarp
 
 __all__ = [
+    "plot_conformal_region",
     "plot_expected_coverage",
     "plot_history",
     "plot_misspecification",

@@ -8,15 +8,19 @@ from pairs the estimator never trained on (the validation split):
 * :class:`RecalibratedPosterior` and :class:`LatentMap` (:mod:`.radial`): the fitted map
   of the latent space, before the flow, with an explicit density;
 * :class:`LatentScale`: per-coordinate scales of a flow's latent (:mod:`.scale`), the
-  flow counterpart of temperature scaling.
+  flow counterpart of temperature scaling;
+* :class:`ConformalRegion` (:mod:`.conformal`): split-conformal credible regions, global
+  or local over ``x``, with finite-sample marginal coverage, for every estimator.
 """
 
 from calib_lightning.recalibration.api import METHODS, recalibrate, register_method
+from calib_lightning.recalibration.conformal import ConformalRegion
 from calib_lightning.recalibration.radial import LatentMap, RecalibratedPosterior
 from calib_lightning.recalibration.scale import LatentScale
 
 __all__ = [
     "METHODS",
+    "ConformalRegion",
     "LatentMap",
     "LatentScale",
     "RecalibratedPosterior",

@@ -1,0 +1,267 @@
+"""Conformal credible regions: the finite-sample guarantee, local adaptivity, adapters, errors."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+import pytest
+import torch
+from torch.distributions import Independent, Normal
+
+import calib_lightning as cl
+from calib_lightning.functional import (
+    conformal_quantile,
+    credibility,
+    density_threshold,
+    leaf_quantiles,
+    min_pairs,
+)
+from calib_lightning.tasks import GaussianToy
+
+matplotlib.use("Agg")
+
+LEVEL = 0.9
+
+
+def test_conformal_quantile_has_exact_coverage_over_many_repetitions() -> None:
+    g = torch.Generator().manual_seed(0)
+    n, reps = 19, 40_000
+    scores = torch.rand(reps, n + 1, generator=g, dtype=torch.float64)
+    covered = (scores[:, n] <= conformal_quantile(scores[:, :n], LEVEL)).double()
+    exact = math.ceil((n + 1) * LEVEL) / (n + 1)  # 0.95: between 0.9 and 0.9 + 1/(n+1)
+    assert LEVEL <= exact <= LEVEL + 1 / (n + 1)
+    se = covered.std() / math.sqrt(reps)
+    assert abs(float(covered.mean()) - exact) < 3 * se
+
+
+def test_leaf_quantiles_match_the_global_quantile_leaf_by_leaf() -> None:
+    g = torch.Generator().manual_seed(1)
+    scores = torch.rand(300, generator=g, dtype=torch.float64)
+    leaves = torch.randint(0, 3, (300,), generator=g)
+    per_leaf, counts = leaf_quantiles(scores, leaves, 4, LEVEL, fill=1.0)
+    for leaf in range(3):
+        assert per_leaf[leaf] == conformal_quantile(scores[leaves == leaf], LEVEL)
+    assert counts[3] == 0
+    assert per_leaf[3] == 1.0
+
+
+def test_density_threshold_is_the_membership_rule_of_credibility() -> None:
+    g = torch.Generator().manual_seed(2)
+    draws, points = torch.randn(50, 7, generator=g), torch.randn(200, 7, generator=g)
+    for level in (0.05, 0.5, 0.93, 0.99):
+        inside = credibility(draws, points) < level
+        assert torch.equal(inside, points >= density_threshold(draws, level))
+    assert torch.isinf(density_threshold(draws, 0.999)).all()  # ceil(0.999 * 51) > 50
+
+
+def _coverage_over_repetitions(
+    posterior: object, sample: object, *, local: bool, reps: int, n: int, draws: int,
+    seed: int, **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Per repetition, on fresh pairs: coverage of the calibrated region (``contains``),
+    of the nominal HPD region, of the randomized score (``c <= level``, what the upper
+    bound is about), and the upper bound 0.9 + 1 / (n_leaf + 1)."""
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    calibrated, nominal, randomized, bound = [], [], [], []
+    for rep in range(reps):
+        theta, x = sample(n, g)
+        region = cl.ConformalRegion(
+            posterior, local=local, num_posterior_samples=draws, seed=rep, **kwargs
+        ).fit(theta, x)
+        theta_new, x_new = sample(100, g)
+        cred = region.credibility(theta_new, x_new)
+        level = region.calibrated_level(LEVEL, x_new)
+        calibrated.append((cred < level).double().mean())
+        nominal.append((cred < LEVEL).double().mean())
+        noisy = region.credibility(theta_new, x_new, randomized=True)
+        randomized.append((noisy <= level).double().mean())
+        if local:
+            counts = torch.bincount(region.leaves, minlength=len(region._leaf_index))
+            leaf = region._leaf_of(region._features(x_new))
+            bound.append(LEVEL + (1.0 / (counts[leaf] + 1)).mean())
+        else:
+            bound.append(torch.tensor(LEVEL + 1 / (len(region.scores) + 1)))
+    stacked = [torch.stack(v).double() for v in (calibrated, nominal, randomized, bound)]
+    return stacked[0], stacked[1], torch.stack(stacked[2:])
+
+
+def _check_guarantee(calibrated: torch.Tensor, upper: torch.Tensor) -> None:
+    """``calibrated`` covers at least 0.9; the randomized score ``upper[0]`` at most the
+    bound ``upper[1]`` (3 standard errors over repetitions)."""
+    se = float(calibrated.std()) / math.sqrt(len(calibrated))
+    mean = float(calibrated.mean())
+    assert mean >= LEVEL - 3 * se, (mean, se)
+    randomized, bound = upper
+    se = float(randomized.std()) / math.sqrt(len(randomized))
+    assert float(randomized.mean()) <= float(bound.mean()) + 3 * se, (randomized.mean(), se)
+
+
+@pytest.mark.parametrize("variance_scale", [0.5, 1.0, 2.0])
+def test_global_region_covers_at_least_nominal_whatever_the_posterior(
+    variance_scale: float,
+) -> None:
+    toy = GaussianToy(dim=2)
+    calibrated, nominal, bound = _coverage_over_repetitions(
+        toy.posterior(variance_scale=variance_scale), toy.sample, local=False, reps=150,
+        n=40, draws=400, seed=3,
+    )  # fmt: skip
+    _check_guarantee(calibrated, bound)
+    if variance_scale < 1:  # over-confident: its own 90 % region covers 1 - e^{-2.3 / 2}
+        assert float(nominal.mean()) < 0.75
+    if variance_scale > 1:  # under-confident: its own region over-covers
+        assert float(nominal.mean()) > 0.97
+
+
+def _heteroscedastic(x: torch.Tensor) -> Independent:
+    """Exact mean of GaussianToy, std x0.6 where x_1 > 0 (over-confident), x1.5 elsewhere."""
+    std = 0.2**0.5 * torch.where(x[:, :1] > 0, 0.6, 1.5).expand_as(x)
+    return Independent(Normal(0.8 * x, std), 1)
+
+
+def test_local_region_keeps_the_guarantee_per_leaf() -> None:
+    toy = GaussianToy(dim=2)
+    calibrated, _nominal, bound = _coverage_over_repetitions(
+        _heteroscedastic, toy.sample, local=True, reps=60, n=300, draws=300, seed=4,
+        min_leaf_size=30,
+    )  # fmt: skip
+    _check_guarantee(calibrated, bound)
+
+
+def test_local_region_adapts_where_the_global_one_cannot() -> None:
+    toy = GaussianToy(dim=2)
+    g = torch.Generator().manual_seed(5)
+    torch.manual_seed(5)
+    theta, x = toy.sample(2000, g)
+    theta_new, x_new = toy.sample(4000, g)
+    over = x_new[:, 0] > 0  # where the posterior is over-confident
+    errors = {}
+    for local in (False, True):
+        region = cl.ConformalRegion(_heteroscedastic, local=local).fit(theta, x)
+        inside = region.contains(theta_new, x_new, LEVEL).double()
+        errors[local] = [abs(float(inside[rows].mean()) - LEVEL) for rows in (over, ~over)]
+    assert min(errors[False]) > 0.08  # one level for both halves misses both by 0.1
+    assert max(errors[True]) < 0.06  # the tree splits at x_1 = 0 (leaves of ~100 pairs)
+
+
+def test_samples_only_posterior_uses_the_distance_score_with_the_guarantee() -> None:
+    toy = GaussianToy(dim=2)
+
+    def too_narrow(x: torch.Tensor, num_samples: int) -> torch.Tensor:
+        return 0.8 * x + 0.5 * 0.2**0.5 * torch.randn(num_samples, *x.shape)
+
+    post = cl.SamplePosterior(too_narrow, num_dims=2)
+    assert cl.ConformalRegion(post).score == "distance"
+    calibrated, nominal, bound = _coverage_over_repetitions(
+        post, toy.sample, local=False, reps=100, n=40, draws=200, seed=6
+    )
+    _check_guarantee(calibrated, bound)
+    assert float(nominal.mean()) < 0.75
+
+
+def test_contains_agrees_with_the_log_density_threshold() -> None:
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(300, torch.Generator().manual_seed(7))
+    post = toy.posterior(variance_scale=0.5)
+    region = cl.ConformalRegion(post, num_posterior_samples=500).fit(theta, x)
+    points = torch.randn(64, 300, 2, generator=torch.Generator().manual_seed(8))
+    torch.manual_seed(9)
+    inside = region.contains(points, x, LEVEL)
+    torch.manual_seed(9)  # the same draws
+    threshold = region.threshold(x, LEVEL)
+    assert inside.shape == (64, 300)
+    assert torch.equal(inside, cl.as_posterior(post).log_prob(points, x) >= threshold)
+    assert float(region.calibrated_level(LEVEL)) > LEVEL  # over-confident: a wider level
+    nominal = region.threshold(x, LEVEL, calibrated=False)
+    assert bool((nominal >= threshold).all())  # the nominal region is inside
+
+
+def test_zuko_and_nflows_flows_are_accepted() -> None:
+    zuko = pytest.importorskip("zuko")
+    nflows = pytest.importorskip("nflows.flows")
+    from nflows.distributions import StandardNormal
+    from nflows.transforms import MaskedAffineAutoregressiveTransform
+
+    torch.manual_seed(10)
+    theta, x = torch.randn(60, 2), torch.randn(60, 3)
+    flows = [
+        zuko.flows.NSF(2, 3, transforms=1, hidden_features=(8,)),
+        nflows.Flow(MaskedAffineAutoregressiveTransform(2, 8, context_features=3),
+                    StandardNormal([2])),
+    ]  # fmt: skip
+    for flow in flows:
+        region = cl.ConformalRegion(flow, local=True, num_posterior_samples=40, min_leaf_size=10)
+        region.fit(theta, x)
+        level = region.calibrated_level(LEVEL, x[:5])
+        assert level.shape == (5,)
+        assert bool(((level > 0) & (level <= 1)).all())
+        assert region.contains(theta[:5], x[:5]).dtype == torch.bool
+
+
+def test_a_local_region_can_reuse_the_scores_of_a_global_one() -> None:
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(400, torch.Generator().manual_seed(13))
+    post = toy.posterior(variance_scale=0.5)
+    torch.manual_seed(14)
+    scored = cl.ConformalRegion(post, local=True, min_leaf_size=50, seed=3).fit(theta, x)
+    torch.manual_seed(14)
+    shared = cl.ConformalRegion(post, seed=3).fit(theta, x).scores
+    reused = cl.ConformalRegion(post, local=True, min_leaf_size=50, seed=3)
+    reused.fit(theta, x, scores=shared)
+    assert torch.equal(reused.scores, scored.scores)
+    assert torch.equal(reused.calibrated_level(LEVEL, x), scored.calibrated_level(LEVEL, x))
+    with pytest.raises(ValueError, match="scores"):
+        reused.fit(theta, x, scores=shared[:10])
+
+
+def test_bad_input_raises_value_errors() -> None:
+    toy = GaussianToy(dim=2)
+    post = toy.posterior()
+    theta, x = toy.sample(30, torch.Generator().manual_seed(11))
+    region = cl.ConformalRegion(post, num_posterior_samples=50)
+    with pytest.raises(ValueError, match="not fitted"):
+        region.calibrated_level(LEVEL)
+    region.fit(theta[:5], x[:5])
+    with pytest.raises(ValueError, match="at least 9 held-out pairs"):
+        region.calibrated_level(LEVEL)
+    assert min_pairs(0.95) == 19
+    with pytest.raises(ValueError, match="theta"):
+        region.fit(theta.clone().fill_(math.nan), x)
+    with pytest.raises(ValueError, match="rows"):
+        region.fit(theta, x[:20])
+    with pytest.raises(ValueError, match="theta"):
+        region.fit(theta[:, 0], x)
+    with pytest.raises(ValueError, match="level"):
+        region.fit(theta, x).calibrated_level(1.5)
+    with pytest.raises(ValueError, match="score"):
+        cl.ConformalRegion(post, score="energy")
+    box = torch.distributions.Independent(torch.distributions.Uniform(-torch.ones(2), 1.0), 1)
+    outside = cl.ConformalRegion(lambda x: box.expand((x.shape[0],)), num_posterior_samples=50)
+    outside.fit(theta.clamp(-0.99, 0.99), x)  # a point outside the support: never inside
+    assert not outside.contains(torch.full((3, 2), 5.0), x[:3]).any()
+    samples_only = cl.SamplePosterior(lambda x, s: torch.randn(s, *x.shape), num_dims=2)
+    with pytest.raises(ValueError, match="log_prob"):
+        cl.ConformalRegion(samples_only, score="density")
+    local = cl.ConformalRegion(post, local=True, min_leaf_size=20)
+    with pytest.raises(ValueError, match="min_leaf_size"):
+        local.fit(theta, x)  # 15 pairs for the tree
+    with pytest.raises(ValueError, match="needs x"):
+        cl.ConformalRegion(post, local=True, min_leaf_size=5).fit(theta, x).calibrated_level()
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_plot_draws_the_calibrated_and_nominal_regions(dim: int) -> None:
+    from calib_lightning.plots import plot_conformal_region
+
+    toy = GaussianToy(dim=dim)
+    theta, x = toy.sample(200, torch.Generator().manual_seed(12))
+    region = cl.ConformalRegion(toy.posterior(variance_scale=0.5), num_posterior_samples=300)
+    fig = plot_conformal_region(region.fit(theta, x), x[:1], truth=theta[0], grid_size=40)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(label.startswith("calibrated (0.9") for label in labels)
+    if dim == 2:  # two contour sets: calibrated and nominal
+        assert len(ax.collections) >= 3
+    with pytest.raises(ValueError, match="x_o"):
+        plot_conformal_region(region, x[:2])
