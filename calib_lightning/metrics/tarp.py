@@ -47,8 +47,11 @@ def _sample_chunks(
         checked_samples(posterior)
         yield slice(0, x.shape[0]), posterior
         return
+    if chunk_size >= x.shape[0]:  # calls sized from the memory budget by draws()
+        yield slice(0, x.shape[0]), draws(posterior, x, num_posterior_samples)
+        return
     for rows in row_blocks(x.shape[0], chunk_size):
-        yield rows, draws(posterior, x[rows], num_posterior_samples)
+        yield rows, draws(posterior, x[rows], num_posterior_samples, chunk_size=chunk_size)
 
 
 class TARP(Metric):
@@ -63,7 +66,7 @@ ATC of Lemos et al.) and the curve
 
     The state is the rank histogram, ``S + 1`` integers summed over batches and
     processes: constant memory, and exact under DDP. ``update`` samples
-    ``chunk_size`` pairs at a time (by default about ``2**20`` numbers per call).
+    ``chunk_size`` pairs at a time (by default in calls sized from the memory budget).
 
     Coordinates: distances are measured on ``theta / scale`` and references are drawn
     uniformly on the box ``[low, high]``. Unless given, ``scale`` (standard deviation,
@@ -102,10 +105,9 @@ ATC of Lemos et al.) and the curve
         num_bins: the curve is returned on ``num_bins + 1`` levels in ``[0, 1]``.
         seed: seeds the fit points, the references (per process once the coordinates
             are fitted) and, hashed with the rank histogram, the null draws.
-        chunk_size: pairs sampled at once; ``None`` (default): as many as keep one call
-            at about ``2**20`` numbers, ``max(1, 2**20 // (S D))``, the chunks
-            :class:`~calib_lightning.RankCalibration` samples in (so the two can share
-            draws, and large ``D`` does not thrash the cache).
+        chunk_size: pairs sampled at once; ``None`` (default): calls sized from the
+            memory budget (:func:`calib_lightning.set_memory_budget`), as
+            :class:`~calib_lightning.RankCalibration`'s.
 
     ``update`` also accepts, in place of a posterior, a tensor of samples ``(S, N, D)``
     already drawn at ``x`` (from MCMC or another library).
@@ -249,7 +251,7 @@ ATC of Lemos et al.) and the curve
                 f"posterior samples must have shape ({size}, {n}, {d}) "
                 f"(num_posterior_samples, N, D), got {tuple(posterior.shape)}"
             )
-        rows_per_call = self.chunk_size or max(1, 2**20 // (size * d))
+        rows_per_call = self.chunk_size or max(1, n)  # draws() sizes its calls
         if not self._fitted():
             for rows, samples in _sample_chunks(posterior, x, size, rows_per_call):
                 self.pending_theta.append(theta[rows].detach())
