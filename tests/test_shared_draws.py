@@ -114,11 +114,11 @@ def calibration_draws(calls):
     in chunks of pairs sized from the memory budget; the observations' calls have at most
     ``n_obs`` rows)."""
     passes, rows_done = [], 0
-    for rows, draws in calls:
+    for rows, count in calls:
         if rows > n_obs:
             rows_done += rows
             if rows_done == N:
-                passes.append(draws)
+                passes.append(count)
                 rows_done = 0
     return passes
 
