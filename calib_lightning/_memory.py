@@ -8,9 +8,11 @@ measures what the first chunks actually allocate at their peak and sizes the nex
 so that one chunk's peak stays near the budget.
 
 **Measuring.** On CUDA, ``torch.cuda.max_memory_allocated`` above the memory allocated
-before the chunk. On the CPU, :class:`TensorPeak`: a ``TorchDispatchMode`` that adds up
-the bytes of the tensor storages every operation creates and drops them when they are
-freed, so its peak is the most tensor memory alive at once during the chunk. The
+before the chunk. On the CPU, :class:`TensorPeak`: a ``TorchFunctionMode`` that adds up
+the bytes of the tensor storages every torch function returns and drops them when they
+are freed, so its peak is the most tensor memory alive at once between the calls of the
+chunk (a ``TorchDispatchMode`` would see inside composite operations too, but its first
+use imports about 800 modules, seconds). The
 process's resident memory is higher than that by what the C allocator keeps
 (``examples/benchmarks/results/memory.md`` measures it).
 
@@ -28,7 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 __all__ = [
@@ -55,8 +57,7 @@ def check_budget(nbytes: object) -> int:
     """``nbytes`` as an int of at least 1 MiB, else a ``ValueError``."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 2**20:
         raise ValueError(
-            "memory budget must be an int number of bytes >= 2**20 (1 MiB), "
-            f"got {nbytes!r}"
+            f"memory budget must be an int number of bytes >= 2**20 (1 MiB), got {nbytes!r}"
         )
     return nbytes
 
@@ -96,7 +97,7 @@ class set_memory_budget:
         _BUDGET[0] = self.previous
 
 
-class TensorPeak(TorchDispatchMode):
+class TensorPeak(TorchFunctionMode):
     """Peak bytes of tensor storage alive at once while active (CPU or any device).
 
     Attributes:
@@ -113,7 +114,7 @@ class TensorPeak(TorchDispatchMode):
         if self._live.pop(key, None) is not None:
             self.now -= nbytes
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         for value in tree_flatten(out)[0]:
             if not isinstance(value, torch.Tensor) or value.device.type == "meta":
