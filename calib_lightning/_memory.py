@@ -18,13 +18,19 @@ process's resident memory is higher than that by what the C allocator keeps
 
 **Sizing.** The first chunk is a probe of :data:`PROBE_UNITS` units (draws at a pair,
 ODE solves); its peak per unit, an upper bound of the cost of one more unit (it includes
-the chunk's fixed cost), sizes the second chunk, whose peak per unit sizes every later
-one. Sizes depend only on the operations run, not on their values, so a seeded check
-gives the same chunks, hence the same numbers, every time.
+the chunk's fixed cost), sizes the second chunk; the larger of the two chunks' peaks per
+unit sizes every later one (the measured peak per unit varies by about 25 % between
+chunks of one model, so a chunk's peak can exceed the budget by about that much). Sizes
+depend only on the operations run, not on their values, so a seeded check
+gives the same chunks, hence the same numbers, every time. After a chunk of at least an
+eighth of the budget and :data:`COLLECT_BYTES`, the garbage collector runs: a zuko
+flow's distribution holds its intermediate tensors in reference cycles, which would
+otherwise outlive the chunk (``examples/benchmarks/results/memory.md``).
 """
 
 from __future__ import annotations
 
+import gc
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -34,6 +40,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 __all__ = [
+    "COLLECT_BYTES",
     "DEFAULT_MEMORY_BUDGET",
     "PROBE_UNITS",
     "ChunkSizer",
@@ -48,6 +55,8 @@ __all__ = [
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
 #: units (draws at a pair, ODE solves) in the first, probing chunk
 PROBE_UNITS = 256
+#: a chunk measured to need this many bytes is followed by ``gc.collect()`` (32 MiB)
+COLLECT_BYTES = 32 * 2**20
 
 _BUDGET = [DEFAULT_MEMORY_BUDGET]
 T = TypeVar("T")
@@ -179,11 +188,16 @@ class ChunkSizer:
         """``chunk()`` (of ``units`` units), measured while the sizes are being learnt."""
         self.chunks += 1
         if self.measured >= 2 or self.fixed_units is not None:
-            return chunk()
-        out, peak = measure_peak(chunk, self.device)
-        if self.measured == 0 or units > PROBE_UNITS:  # a full-size chunk: the better estimate
-            self.per_unit = peak / max(units, 1)
-        self.measured += 1
+            out = chunk()
+        else:
+            out, peak = measure_peak(chunk, self.device)
+            per_unit = peak / max(units, 1)  # the larger of two: the peak varies by about 25 %
+            self.per_unit = per_unit if self.per_unit is None else max(self.per_unit, per_unit)
+            self.measured += 1
+        if self.per_unit is not None and self.per_unit * units >= max(
+            self.budget / 8, COLLECT_BYTES
+        ):
+            gc.collect()  # a large chunk's garbage in reference cycles (zuko's), freed now
         return out
 
 
