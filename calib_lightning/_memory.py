@@ -18,9 +18,12 @@ process's resident memory is higher than that by what the C allocator keeps
 
 **Sizing.** The first chunk is a probe of :data:`PROBE_UNITS` units (draws at a pair,
 ODE solves); its peak per unit, an upper bound of the cost of one more unit (it includes
-the chunk's fixed cost), sizes the second chunk; the larger of the two chunks' peaks per
-unit sizes every later one (the measured peak per unit varies by about 25 % between
-chunks of one model, so a chunk's peak can exceed the budget by about that much). Sizes
+the chunk's fixed cost), sizes the later chunks. On CUDA, where measuring is free, the
+second chunk is measured too and the larger of the two peaks per unit sizes the rest. On
+the CPU only the probe is measured: the tracker costs Python time per torch call, which
+on an ODE solver's many small calls is as much as the calls (the measured peak per unit
+varies by about 25 % between chunks of one model, so a chunk's peak can exceed the
+budget by about that much). Sizes
 depend only on the operations run, not on their values, so a seeded check
 gives the same chunks, hence the same numbers, every time. After a chunk of at least an
 eighth of the budget and :data:`COLLECT_BYTES`, the garbage collector runs: a zuko
@@ -156,7 +159,7 @@ class ChunkSizer:
     """How many units (draws at a pair, ODE solves) the next chunk may hold.
 
     :meth:`size` gives the next chunk's size, :meth:`run` runs it, measuring the first
-    two chunks (module docstring).
+    chunk (two on CUDA; module docstring).
 
     Arguments:
         device: where the chunks run (CUDA: the allocator's statistics).
@@ -187,7 +190,8 @@ class ChunkSizer:
     def run(self, units: int, chunk: Callable[[], T]) -> T:
         """``chunk()`` (of ``units`` units), measured while the sizes are being learnt."""
         self.chunks += 1
-        if self.measured >= 2 or self.fixed_units is not None:
+        cuda = self.device is not None and self.device.type == "cuda"
+        if self.measured >= (2 if cuda else 1) or self.fixed_units is not None:
             out = chunk()
         else:
             out, peak = measure_peak(chunk, self.device)
