@@ -21,9 +21,10 @@ ODE solves); its peak per unit, an upper bound of the cost of one more unit (it 
 the chunk's fixed cost), sizes the later chunks. On CUDA, where measuring is free, the
 second chunk is measured too and the larger of the two peaks per unit sizes the rest. On
 the CPU only the probe is measured: the tracker costs Python time per torch call, which
-on an ODE solver's many small calls is as much as the calls (the measured peak per unit
-varies by about 25 % between chunks of one model, so a chunk's peak can exceed the
-budget by about that much). Sizes
+on an ODE solver's many small calls is as much as the calls. The peak per unit varies
+between chunks of one model (a probe of one pair's draws against blocks of whole pairs:
+up to about 1.3x for a zuko spline flow), so on the CPU the probe's is taken
+:data:`PROBE_MARGIN` times. Sizes
 depend only on the operations run, not on their values, so a seeded check
 gives the same chunks, hence the same numbers, every time. After a chunk of at least an
 eighth of the budget and :data:`COLLECT_BYTES`, the garbage collector runs: a zuko
@@ -45,6 +46,7 @@ from torch.utils._pytree import tree_flatten
 __all__ = [
     "COLLECT_BYTES",
     "DEFAULT_MEMORY_BUDGET",
+    "PROBE_MARGIN",
     "PROBE_UNITS",
     "ChunkSizer",
     "TensorPeak",
@@ -58,6 +60,8 @@ __all__ = [
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
 #: units (draws at a pair, ODE solves) in the first, probing chunk
 PROBE_UNITS = 256
+#: on the CPU, where only the probe is measured, its peak per unit times this sizes chunks
+PROBE_MARGIN = 1.5
 #: a chunk measured to need this many bytes is followed by ``gc.collect()`` (32 MiB)
 COLLECT_BYTES = 32 * 2**20
 
@@ -195,7 +199,7 @@ class ChunkSizer:
             out = chunk()
         else:
             out, peak = measure_peak(chunk, self.device)
-            per_unit = peak / max(units, 1)  # the larger of two: the peak varies by about 25 %
+            per_unit = peak / max(units, 1) * (1.0 if cuda else PROBE_MARGIN)
             self.per_unit = per_unit if self.per_unit is None else max(self.per_unit, per_unit)
             self.measured += 1
         if self.per_unit is not None and self.per_unit * units >= max(
