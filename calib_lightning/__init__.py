@@ -17,6 +17,7 @@ from calib_lightning import (
     recalibration,
     tasks,
 )
+from calib_lightning._memory import get_memory_budget, set_memory_budget
 from calib_lightning.losses import (
     BalancingLoss,
     CoverageLoss,
@@ -92,12 +93,14 @@ __all__ = [
     "diagnosis",
     "evaluation",
     "functional",
+    "get_memory_budget",
     "kernels",
     "losses",
     "misspecification_test",
     "plots",
     "recalibrate",
     "recalibration",
+    "set_memory_budget",
     "tasks",
 ]
 

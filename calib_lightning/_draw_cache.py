@@ -27,7 +27,8 @@ chunk, as :func:`~calib_lightning.evaluation.draw_chunks` does.
 **Memory.** The cache holds at most ``max_elements`` numbers (draws, their
 log-densities and the shared calibration batches); a request that would exceed it is
 drawn unshared, chunked as without sharing. Drawing into the cache is chunked like
-:func:`~calib_lightning.evaluation.draw_chunks` (``max_chunk_elements`` per call).
+:func:`~calib_lightning.evaluation.draw_chunks` (from the memory budget, or
+``max_chunk_elements`` per call).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import Tensor, nn
 
+from calib_lightning._memory import ChunkSizer, draw_blocks
 from calib_lightning.posteriors.base import Posterior, supports
 
 __all__ = [
@@ -55,7 +57,9 @@ __all__ = [
 MAX_SHARED_ELEMENTS = 2**25
 
 Chunk = tuple[int, Tensor, Tensor | None, Tensor, Tensor | None, int]  # an evaluation.DrawChunk
-Fresh = Callable[[Tensor, Tensor, int, int], Iterator[Chunk]]
+Fresh = Callable[[Tensor, Tensor, int, int | None], Iterator[Chunk]]
+#: numbers per chunk served from held draws (views) when no explicit bound is given
+REPLAY_ELEMENTS = 2**20
 
 
 def row_range(base: Tensor, view: Tensor) -> slice | None:
@@ -203,47 +207,51 @@ class SharedDraws(Posterior):
         more = (count - entry.held) * entry.x.shape[0] * (width + 1)
         return self.num_elements + more <= self.max_elements
 
-    def _extend(self, entry: _Entry, count: int, max_chunk_elements: int) -> bool:
-        """Draw ``count - held`` more at every row of the entry, ``max_chunk_elements``
-        numbers per call. When ``D`` is not known yet, one row is drawn first to learn it;
-        if the draws then exceed the bound, nothing is kept and this returns ``False``."""
+    def _extend(self, entry: _Entry, count: int, max_chunk_elements: int | None) -> bool:
+        """Draw ``count - held`` more at every row of the entry, in chunks sized from the
+        memory budget (or ``max_chunk_elements`` numbers per call). When ``D`` is not known
+        yet, one row is drawn first to learn it; if the draws then exceed the bound,
+        nothing is kept and this returns ``False``."""
         new, x, n = count - entry.held, entry.x, entry.x.shape[0]
         d, dense = entry.width or self.event_size(), supports(self.posterior, "log_prob")
+        sizer = ChunkSizer(x.device, fixed_units=None if max_chunk_elements is None or d is None
+                           else max(1, max_chunk_elements // d))  # fmt: skip
+        if d is None:
+            sizer.fixed_units = 1 if max_chunk_elements is not None else None
         samples: Tensor | None = None
         log_prob: Tensor | None = None
-        start = 0
-        while start < n:
-            rows = 1 if d is None else max(1, max_chunk_elements // (new * d))
-            per_call = new if d is None or not dense else max(1, min(new, max_chunk_elements // d))
-            xc = x[start : start + rows]
+        for rows, done, take in draw_blocks(n, new, sizer, whole_pairs=not dense):
+            xc = x[rows]
             k = xc.shape[0]
-            for done in range(0, new, per_call):
-                take = min(per_call, new - done)
-                s, p = (self.posterior.sample_and_log_prob(xc, take) if dense
-                        else (self.posterior.sample(xc, take), None))  # fmt: skip
-                shape = (take, k) if p is None else tuple(p.shape)
-                if s.ndim != 3 or s.shape[:2] != (take, k) or shape != (take, k):
-                    raise ValueError(
-                        "posterior.sample_and_log_prob must return shapes (S, N, D) and "
-                        f"(S, N) with (S, N) = {(take, k)}, got {tuple(s.shape)} and {shape}"
-                    )
-                if samples is None:
-                    if d is None and not self._fits(entry, count, s.shape[-1]):
-                        return False
-                    d = entry.width = s.shape[-1]
-                    samples = s.new_empty(new, n, d)
-                    log_prob = None if p is None else p.new_empty(new, n)
-                samples[done : done + take, start : start + k] = s
-                if log_prob is not None:
-                    log_prob[done : done + take, start : start + k] = p
-                self.drawn += take * k
-            start += k
+            s, p = sizer.run(take * k, lambda xc=xc, take=take: (
+                self.posterior.sample_and_log_prob(xc, take) if dense
+                else (self.posterior.sample(xc, take), None)))  # fmt: skip
+            shape = (take, k) if p is None else tuple(p.shape)
+            if s.ndim != 3 or s.shape[:2] != (take, k) or shape != (take, k):
+                raise ValueError(
+                    "posterior.sample_and_log_prob must return shapes (S, N, D) and "
+                    f"(S, N) with (S, N) = {(take, k)}, got {tuple(s.shape)} and {shape}"
+                )
+            if samples is None:
+                if d is None and not self._fits(entry, count, s.shape[-1]):
+                    return False
+                d = entry.width = s.shape[-1]
+                if max_chunk_elements is not None:
+                    sizer.fixed_units = max(1, max_chunk_elements // d)
+                samples = s.new_empty(new, n, d)
+                log_prob = None if p is None else p.new_empty(new, n)
+            samples[done : done + take, rows] = s
+            if log_prob is not None:
+                log_prob[done : done + take, rows] = p
+            self.drawn += take * k
         entry.samples.append(samples)
         entry.log_prob.append(log_prob)
         entry.held = count
         return True
 
-    def serve_draws(self, x: Tensor, count: int, max_chunk_elements: int = 2**20) -> Tensor | None:
+    def serve_draws(
+        self, x: Tensor, count: int, max_chunk_elements: int | None = None
+    ) -> Tensor | None:
         """The first ``count`` draws ``(count, N, D)`` at ``x`` (a fresh tensor), drawing the
         missing ones; ``None`` beyond the memory bound (the caller draws unshared)."""
         entry, rows = self._locate(x)
@@ -254,7 +262,7 @@ class SharedDraws(Posterior):
         return entry.take(0, count, rows)[0].clone()
 
     def serve_chunks(
-        self, theta: Tensor, x: Tensor, count: int, max_chunk_elements: int, fresh: Fresh
+        self, theta: Tensor, x: Tensor, count: int, max_chunk_elements: int | None, fresh: Fresh
     ) -> Iterator[Chunk] | None:
         """:func:`~calib_lightning.evaluation.draw_chunks`'s chunks, as tuples, from the
         held draws; ``fresh`` (the unshared chunk stream) draws an empty entry so that the
@@ -269,8 +277,8 @@ class SharedDraws(Posterior):
         return self._replay(entry, rows, theta, x, count, max_chunk_elements)
 
     def _stream(
-        self, entry: _Entry, theta: Tensor, x: Tensor, count: int, max_chunk_elements: int,
-        fresh: Fresh,
+        self, entry: _Entry, theta: Tensor, x: Tensor, count: int,
+        max_chunk_elements: int | None, fresh: Fresh,
     ) -> Iterator[Chunk]:
         samples: Tensor | None = None
         log_prob: Tensor | None = None
@@ -291,9 +299,10 @@ class SharedDraws(Posterior):
 
     def _replay(
         self, entry: _Entry, rows: slice, theta: Tensor, x: Tensor, count: int,
-        max_chunk_elements: int,
+        max_chunk_elements: int | None,
     ) -> Iterator[Chunk]:
         (n, d), dense = theta.shape, supports(self.posterior, "log_prob")
+        max_chunk_elements = max_chunk_elements or REPLAY_ELEMENTS  # views: no new memory
         block = max(1, max_chunk_elements // (count * d))
         per_call = max(1, min(count, max_chunk_elements // d)) if dense else count
         theta = theta.detach()

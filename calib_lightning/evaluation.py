@@ -12,9 +12,11 @@ The rules, in one place:
   gradients); with ``create_graph=True`` they stay differentiable in the estimator's
   parameters, which the calibration losses need.
 * **Memory.** Large evaluations are chunked: base points ``chunk_size`` at a time
-  (:func:`base_scores`), pairs ``chunk_size`` at a time (:func:`draws`), and pairs and
-  draws so that one chunk holds at most ``max_chunk_elements`` numbers
-  (:func:`draw_chunks`).
+  (:func:`base_scores`); draws (:func:`draws`, :func:`draw_chunks`) and latents
+  (:func:`latents`, one ODE solve per pair for sbi's vector-field estimators) in chunks
+  sized from the memory budget (:func:`calib_lightning.set_memory_budget`) by the
+  measured peak of the first chunks (:mod:`calib_lightning._memory`), unless an explicit
+  ``chunk_size`` / ``max_chunk_elements`` is given.
 * **Sharing.** Handed a :class:`~calib_lightning._draw_cache.SharedDraws` (what the
   callbacks pass when several check in one epoch), :func:`draws` and :func:`draw_chunks`
   serve the draws it already holds at the same ``x`` (the first ``n``) and keep new ones.
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -40,10 +42,10 @@ from calib_lightning._checks import (
     check_pairs,
     check_positive,
     check_same_device_dtype,
-    model_dtype,
 )
-from calib_lightning._chunks import row_blocks
 from calib_lightning._draw_cache import SharedDraws
+from calib_lightning._features import embed
+from calib_lightning._memory import ChunkSizer, draw_blocks
 from calib_lightning.posteriors import DistributionPosterior, Posterior, as_posterior, check_width
 from calib_lightning.posteriors.base import supports
 
@@ -52,6 +54,7 @@ __all__ = [
     "base_scores",
     "check_event_size",
     "checked_samples",
+    "chunk_sizer",
     "draw_chunks",
     "draws",
     "embed",
@@ -138,12 +141,22 @@ def latents(
 ) -> Tensor:
     """Base-space points :math:`z_i = T^{-1}(\\theta_i; x_i)`, ``(N, D)``, checked finite.
 
-    Without gradient by default; ``create_graph=True`` keeps the graph, so the latents
-    are differentiable in the model's parameters (for the calibration losses).
+    Without gradient by default, in chunks of pairs sized from the memory budget;
+    ``create_graph=True`` keeps the graph (one call), so the latents are differentiable
+    in the model's parameters (for the calibration losses).
     """
     check_pairs(theta, x)
-    with contextlib.nullcontext() if create_graph else torch.no_grad():
-        z = as_posterior(posterior).to_latent(theta, x)
+    post = as_posterior(posterior)
+    if create_graph or theta.shape[0] == 0:
+        with contextlib.nullcontext() if create_graph else torch.no_grad():
+            z = post.to_latent(theta, x)
+    else:  # pairs in chunks sized from the memory budget (ODE solves for vector fields)
+        sizer, parts = ChunkSizer(x.device), []
+        with torch.no_grad():
+            for rows, _, _ in draw_blocks(theta.shape[0], 1, sizer):
+                parts.append(sizer.run(rows.stop - rows.start,
+                                       lambda rows=rows: post.to_latent(theta[rows], x[rows])))
+        z = parts[0] if len(parts) == 1 else torch.cat(parts)
     check_finite("posterior latents", z)
     return z
 
@@ -174,12 +187,13 @@ def draws(
         x: observations ``(N, *X)``.
         num_posterior_samples: ``S``.
         chunk_size: observations sampled per call (memory ``S * chunk_size * D``);
-            ``None``: all at once.
+            ``None``: calls sized from the memory budget
+            (:func:`calib_lightning.set_memory_budget`).
     """
     check_positive("num_posterior_samples", num_posterior_samples, integer=True)
     post = as_posterior(posterior)
-    size = x.shape[0] if chunk_size is None else chunk_size
-    check_positive("chunk_size", size, integer=True)
+    if chunk_size is not None:
+        check_positive("chunk_size", chunk_size, integer=True)
     if isinstance(post, SharedDraws):
         with torch.no_grad():
             held = post.serve_draws(x, num_posterior_samples)
@@ -187,9 +201,25 @@ def draws(
             checked_samples(held)
             return held
         post = post.posterior
+    s, whole = num_posterior_samples, not supports(post, "log_prob")
+    if chunk_size is not None:  # whole pairs, chunk_size at a time
+        sizer, whole = ChunkSizer(x.device, fixed_units=chunk_size * s), True
+    else:
+        sizer = ChunkSizer(x.device)
+    samples: Tensor | None = None
     with torch.no_grad():
-        parts = [post.sample(x[rows], num_posterior_samples) for rows in row_blocks(len(x), size)]
-    samples = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+        for rows, done, take in draw_blocks(x.shape[0], s, sizer, whole_pairs=whole):
+            part = sizer.run(take * (rows.stop - rows.start),
+                             lambda rows=rows, take=take: post.sample(x[rows], take))
+            if samples is None:
+                if rows.stop - rows.start == x.shape[0] and take == s:
+                    samples = part  # one call: no copy
+                    break
+                samples = part.new_empty(s, x.shape[0], *part.shape[2:])
+            samples[done : done + take, rows] = part
+    if samples is None:  # no observations
+        with torch.no_grad():
+            samples = post.sample(x, s)
     checked_samples(samples)
     return samples
 
@@ -221,27 +251,31 @@ def draw_chunks(
     x: Tensor,
     num_posterior_samples: int,
     *,
-    max_chunk_elements: int = 2**20,
+    max_chunk_elements: int | None = None,
 ) -> Iterator[DrawChunk]:
     """Draw ``M`` samples per pair with their log-densities, in bounded chunks, no gradient.
 
-    Pairs are taken ``max(1, max_chunk_elements // (M D))`` at a time; when one pair's
-    ``M D`` exceeds the bound its draws are split too. For each block of pairs the
-    truth's log-density comes from one ``log_prob`` call, the draws and their
-    densities from ``sample_and_log_prob`` calls; without ``log_prob`` (samples only),
-    from ``sample`` calls, with ``None`` log-densities and all ``M`` draws of a pair in
-    one chunk. Shapes are checked here; finiteness lazily by the consumer.
+    Chunks hold as many draws as the memory budget affords at the peak the first chunks
+    were measured to need (:mod:`calib_lightning._memory`); with ``max_chunk_elements``,
+    pairs are taken ``max(1, max_chunk_elements // (M D))`` at a time. Whole pairs go in
+    one chunk when their draws fit it; the draws of one pair are split otherwise. For
+    each block of pairs the truth's log-density comes from one ``log_prob`` call, the
+    draws and their densities from ``sample_and_log_prob`` calls; without ``log_prob``
+    (samples only), from ``sample`` calls, with ``None`` log-densities and all ``M``
+    draws of a pair in one chunk. Shapes are checked here; finiteness lazily by the consumer.
 
     Arguments:
         posterior: anything :func:`calib_lightning.as_posterior` accepts.
         theta: true parameters ``(N, D)``.
         x: observations ``(N, *X)``.
         num_posterior_samples: ``M``.
-        max_chunk_elements: bound on ``draws_per_chunk * pairs_per_chunk * D``.
+        max_chunk_elements: bound on ``draws_per_chunk * pairs_per_chunk * D`` instead of
+            the memory budget; ``None`` (default): the budget.
     """
     check_pairs(theta, x)
     check_positive("num_posterior_samples", num_posterior_samples, integer=True)
-    check_positive("max_chunk_elements", max_chunk_elements, integer=True)
+    if max_chunk_elements is not None:
+        check_positive("max_chunk_elements", max_chunk_elements, integer=True)
     post = as_posterior(posterior)
     if isinstance(post, SharedDraws):
         with torch.no_grad():
@@ -256,29 +290,39 @@ def draw_chunks(
 
 
 def _draw_fresh(
-    post: Posterior, theta: Tensor, x: Tensor, num_posterior_samples: int, max_chunk_elements: int
+    post: Posterior, theta: Tensor, x: Tensor, num_posterior_samples: int,
+    max_chunk_elements: int | None,
 ) -> Iterator[DrawChunk]:
     """:func:`draw_chunks` without sharing."""
     (n, d), m, dense = theta.shape, num_posterior_samples, supports(post, "log_prob")
-    rows = max(1, max_chunk_elements // (m * d))
-    per_call = max(1, min(m, max_chunk_elements // d)) if dense else m
+    sizer = chunk_sizer(x, d, max_chunk_elements)
     theta = theta.detach()
+    log_prob_theta: Tensor | None = None
     with torch.no_grad():
-        for start in range(0, n, rows):
-            th, xc = theta[start : start + rows], x[start : start + rows]
-            log_prob_theta = post.log_prob(th, xc) if dense else None
-            for done in range(0, m, per_call):
-                take, k = min(per_call, m - done), th.shape[0]
-                samples, log_prob = (post.sample_and_log_prob(xc, take) if dense
-                                     else (post.sample(xc, take), None))  # fmt: skip
-                shape = (take, k) if log_prob is None else tuple(log_prob.shape)
-                if samples.shape != (take, k, d) or shape != (take, k):
-                    raise ValueError(
-                        "posterior.sample_and_log_prob must return shapes (S, N, D) = "
-                        f"{(take, k, d)} and (S, N) = {(take, k)}, got "
-                        f"{tuple(samples.shape)} and {shape}"
-                    )
-                yield DrawChunk(start, th, log_prob_theta, samples, log_prob, done)
+        for rows, done, take in draw_blocks(n, m, sizer, whole_pairs=not dense):
+            th, xc = theta[rows], x[rows]
+            k = th.shape[0]
+            if done == 0:
+                log_prob_theta = post.log_prob(th, xc) if dense else None
+            samples, log_prob = sizer.run(take * k, lambda xc=xc, take=take: (
+                post.sample_and_log_prob(xc, take) if dense else (post.sample(xc, take), None)))
+            shape = (take, k) if log_prob is None else tuple(log_prob.shape)
+            if samples.shape != (take, k, d) or shape != (take, k):
+                raise ValueError(
+                    "posterior.sample_and_log_prob must return shapes (S, N, D) = "
+                    f"{(take, k, d)} and (S, N) = {(take, k)}, got "
+                    f"{tuple(samples.shape)} and {shape}"
+                )
+            yield DrawChunk(rows.start, th, log_prob_theta, samples, log_prob, done)
+
+
+def chunk_sizer(x: Tensor, width: int, max_chunk_elements: int | None) -> ChunkSizer:
+    """The :class:`~calib_lightning._memory.ChunkSizer` of a sampling loop at ``x``: from the
+    memory budget, or ``max_chunk_elements // width`` draws per call when given."""
+    if max_chunk_elements is None:
+        return ChunkSizer(x.device)
+    check_positive("max_chunk_elements", max_chunk_elements, integer=True)
+    return ChunkSizer(x.device, fixed_units=max(1, max_chunk_elements // width))
 
 
 def check_event_size(posterior: Posterior | Any, theta: Tensor, x: Tensor) -> None:
@@ -355,65 +399,3 @@ def reparameterized_draws(
     check_finite("posterior log_prob at its samples", log_prob.transpose(0, 1))
     checked_samples(samples)
     return samples, log_prob, log_prob_theta
-
-
-def embed(
-    embedding: Callable[[Tensor], Tensor] | None, x: Tensor, batch_size: int = 1024, *,
-    name: str = "x",
-) -> Tensor:
-    r"""Features of an embedding network, ``embedding(x)`` flattened to ``(N, F)``.
-
-    Evaluated ``batch_size`` rows at a time under ``torch.no_grad`` (the features are
-    constants for whatever is trained on them); an ``nn.Module`` runs in eval mode
-    (deterministic BatchNorm and Dropout) and every submodule gets its own train/eval
-    mode back afterwards. Floating ``x`` is cast to the module's dtype and the features to
-    ``x``'s; ``embedding=None`` flattens ``x``. Raises a ``ValueError`` naming ``name``
-    when the output is not one row per input row or is not finite.
-
-    Arguments:
-        embedding: ``nn.Module`` or callable ``(n, *X) -> (n, *F)``, or ``None``.
-        x: inputs ``(N, *X)``.
-        batch_size: rows per call.
-        name: what ``x`` is, for error messages.
-
-    Example:
-        >>> from torch import nn
-        >>> net = nn.Sequential(nn.Flatten(), nn.Linear(64, 4), nn.Dropout())
-        >>> features = embed(net, torch.randn(10, 1, 8, 8), batch_size=4)
-        >>> features.shape, features.requires_grad, net.training
-        (torch.Size([10, 4]), False, True)
-    """
-    check_positive("batch_size", batch_size, integer=True)
-    if not isinstance(x, Tensor) or x.ndim < 1:
-        raise ValueError(f"{name} must be a tensor of shape (N, *X), got {x!r:.60}")
-    if embedding is None:
-        return x.reshape(x.shape[0], -1)
-    if not callable(embedding):
-        raise ValueError(
-            f"embedding must be an nn.Module or a callable x -> features, got {embedding!r:.60}"
-        )
-    dtype = x.dtype if x.is_floating_point() else torch.get_default_dtype()
-    inputs = x.to(model_dtype(embedding) or dtype) if x.is_floating_point() else x
-    modules = list(embedding.modules()) if isinstance(embedding, torch.nn.Module) else []
-    modes = [(m, m.training) for m in modules]
-    chunks = []
-    try:
-        if modules:
-            embedding.eval()  # restored module by module below
-        with torch.no_grad():
-            for rows in row_blocks(x.shape[0], batch_size):
-                out = embedding(inputs[rows])
-                size = rows.stop - rows.start
-                if not isinstance(out, Tensor) or out.ndim < 1 or out.shape[0] != size:
-                    got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-                    raise ValueError(
-                        f"embedding must map {name} of shape (n, *X) to features (n, F) with "
-                        f"n = {size}, got {got} for input of shape {tuple(inputs[rows].shape)}"
-                    )
-                chunks.append(out.reshape(size, -1).to(dtype))
-    finally:
-        for m, mode in modes:
-            m.training = mode
-    if not chunks:
-        return x.new_zeros((0, 0), dtype=dtype)
-    return check_finite(f"embedding({name})", torch.cat(chunks))

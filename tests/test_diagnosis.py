@@ -82,7 +82,8 @@ def test_the_overall_verdict_keeps_its_level_on_exact_posteriors():
         directions.append(any(d.named for d in report.findings.directions))
     rate = sum(rejected) / len(rejected)
     assert 0.01 <= rate <= 0.11, rate  # 99% binomial band around 0.05 for 100 datasets
-    assert sum(directions) <= 2, sum(directions)  # gated and Holm-corrected: rarer still
+    # gated and Holm-corrected: no more often than the level (the same band's upper end)
+    assert sum(directions) <= 11, sum(directions)
 
 
 class BiasedInFirst:

@@ -327,7 +327,7 @@ def test_non_finite_draws_name_the_affected_pairs():
     late = _Broken(toy.posterior())
     late.sample_and_log_prob = lambda x, s: _late_nan(toy.posterior(), x, s)
     with pytest.raises(ValueError, match=r"samples must be finite.* 1 of 20 .*\[7\]"):
-        posterior_ranks(late, theta, x, 400)
+        posterior_ranks(late, theta, x, 400, max_chunk_elements=2**20)  # one chunk
     samples, lp = _draw(toy.posterior(), x, 10)
     lp[3, 4] = float("nan")
     with pytest.raises(ValueError, match=r"log_prob must be finite.* 1 of 20"):

@@ -301,5 +301,9 @@ def test_rank_and_tarp_callbacks_share_a_samplers_draws(tmp_path, monkeypatch):
         assert callback.epochs == [0, 1]
         assert not callback.errors
     assert callbacks[0].last_result.joint_statistic == "distance"
-    # fit's setup check draws once at two pairs per callback; then one pass per epoch
-    assert module.sampler.calls == [(2, 1), (2, 1), (100, 20), (100, 20)]
+    # fit's setup check draws once at two pairs per callback; then one pass per epoch (in
+    # chunks sized from the memory budget: the first a probe of at most 256 draws)
+    calls = module.sampler.calls
+    assert calls[:2] == [(2, 1), (2, 1)]
+    assert {draws for _, draws in calls[2:]} == {20}
+    assert sum(rows for rows, _ in calls[2:]) == 2 * 100  # one pass per epoch

@@ -110,12 +110,22 @@ def three_callbacks(theta, x, tarp_draws=M, **kwargs):
 
 
 def calibration_draws(calls):
-    return [draws for rows, draws in calls if rows == N]
+    """Draws per pair of each sampling pass over the ``N`` calibration pairs (a pass comes
+    in chunks of pairs sized from the memory budget; the observations' calls have at most
+    ``n_obs`` rows)."""
+    passes, rows_done = [], 0
+    for rows, count in calls:
+        if rows > n_obs:
+            rows_done += rows
+            if rows_done == N:
+                passes.append(count)
+                rows_done = 0
+    return passes
 
 
 def observation_draws(calls):
     """Draws times observations sampled away from the calibration x."""
-    return sum(rows * draws for rows, draws in calls if rows != N)
+    return sum(rows * draws for rows, draws in calls if rows <= n_obs)
 
 
 @pytest.mark.parametrize("tarp_draws", [M, 2 * M])
@@ -189,7 +199,8 @@ def test_tarp_on_draws_shared_with_ranks_keeps_its_level():
         tarp = cl.TARP(num_posterior_samples=30, num_null=200)
         ranks.update(shared, theta, x)
         tarp.update(shared, theta, x)
-        assert posterior.calls == [(100, 30)]
+        assert sum(rows for rows, _ in posterior.calls) == 100  # one pass, in chunks
+        assert {draws for _, draws in posterior.calls} == {30}
         rejected += torch.tensor([float(ranks.compute().global_p_value < level),
                                   float(tarp.compute().p_value < level)])  # fmt: skip
     # 99.9% binomial band of Bin(200, 0.05): [2, 21]
@@ -202,14 +213,15 @@ def test_memory_bound_is_respected_and_requests_beyond_it_are_drawn_unshared():
     posterior = Counted(toy.posterior())
     bound = 100 * 40 * 3  # 40 draws of 100 pairs with D = 2 and their log-densities
     shared = SharedDraws(posterior, max_elements=bound)
-    draws(shared, x, 40)  # D unknown to the posterior: one row first, then the rest
-    assert posterior.calls == [(1, 40), (99, 40)]
+    draws(shared, x, 40)  # D unknown to the posterior: learnt from the first chunk
+    assert sum(rows * draws for rows, draws in posterior.calls) == 100 * 40
     assert shared.num_elements == bound
+    calls = len(posterior.calls)
     again = draws(shared, x[10:20], 25)  # rows of the held tensor, fewer draws: served
-    assert len(posterior.calls) == 2
+    assert len(posterior.calls) == calls
     assert again.shape == (25, 10, 2)
     draws(shared, x, 41)  # one more draw would exceed the bound: drawn unshared
-    assert posterior.calls[-1] == (100, 41)
+    assert sum(rows * draws for rows, draws in posterior.calls[calls:]) == 100 * 41
     assert shared.num_elements == bound
     chunks = list(draw_chunks(shared, theta, x, 41, max_chunk_elements=1000))
     assert shared.num_elements <= bound
@@ -287,5 +299,7 @@ def test_bound_holds_when_the_posterior_does_not_know_its_dimension():
     shared = SharedDraws(posterior, max_elements=50 * 20 * 5)  # room for D = 4 at most
     out = draws(shared, x, 20)
     assert out.shape == (20, 50, 10)
-    assert shared.num_elements == 0  # the one-row probe told D = 10: nothing kept
-    assert posterior.calls == [(1, 20), (50, 20)]  # probe, then the unshared draws
+    assert shared.num_elements == 0  # the first chunk told D = 10: nothing kept
+    first, *rest = posterior.calls  # that chunk (a probe of at most 256 draws), then the
+    assert first[0] * first[1] <= 256  # unshared draws of every pair
+    assert sum(rows * draws for rows, draws in rest) == 50 * 20

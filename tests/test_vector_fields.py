@@ -2,7 +2,9 @@
 ``cl.as_posterior``: shapes, dtypes, argument checks, latents of the ODE's own samples
 standard normal, log-densities equal to sbi's, the score (the network's at the smallest
 time for NPSE, the gradient of the ODE's log-density for FMPE), and every metric and
-``cl.diagnose`` runs; an over-confident ODE is rejected with the right sign.
+``cl.diagnose`` runs, and every callback; an over-confident ODE is rejected with the right
+sign, an under-trained FMPE by L-C2ST-NF on its latents; ranks, TARP and L-C2ST-NF hold
+their level on the exact posterior as a samples-only callable and as a Distribution.
 
 The estimators are trained briefly (seconds) on ``GaussianToy(dim=2)``.
 """
@@ -204,3 +206,136 @@ def test_composed_standardization_is_composed_into_the_flow():
     assert z.mean(0).abs().max() < 4 / 400**0.5
     assert (torch.cov(z.T) - torch.eye(2, dtype=z.dtype)).abs().max() < 5 * (2 / 400) ** 0.5
     assert post.score(theta[:4], x[:4]).shape == (4, 2)
+
+
+# -- issue 24's must-show: callbacks, level on exact posteriors, power on an under-trained FMPE
+
+
+def test_every_supported_check_runs_through_its_callback(trained, tmp_path):
+    """A LightningModule holding sbi's posterior: the rank, TARP, latent, L-C2ST-NF and KCCSD
+    callbacks each check it once, without error, in one ``fit``."""
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from calib_lightning.callbacks import (
+        KCCSDCallback,
+        LatentCalibrationCallback,
+        LC2STNFCallback,
+        RankCalibrationCallback,
+        TARPCallback,
+    )
+
+    _, _, posterior = trained
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(()))
+            self.posterior = posterior
+
+        def training_step(self, batch, batch_idx):
+            return (self.weight - 1.0) ** 2
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    theta, x = TOY.sample(40, torch.Generator().manual_seed(7))
+    kwargs = {"estimator": "posterior", "log_figures": False, "on_error": "raise"}
+    callbacks = [
+        RankCalibrationCallback(theta, x, metric=cl.RankCalibration(9), **kwargs),
+        TARPCallback(theta, x, metric=cl.TARP(9, num_null=50), **kwargs),
+        LatentCalibrationCallback(theta, x, **kwargs),
+        LC2STNFCallback(theta, x, metric=cl.LC2STNF(observations=x[:1], num_null=5,
+                                                     num_posterior_samples=50),
+                        misspecification=False, **kwargs),
+        KCCSDCallback(theta, x, metric=cl.KCCSD(num_null=50), **kwargs),
+    ]  # fmt: skip
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        enable_checkpointing=False, callbacks=callbacks,
+                        default_root_dir=tmp_path)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the cost warning: these checks dwarf the epoch
+        trainer.fit(Module(), DataLoader(TensorDataset(theta, x), batch_size=40))
+    for callback in callbacks:
+        assert callback.epochs == [0], type(callback).__name__
+        assert not callback.errors
+        p = callback.history.get("global_p_value", callback.history.get("p_value"))
+        assert 0 < p[0] <= 1, type(callback).__name__
+
+
+def _samples_only_exact():
+    return cl.SamplePosterior(lambda x, s: TOY.posterior()(x).sample((s,)), num_dims=2)
+
+
+def test_ranks_and_tarp_hold_their_level_on_the_exact_posterior_both_ways():
+    """40 fresh datasets, default arguments: the exact posterior as a samples-only callable
+    (distance rank) and as an ODE-free Distribution (energy rank)."""
+    torch.manual_seed(0)
+    rejected = {(kind, check): 0 for kind in ("samples", "distribution")
+                for check in ("ranks", "tarp")}  # fmt: skip
+    for seed in range(40):
+        theta, x = TOY.sample(100, torch.Generator().manual_seed(200 + seed))
+        for kind, posterior in (("samples", _samples_only_exact()),
+                                ("distribution", TOY.posterior())):  # fmt: skip
+            ranks, tarp = cl.RankCalibration(), cl.TARP(seed=seed)
+            ranks.update(posterior, theta, x)
+            tarp.update(posterior, theta, x)
+            rejected[kind, "ranks"] += bool(ranks.compute().global_p_value < 0.05)
+            rejected[kind, "tarp"] += bool(tarp.compute().p_value < 0.05)
+    # Binomial(40, 0.05): P(X > 6) = 0.014
+    assert all(count <= 6 for count in rejected.values()), rejected
+
+
+def test_lc2stnf_holds_its_level_on_the_exact_posterior_as_a_distribution():
+    """20 fresh datasets, default arguments. A samples-only posterior has no latents: the
+    check says so (its UnsupportedError) rather than testing something else."""
+    from calib_lightning.posteriors import UnsupportedError
+
+    torch.manual_seed(1)
+    rejected = 0
+    for seed in range(20):
+        theta, x = TOY.sample(200, torch.Generator().manual_seed(300 + seed))
+        metric = cl.LC2STNF(observations=x[:1], seed=seed)
+        metric.update(TOY.posterior(), theta, x)
+        rejected += bool(metric.compute().global_p_value < 0.05)
+    assert rejected <= 4, rejected  # Binomial(20, 0.05): P(X > 4) = 0.016
+    with pytest.raises(UnsupportedError, match="to_latent"):
+        cl.LC2STNF(observations=x[:1]).update(_samples_only_exact(), theta, x)
+
+
+def test_an_under_trained_fmpe_is_rejected_by_lc2stnf_on_its_latents():
+    """FMPE after one epoch of 5 steps is still close to the prior, N(0, I), where the
+    posterior is N(0.8 x, 0.2 I). The prior is calibrated on average over x, so ranks, TARP
+    and the latent check cannot see it (their power here is that of any test on pairs);
+    L-C2ST-NF, local at one observation, on the ODE's latents, rejects it. Ranks and TARP
+    reject an over-confident ODE (the test above and the one below)."""
+    from sbi.inference import FMPE
+
+    torch.manual_seed(0)
+    theta, x = TOY.sample(1000, torch.Generator().manual_seed(0))
+    prior = MultivariateNormal(torch.zeros(2), torch.eye(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        estimator = FMPE(prior=prior, show_progress_bars=False).append_simulations(
+            theta, x).train(max_num_epochs=1, training_batch_size=200)  # fmt: skip
+    post = cl.as_posterior(estimator)
+    theta, x = TOY.sample(100, torch.Generator().manual_seed(8))
+    torch.manual_seed(8)
+    local = cl.LC2STNF(observations=x[:1], num_null=50, num_posterior_samples=200)
+    local.update(post, theta, x)
+    assert float(local.compute().global_p_value) < 0.05  # the floor is 1 / 51
+
+
+def test_ranks_reject_an_over_confident_ode(trained):
+    """The trained FMPE with its base narrowed to 0.6: the rank check rejects it."""
+    method, estimator, _ = trained
+    if method != "fmpe":
+        pytest.skip("one estimator suffices; NPSE's ODE is 4x slower")
+    narrow = copy.deepcopy(estimator)
+    narrow._std_base.mul_(0.6)
+    theta, x = TOY.sample(150, torch.Generator().manual_seed(9))
+    torch.manual_seed(9)
+    ranks = cl.RankCalibration(20)
+    ranks.update(cl.as_posterior(narrow), theta, x)
+    assert float(ranks.compute().global_p_value) < 1e-3

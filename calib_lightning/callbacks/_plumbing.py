@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -21,7 +23,9 @@ from calib_lightning.posteriors import Posterior
 from calib_lightning.results import Result, expand_scalars
 
 __all__ = [
+    "COST_WARNING_FRACTION",
     "STAGES",
+    "CostWarning",
     "DrawSharing",
     "SetupCheck",
     "SetupError",
@@ -232,6 +236,44 @@ class DrawSharing(Callback):
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         release_shared_draws(trainer)
+
+
+#: a check in ``fit`` longer than this fraction of its epoch warns, once per callback
+COST_WARNING_FRACTION = 0.25
+
+
+class CostWarning(Callback):
+    """Warns once per callback when a check in ``fit`` costs more than
+    :data:`COST_WARNING_FRACTION` of its epoch (the seconds from the training epoch's
+    start to the check: training, validation and any checks before it), giving both
+    numbers: an expensive estimator (ODE log-densities of sbi's FMPE and NPSE, spline
+    flows drawn many times) can make the checks the larger part of training."""
+
+    _epoch_start: float | None = None
+    cost_warned = False
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        self._epoch_start = time.perf_counter()
+
+    def warn_cost(self, started: float, seconds: float, stage: str) -> None:
+        """Warn (once) if a check that started at ``started`` (``time.perf_counter``) and
+        took ``seconds`` in stage ``stage`` cost a large part of its epoch."""
+        if self.cost_warned or stage != "fit" or self._epoch_start is None:
+            return
+        epoch = started - self._epoch_start
+        if seconds <= COST_WARNING_FRACTION * epoch:
+            return
+        self.cost_warned = True
+        fraction = f"{seconds / epoch:.2g} of an epoch's" if epoch > 0 else "more than an epoch's"
+        warnings.warn(
+            f"{type(self).__name__} ({getattr(self, 'tag_name', '')}): one check took "
+            f"{seconds:.3g} s, {fraction} {epoch:.3g} s (training and validation before "
+            "it). On an expensive estimator, check less often (every_n_epochs), with fewer "
+            "draws (num_posterior_samples) or fewer pairs; this warning is shown once.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 class SetupCheck(Callback):

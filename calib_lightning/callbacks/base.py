@@ -31,6 +31,7 @@ from calib_lightning._checks import check_choice, check_positive, check_probabil
 from calib_lightning.callbacks._figures import write_figures
 from calib_lightning.callbacks._plumbing import (
     STAGES,
+    CostWarning,
     DrawSharing,
     SetupCheck,
     SetupError,
@@ -54,7 +55,7 @@ __all__ = ["CalibrationCallback"]
 Estimator = str | Callable[[LightningModule], Any]
 
 
-class CalibrationCallback(DrawSharing, SetupCheck):
+class CalibrationCallback(CostWarning, DrawSharing, SetupCheck):
     """Run a calibration metric on held-out pairs during ``Trainer.fit`` and log it.
 
     During ``fit`` the check runs at the end of the validation epoch, or at the end of
@@ -117,7 +118,8 @@ class CalibrationCallback(DrawSharing, SetupCheck):
         epochs: the epoch of each check. ``history`` and ``epochs`` are saved with the
             checkpoint and continue after a resume.
         stages: the stage of each check: ``"fit"``, ``"validate"`` or ``"test"``.
-        seconds: wall-clock seconds of each check (metric, logging and figures).
+        seconds: wall-clock seconds of each check (metric, logging and figures); a check
+            in ``fit`` longer than a quarter of its epoch warns once with both numbers.
         last_result: the metric's result at the latest check, on the CPU (``None``
             before the first check and after a failed one).
         last_extras: what :meth:`extra_results` returned at the latest check, on the CPU.
@@ -313,6 +315,7 @@ class CalibrationCallback(DrawSharing, SetupCheck):
         try:
             with seeded_check(self.seed, trainer, pl_module, stage):
                 self._check(trainer, pl_module, stage)
+            self.warn_cost(start, time.perf_counter() - start, stage)  # an expensive check
         except Exception as error:
             if self.on_error == "raise" or isinstance(error, SetupError):
                 raise

@@ -47,16 +47,17 @@ def posterior_ranks(
     x: Tensor,
     num_posterior_samples: int,
     *,
-    max_chunk_elements: int = 2**20,
+    max_chunk_elements: int | None = None,
     generator: torch.Generator | None = None,
     statistics: Sequence[Callable[[Tensor], Tensor]] = (),
     names: Sequence[str] | None = None,
 ) -> PosteriorDraws:
     r"""Draw ``M`` posterior samples per pair in chunks and reduce them to ranks and moments.
 
-    The chunks come from :func:`calib_lightning.evaluation.draw_chunks` (memory
-    ``O(max_chunk_elements)``: one chunk of draws, their log-densities and two scratch
-    buffers of its size, plus the ``(N, D + 1)`` outputs); each is reduced by
+    The chunks come from :func:`calib_lightning.evaluation.draw_chunks` (memory: one
+    chunk of draws sized from the memory budget, :func:`calib_lightning.set_memory_budget`,
+    or of ``max_chunk_elements`` numbers, their log-densities and two scratch buffers of
+    its size, plus the ``(N, D + 1)`` outputs); each is reduced by
     :func:`~calib_lightning.functional.ranks.rank_draw_chunk` and the sums of a block of
     pairs add up over its chunks. The sharpness moments use the first
     ``min(M, MOMENT_DRAWS)`` draws of each pair.
@@ -66,7 +67,8 @@ def posterior_ranks(
         theta: true parameters ``(N, D)``.
         x: observations ``(N, *X)``.
         num_posterior_samples: ``M >= 2``.
-        max_chunk_elements: bound on ``samples_per_chunk * pairs_per_chunk * D``.
+        max_chunk_elements: bound on ``samples_per_chunk * pairs_per_chunk * D``;
+            ``None``: chunks sized from the memory budget.
         generator: for tie-breaking (sampling uses the posterior's own randomness).
         statistics: ``Q`` test quantities ``(..., D) -> (...)``; their ranks
             (:func:`~calib_lightning.functional.ranks.statistic_ranks`) follow the joint
@@ -153,8 +155,9 @@ class RankCalibration(LazyDimension):
     squares of :math:`\theta` (:mod:`calib_lightning._moments`), merged with Chan et
     al.'s formula so the prior variance stays exact far from the origin (e.g.
     :math:`\theta = 10^9 + 0.01 z`). Memory is constant in the number of updates;
-    ``update`` needs ``O(max_chunk_elements)`` (one chunk of draws and two scratch
-    buffers of its size: about 16 MB at the default, float32 and D = 2).
+    ``update`` needs one chunk of draws, sized so that sampling it peaks near the memory
+    budget (:func:`calib_lightning.set_memory_budget`, 256 MiB by default), and two
+    scratch buffers of its size.
 
     Arguments:
         num_posterior_samples: ``M >= 2`` draws per pair.
@@ -164,8 +167,8 @@ class RankCalibration(LazyDimension):
         level: test level of the bands and of ``outside_band``.
         num_bins: chi-square bins; default ``min(M + 1, 20, max(2, N // 5))``.
         num_ecdf_points: levels ``K`` of the ECDF curves (at most ``M``).
-        max_chunk_elements: memory bound of ``update`` (see
-            :func:`posterior_ranks`).
+        max_chunk_elements: numbers per chunk of ``update`` instead of the memory
+            budget (see :func:`posterior_ranks`); ``None``: the budget.
         global_method: ``"cauchy"`` (default) or ``"holm"``: how ``global_p_value``
             combines the tests.
         statistics: test quantities, name -> callable ``theta (..., N, D) -> (..., N)``
@@ -217,7 +220,7 @@ class RankCalibration(LazyDimension):
         level: float = 0.05,
         num_bins: int | None = None,
         num_ecdf_points: int | None = 100,
-        max_chunk_elements: int = 2**20,
+        max_chunk_elements: int | None = None,
         global_method: str = "cauchy",
         max_pairs: int = 10_000,
         statistics: Mapping[str, Callable[[Tensor], Tensor]] | None = None,
@@ -236,7 +239,8 @@ class RankCalibration(LazyDimension):
                 raise ValueError(f"num_bins must be >= 2, got {num_bins}")
         if num_ecdf_points is not None:
             check_positive("num_ecdf_points", num_ecdf_points, integer=True)
-        check_positive("max_chunk_elements", max_chunk_elements, integer=True)
+        if max_chunk_elements is not None:
+            check_positive("max_chunk_elements", max_chunk_elements, integer=True)
         check_choice("global_method", global_method, COMBINATION_METHODS)
         if isinstance(max_pairs, bool) or not isinstance(max_pairs, int) or max_pairs < 0:
             raise ValueError(f"max_pairs must be a non-negative integer, got {max_pairs!r}")

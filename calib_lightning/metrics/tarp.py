@@ -38,7 +38,10 @@ __all__ = ["TARP", "TARPResult"]
 
 
 def _sample_chunks(
-    posterior: Posterior | object | Tensor, x: Tensor, num_posterior_samples: int, chunk_size: int
+    posterior: Posterior | object | Tensor,
+    x: Tensor,
+    num_posterior_samples: int,
+    chunk_size: int | None,
 ) -> Iterator[tuple[slice, Tensor]]:
     """``(rows, samples)``: finite posterior draws ``(S, rows, D)`` at ``x[rows]``,
     ``chunk_size`` pairs at a time (:func:`calib_lightning.evaluation.draws`); a tensor of
@@ -47,84 +50,86 @@ def _sample_chunks(
         checked_samples(posterior)
         yield slice(0, x.shape[0]), posterior
         return
+    if chunk_size is None:  # calls sized from the memory budget by draws()
+        yield slice(0, x.shape[0]), draws(posterior, x, num_posterior_samples)
+        return
     for rows in row_blocks(x.shape[0], chunk_size):
-        yield rows, draws(posterior, x[rows], num_posterior_samples)
+        yield rows, draws(posterior, x[rows], num_posterior_samples, chunk_size=chunk_size)
 
 
 class TARP(Metric):
     r"""TARP expected coverage with an exact Monte Carlo test, accumulated over batches.
 
-    ``update(posterior, theta, x)`` draws ``S`` posterior samples per pair and one
-    reference point per pair, and adds the pair's TARP rank to a histogram;
-    ``compute()`` returns the sup-deviation statistic of the expected-coverage curve,
-    its p-value under :math:`H_0`: "the posterior is calibrated", the coverage error (the
-ATC of Lemos et al.) and the curve
-    (see :mod:`calib_lightning.functional.tarp` for the math and why the level holds).
+        ``update(posterior, theta, x)`` draws ``S`` posterior samples per pair and one
+        reference point per pair, and adds the pair's TARP rank to a histogram;
+        ``compute()`` returns the sup-deviation statistic of the expected-coverage curve,
+        its p-value under :math:`H_0`: "the posterior is calibrated", the coverage error (the
+    ATC of Lemos et al.) and the curve
+        (see :mod:`calib_lightning.functional.tarp` for the math and why the level holds).
 
-    The state is the rank histogram, ``S + 1`` integers summed over batches and
-    processes: constant memory, and exact under DDP. ``update`` samples
-    ``chunk_size`` pairs at a time (by default about ``2**20`` numbers per call).
+        The state is the rank histogram, ``S + 1`` integers summed over batches and
+        processes: constant memory, and exact under DDP. ``update`` samples
+        ``chunk_size`` pairs at a time (by default in calls sized from the memory budget).
 
-    Coordinates: distances are measured on ``theta / scale`` and references are drawn
-    uniformly on the box ``[low, high]``. Unless given, ``scale`` (standard deviation,
-    from centred moments) and the box (min and max) are fitted in the first ``compute``
-    on **fit points**, one per pair updated before it (pooled over processes): one of
-    the pair's ``S + 1`` values (its ``theta`` and its ``S`` samples) picked uniformly at
-    random (:func:`~calib_lightning.functional.tarp.tarp_fit_points`). Under :math:`H_0`
-    the pick is independent of which value is the true one, so the ranks stay exactly
-    uniform and independent and the test holds its level at every ``D``; a box fitted
-    on the tested ``theta`` themselves does not (0.076 at level 0.05 for ``D = 50``; why:
-    :mod:`calib_lightning.functional.tarp`). The coordinates are then kept (also across
-    ``reset``) so that every batch and epoch is measured in the same units. A later
-    ``compute`` on the *same* pairs (a callback's next epochs) tests them against a box
-    that contains each pair's ``theta`` with probability ``1 / (S + 1)``; pass ``scale``
-    and ``reference_bounds`` fixed in advance (e.g. the prior's range) for a test that is
-    exact at every epoch. Until the coordinates are fitted the ranks cannot be computed:
-    ``update`` keeps the pairs' ``theta`` and samples (``S * N * D`` numbers per process
-    for ``N`` pairs; pass ``scale`` and ``reference_bounds`` to stream in constant
-    memory from the start), and ``compute`` picks the fit points and draws the
-    references from streams seeded by ``seed + 3`` and ``seed + 2``, in a canonical
-    order of the pairs, so that the result does not depend on how the pairs were split
-    into batches or processes: DDP equals one process. The order sorts a key symmetric
-    in each pair's values (``theta`` plus the sum of its samples), so that which seeded
-    draw a pair gets does not depend on which of its values is the true one (an order
-    by ``theta`` made the level that of one seed: 0.082 at ``D = 50``). ``update`` makes
-    no collective call, so a process that receives no batch cannot stall the others.
+        Coordinates: distances are measured on ``theta / scale`` and references are drawn
+        uniformly on the box ``[low, high]``. Unless given, ``scale`` (standard deviation,
+        from centred moments) and the box (min and max) are fitted in the first ``compute``
+        on **fit points**, one per pair updated before it (pooled over processes): one of
+        the pair's ``S + 1`` values (its ``theta`` and its ``S`` samples) picked uniformly at
+        random (:func:`~calib_lightning.functional.tarp.tarp_fit_points`). Under :math:`H_0`
+        the pick is independent of which value is the true one, so the ranks stay exactly
+        uniform and independent and the test holds its level at every ``D``; a box fitted
+        on the tested ``theta`` themselves does not (0.076 at level 0.05 for ``D = 50``; why:
+        :mod:`calib_lightning.functional.tarp`). The coordinates are then kept (also across
+        ``reset``) so that every batch and epoch is measured in the same units. A later
+        ``compute`` on the *same* pairs (a callback's next epochs) tests them against a box
+        that contains each pair's ``theta`` with probability ``1 / (S + 1)``; pass ``scale``
+        and ``reference_bounds`` fixed in advance (e.g. the prior's range) for a test that is
+        exact at every epoch. Until the coordinates are fitted the ranks cannot be computed:
+        ``update`` keeps the pairs' ``theta`` and samples (``S * N * D`` numbers per process
+        for ``N`` pairs; pass ``scale`` and ``reference_bounds`` to stream in constant
+        memory from the start), and ``compute`` picks the fit points and draws the
+        references from streams seeded by ``seed + 3`` and ``seed + 2``, in a canonical
+        order of the pairs, so that the result does not depend on how the pairs were split
+        into batches or processes: DDP equals one process. The order sorts a key symmetric
+        in each pair's values (``theta`` plus the sum of its samples), so that which seeded
+        draw a pair gets does not depend on which of its values is the true one (an order
+        by ``theta`` made the level that of one seed: 0.082 at ``D = 50``). ``update`` makes
+        no collective call, so a process that receives no batch cannot stall the others.
 
-    Arguments:
-        num_posterior_samples: ``S`` samples per pair.
-        scale: per-dimension scale ``(D,)``; ``None``: fitted as above.
-        reference_bounds: ``(low, high)``, each ``(D,)`` in parameter units (e.g. the
-            bounds of a box prior); ``None``: fitted as above.
-        distance: ``"l2"`` or ``"l1"``.
-        num_null: null histograms drawn by ``compute``.
-        level: the band in ``compute``'s output is the ``1 - level`` null quantile.
-        num_bins: the curve is returned on ``num_bins + 1`` levels in ``[0, 1]``.
-        seed: seeds the fit points, the references (per process once the coordinates
-            are fitted) and, hashed with the rank histogram, the null draws.
-        chunk_size: pairs sampled at once; ``None`` (default): as many as keep one call
-            at about ``2**20`` numbers, ``max(1, 2**20 // (S D))``, the chunks
-            :class:`~calib_lightning.RankCalibration` samples in (so the two can share
-            draws, and large ``D`` does not thrash the cache).
+        Arguments:
+            num_posterior_samples: ``S`` samples per pair.
+            scale: per-dimension scale ``(D,)``; ``None``: fitted as above.
+            reference_bounds: ``(low, high)``, each ``(D,)`` in parameter units (e.g. the
+                bounds of a box prior); ``None``: fitted as above.
+            distance: ``"l2"`` or ``"l1"``.
+            num_null: null histograms drawn by ``compute``.
+            level: the band in ``compute``'s output is the ``1 - level`` null quantile.
+            num_bins: the curve is returned on ``num_bins + 1`` levels in ``[0, 1]``.
+            seed: seeds the fit points, the references (per process once the coordinates
+                are fitted) and, hashed with the rank histogram, the null draws.
+            chunk_size: pairs sampled at once; ``None`` (default): calls sized from the
+                memory budget (:func:`calib_lightning.set_memory_budget`), as
+                :class:`~calib_lightning.RankCalibration`'s.
 
-    ``update`` also accepts, in place of a posterior, a tensor of samples ``(S, N, D)``
-    already drawn at ``x`` (from MCMC or another library).
+        ``update`` also accepts, in place of a posterior, a tensor of samples ``(S, N, D)``
+        already drawn at ``x`` (from MCMC or another library).
 
-    Example:
-        >>> from calib_lightning.tasks import GaussianToy
-        >>> toy, g = GaussianToy(dim=2), torch.Generator().manual_seed(0)
-        >>> metric = TARP(num_posterior_samples=200)
-        >>> _ = torch.manual_seed(0)
-        >>> for _ in range(4):
-        ...     theta, x = toy.sample(250, g)
-        ...     metric.update(toy.posterior(variance_scale=0.5), theta, x)
-        >>> out = metric.compute()
-        >>> int(out.num_pairs), bool(out.p_value < 0.01), bool(out.coverage_error < 0)
-        (1000, True, True)
+        Example:
+            >>> from calib_lightning.tasks import GaussianToy
+            >>> toy, g = GaussianToy(dim=2), torch.Generator().manual_seed(0)
+            >>> metric = TARP(num_posterior_samples=200)
+            >>> _ = torch.manual_seed(0)
+            >>> for _ in range(4):
+            ...     theta, x = toy.sample(250, g)
+            ...     metric.update(toy.posterior(variance_scale=0.5), theta, x)
+            >>> out = metric.compute()
+            >>> int(out.num_pairs), bool(out.p_value < 0.01), bool(out.coverage_error < 0)
+            (1000, True, True)
 
-    References:
-        Lemos, Coogan, Hezaveh, Perreault-Levasseur. "Sampling-Based Accuracy Testing of
-        Posterior Estimators for General Inference." ICML 2023.
+        References:
+            Lemos, Coogan, Hezaveh, Perreault-Levasseur. "Sampling-Based Accuracy Testing of
+            Posterior Estimators for General Inference." ICML 2023.
     """
 
     is_differentiable = False
@@ -249,14 +254,13 @@ ATC of Lemos et al.) and the curve
                 f"posterior samples must have shape ({size}, {n}, {d}) "
                 f"(num_posterior_samples, N, D), got {tuple(posterior.shape)}"
             )
-        rows_per_call = self.chunk_size or max(1, 2**20 // (size * d))
         if not self._fitted():
-            for rows, samples in _sample_chunks(posterior, x, size, rows_per_call):
+            for rows, samples in _sample_chunks(posterior, x, size, self.chunk_size):
                 self.pending_theta.append(theta[rows].detach())
                 self.pending_samples.append(samples.detach().to(theta.dtype).transpose(0, 1))
             return
         references = self._references(n, theta)
-        for rows, samples in _sample_chunks(posterior, x, size, rows_per_call):
+        for rows, samples in _sample_chunks(posterior, x, size, self.chunk_size):
             self.counts += self._counts(samples, theta[rows], references[rows])
 
     def reset(self) -> None:
@@ -266,8 +270,9 @@ ATC of Lemos et al.) and the curve
     def _sync_dist(self, dist_sync_fn: Any = gather_all_tensors, process_group: Any = None) -> None:
         # a process without pending pairs must gather (0, ...) tensors of the right dtype;
         # torchmetrics has no public hook before its gather, so this override stays
-        shape_empty_list_states(self, ("pending_theta", "pending_samples"),
-                                process_group or self.process_group)
+        shape_empty_list_states(
+            self, ("pending_theta", "pending_samples"), process_group or self.process_group
+        )
         super()._sync_dist(dist_sync_fn, process_group)
 
     def _pending_counts(self) -> Tensor | None:

@@ -1,0 +1,231 @@
+r"""The memory budget of the chunked evaluations, and the measured peak that sizes chunks.
+
+Every check that draws from a posterior, evaluates log-densities or solves ODEs does it
+in chunks (:mod:`calib_lightning.evaluation`). How many draws go in one chunk is set by
+a **memory budget** in bytes (default :data:`DEFAULT_MEMORY_BUDGET`, 256 MiB; change it
+with :func:`set_memory_budget`), not by a guess per element: a :class:`ChunkSizer`
+measures what the first chunks actually allocate at their peak and sizes the next ones
+so that one chunk's peak stays near the budget.
+
+**Measuring.** On CUDA, ``torch.cuda.max_memory_allocated`` above the memory allocated
+before the chunk. On the CPU, :class:`TensorPeak`: a ``TorchFunctionMode`` that adds up
+the bytes of the tensor storages every torch function returns and drops them when they
+are freed, so its peak is the most tensor memory alive at once between the calls of the
+chunk (a ``TorchDispatchMode`` would see inside composite operations too, but its first
+use imports about 800 modules, seconds). The
+process's resident memory is higher than that by what the C allocator keeps
+(``examples/benchmarks/results/memory.md`` measures it).
+
+**Sizing.** The first chunk is a probe of :data:`PROBE_UNITS` units (draws at a pair,
+ODE solves); its peak per unit, an upper bound of the cost of one more unit (it includes
+the chunk's fixed cost), sizes the later chunks. On CUDA, where measuring is free, the
+second chunk is measured too and the larger of the two peaks per unit sizes the rest. On
+the CPU only the probe is measured: the tracker costs Python time per torch call, which
+on an ODE solver's many small calls is as much as the calls. The peak per unit varies
+between chunks of one model (a probe of one pair's draws against blocks of whole pairs:
+up to about 1.3x for a zuko spline flow), so on the CPU the probe's is taken
+:data:`PROBE_MARGIN` times. Sizes
+depend only on the operations run, not on their values, so a seeded check
+gives the same chunks, hence the same numbers, every time. After a chunk of at least an
+eighth of the budget and :data:`COLLECT_BYTES`, the garbage collector runs: a zuko
+flow's distribution holds its intermediate tensors in reference cycles, which would
+otherwise outlive the chunk (``examples/benchmarks/results/memory.md``).
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = [
+    "COLLECT_BYTES",
+    "DEFAULT_MEMORY_BUDGET",
+    "PROBE_MARGIN",
+    "PROBE_UNITS",
+    "ChunkSizer",
+    "TensorPeak",
+    "draw_blocks",
+    "get_memory_budget",
+    "measure_peak",
+    "set_memory_budget",
+]
+
+#: default bytes one chunk of a check may allocate at its peak (256 MiB)
+DEFAULT_MEMORY_BUDGET = 256 * 2**20
+#: units (draws at a pair, ODE solves) in the first, probing chunk
+PROBE_UNITS = 256
+#: on the CPU, where only the probe is measured, its peak per unit times this sizes chunks
+PROBE_MARGIN = 1.5
+#: a chunk measured to need this many bytes is followed by ``gc.collect()`` (32 MiB)
+COLLECT_BYTES = 32 * 2**20
+
+_BUDGET = [DEFAULT_MEMORY_BUDGET]
+T = TypeVar("T")
+
+
+def check_budget(nbytes: object) -> int:
+    """``nbytes`` as an int of at least 1 MiB, else a ``ValueError``."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 2**20:
+        raise ValueError(
+            f"memory budget must be an int number of bytes >= 2**20 (1 MiB), got {nbytes!r}"
+        )
+    return nbytes
+
+
+def get_memory_budget() -> int:
+    """The bytes one chunk of a check may allocate (:func:`set_memory_budget`)."""
+    return _BUDGET[0]
+
+
+class set_memory_budget:
+    """Set the bytes one chunk of every check may allocate at its peak.
+
+    Takes effect at once; used as a context manager, the previous budget comes back on
+    exit. A GPU's or a laptop's spare memory bounds it; a larger budget makes fewer,
+    larger chunks (sampling is about as fast from a few tens of MiB on).
+
+    Arguments:
+        nbytes: the budget in bytes, an int of at least ``2**20``.
+
+    Example:
+        >>> import calib_lightning as cl
+        >>> with cl.set_memory_budget(64 * 2**20):
+        ...     cl.get_memory_budget() // 2**20
+        64
+        >>> cl.get_memory_budget() // 2**20
+        256
+    """
+
+    def __init__(self, nbytes: int) -> None:
+        self.previous = _BUDGET[0]
+        _BUDGET[0] = check_budget(nbytes)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        _BUDGET[0] = self.previous
+
+
+class TensorPeak(TorchFunctionMode):
+    """Peak bytes of tensor storage alive at once while active (CPU or any device).
+
+    Attributes:
+        now: bytes of the storages created inside and still alive.
+        peak: the most ``now`` has been.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = self.peak = 0
+        self._live: dict[int, Any] = {}
+
+    def _free(self, key: int, nbytes: int) -> None:
+        if self._live.pop(key, None) is not None:
+            self.now -= nbytes
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for value in tree_flatten(out)[0]:
+            if not isinstance(value, torch.Tensor) or value.device.type == "meta":
+                continue
+            storage = value.untyped_storage()
+            key, nbytes = storage.data_ptr(), storage.nbytes()
+            if nbytes and key not in self._live:
+                self._live[key] = weakref.finalize(storage, self._free, key, nbytes)
+                self.now += nbytes
+                self.peak = max(self.peak, self.now)
+        return out
+
+
+def measure_peak(run: Callable[[], T], device: torch.device | None = None) -> tuple[T, int]:
+    """``run()`` and the peak bytes it allocated above what was allocated before: on a
+    CUDA ``device`` from the caching allocator's statistics, else by :class:`TensorPeak`."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        out = run()
+        torch.cuda.synchronize(device)
+        return out, max(0, torch.cuda.max_memory_allocated(device) - before)
+    with TensorPeak() as tracker:
+        out = run()
+    return out, tracker.peak
+
+
+class ChunkSizer:
+    """How many units (draws at a pair, ODE solves) the next chunk may hold.
+
+    :meth:`size` gives the next chunk's size, :meth:`run` runs it, measuring the first
+    chunk (two on CUDA; module docstring).
+
+    Arguments:
+        device: where the chunks run (CUDA: the allocator's statistics).
+        budget: bytes per chunk; ``None``: :func:`get_memory_budget`.
+        fixed_units: instead of a budget, this many units per chunk, unmeasured (the
+            checks' explicit ``max_chunk_elements`` / ``chunk_size`` arguments).
+    """
+
+    def __init__(
+        self, device: torch.device | None = None, budget: int | None = None, *,
+        fixed_units: int | None = None,
+    ) -> None:  # fmt: skip
+        self.device, self.fixed_units = device, fixed_units
+        self.budget = get_memory_budget() if budget is None else check_budget(budget)
+        self.per_unit: float | None = None
+        self.measured = 0
+        self.chunks = 0
+
+    def size(self, limit: int) -> int:
+        """Units for the next chunk, at most ``limit``: the probe first, then what the
+        budget affords at the measured bytes per unit (at least 1)."""
+        if self.fixed_units is not None:
+            return max(1, min(limit, self.fixed_units))
+        if self.per_unit is None:
+            return max(1, min(limit, PROBE_UNITS))
+        return max(1, min(limit, int(self.budget // max(self.per_unit, 1.0))))
+
+    def run(self, units: int, chunk: Callable[[], T]) -> T:
+        """``chunk()`` (of ``units`` units), measured while the sizes are being learnt."""
+        self.chunks += 1
+        cuda = self.device is not None and self.device.type == "cuda"
+        if self.measured >= (2 if cuda else 1) or self.fixed_units is not None:
+            out = chunk()
+        else:
+            out, peak = measure_peak(chunk, self.device)
+            per_unit = peak / max(units, 1) * (1.0 if cuda else PROBE_MARGIN)
+            self.per_unit = per_unit if self.per_unit is None else max(self.per_unit, per_unit)
+            self.measured += 1
+        if self.per_unit is not None and self.per_unit * units >= max(
+            self.budget / 8, COLLECT_BYTES
+        ):
+            gc.collect()  # a large chunk's garbage in reference cycles (zuko's), freed now
+        return out
+
+
+def draw_blocks(
+    num_pairs: int, num_draws: int, sizer: ChunkSizer, *, whole_pairs: bool = False
+) -> Iterator[tuple[slice, int, int]]:
+    """``(rows, first_draw, count)`` of each sampling call: blocks of pairs, and within a
+    block the draws of each call, sized by ``sizer`` when reached (so after the calls
+    before were measured). A block holds as many pairs as ``sizer.size`` affords whole
+    (``num_draws`` draws each), at least one, whose draws are split only when one pair's
+    exceed it, never with ``whole_pairs`` (samples-only posteriors draw a pair at once).
+    """
+    start = 0
+    while start < num_pairs:
+        units = sizer.size((num_pairs - start) * num_draws)
+        rows = slice(start, start + max(1, min(num_pairs - start, units // num_draws)))
+        done = 0
+        while done < num_draws:
+            left = num_draws - done
+            count = left if whole_pairs or rows.stop - rows.start > 1 else sizer.size(left)
+            yield rows, done, count
+            done += count
+        start = rows.stop

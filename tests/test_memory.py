@@ -1,0 +1,219 @@
+"""The memory budget of the chunked checks, and the callbacks' warning on an expensive check.
+
+What must hold: a bad budget is a ``ValueError`` naming it; ``set_memory_budget`` sets the
+budget and, as a context manager, restores it; every sampling call of a check stays within
+the budget at its measured peak, a smaller budget makes more calls, and the chunks add up
+to the unchunked computation (identical ranks, TARP histogram and latents under a fixed
+seed); a callback whose check costs much of an epoch warns once with both numbers.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import lightning as L
+import pytest
+import torch
+import zuko
+from torch.utils.data import DataLoader, TensorDataset
+
+import calib_lightning as cl
+from calib_lightning._memory import ChunkSizer, TensorPeak, draw_blocks, measure_peak
+from calib_lightning.callbacks import CalibrationCallback
+from calib_lightning.evaluation import latents
+from calib_lightning.posteriors import Posterior
+from calib_lightning.tasks import GaussianToy
+
+MiB = 2**20
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1000, 2**20 - 1, 1.5e8, True, "256MB", None])
+def test_a_bad_budget_is_a_value_error_naming_it(bad):
+    with pytest.raises(ValueError, match=r"memory budget must be an int number of bytes"):
+        cl.set_memory_budget(bad)
+    if bad is not None:  # None: the sizer takes the global budget
+        with pytest.raises(ValueError, match=r"memory budget must be"):
+            ChunkSizer(budget=bad)
+    assert cl.get_memory_budget() == 256 * MiB  # unchanged
+
+
+def test_set_memory_budget_sets_it_and_restores_it_as_a_context():
+    with cl.set_memory_budget(8 * MiB):
+        assert cl.get_memory_budget() == 8 * MiB
+        assert ChunkSizer().budget == 8 * MiB
+    assert cl.get_memory_budget() == 256 * MiB
+    cl.set_memory_budget(32 * MiB)  # as a plain call: stays
+    try:
+        assert cl.get_memory_budget() == 32 * MiB
+    finally:
+        cl.set_memory_budget(256 * MiB)
+
+
+def test_draw_blocks_cover_every_draw_of_every_pair_once():
+    for budget_units, n, m, whole in [(1, 7, 5, False), (3, 7, 5, False), (12, 7, 5, False),
+                                      (3, 7, 5, True), (10**6, 7, 5, False)]:  # fmt: skip
+        sizer = ChunkSizer(fixed_units=budget_units)
+        seen = torch.zeros(m, n, dtype=torch.long)
+        for rows, first, count in draw_blocks(n, m, sizer, whole_pairs=whole):
+            seen[first : first + count, rows] += 1
+            assert (rows.stop - rows.start) * count <= max(budget_units, m if whole else 1)
+        assert bool((seen == 1).all())
+
+
+class Recording(Posterior):
+    """A posterior that records the peak tensor memory and the size of each sampling call."""
+
+    def __init__(self, posterior):
+        self.inner = cl.as_posterior(posterior)
+        super().__init__(self.inner.module)
+        self.calls: list[tuple[int, int, int]] = []  # (rows, draws, peak bytes)
+
+    @property
+    def capabilities(self):
+        return self.inner.capabilities
+
+    def _record(self, method, x, num_posterior_samples):
+        out, peak = measure_peak(lambda: method(x, num_posterior_samples))
+        self.calls.append((x.shape[0], num_posterior_samples, peak))
+        return out
+
+    def sample(self, x, num_posterior_samples):
+        return self._record(self.inner.sample, x, num_posterior_samples)
+
+    def sample_and_log_prob(self, x, num_posterior_samples):
+        return self._record(self.inner.sample_and_log_prob, x, num_posterior_samples)
+
+    def log_prob(self, theta, x):
+        return self.inner.log_prob(theta, x)
+
+    def to_latent(self, theta, x):
+        return self.inner.to_latent(theta, x)
+
+
+def test_every_sampling_call_of_a_spline_flow_check_stays_within_the_budget():
+    """Issue 24: an untrained NSF(5, 5) took gigabytes for its rank check. Each sampling
+    call now peaks within the budget (the first chunks measured it), a smaller budget
+    makes more, smaller calls, and every draw is made once."""
+    torch.manual_seed(0)
+    flow = zuko.flows.NSF(5, 5)
+    theta, x = torch.randn(20, 5), torch.randn(20, 5)
+    calls = {}
+    for budget in (2, 8):
+        posterior = Recording(flow)
+        with cl.set_memory_budget(budget * MiB):
+            cl.RankCalibration(500).update(posterior, theta, x)
+        calls[budget] = posterior.calls
+        assert sum(rows * draws for rows, draws, _ in posterior.calls) == 20 * 500
+        # the measured peak per draw varies by about 25 % between calls (_memory's docstring)
+        assert max(peak for *_, peak in posterior.calls) <= 1.4 * budget * MiB
+    assert len(calls[2]) > len(calls[8]) > 2
+    # the old chunking (2**20 numbers, one call here) peaks far above both budgets
+    old = Recording(flow)
+    cl.RankCalibration(500, max_chunk_elements=2**20).update(old, theta, x)
+    assert len(old.calls) == 1
+    assert old.calls[0][2] > 4 * 8 * MiB
+
+
+def _per_row_sampler(x, num_samples):
+    """Samples-only: draws that depend on each row of x alone (one generator per row), so
+    any chunking of the rows gives the same draws."""
+    out = torch.empty(num_samples, *x.shape)
+    for i, row in enumerate(x):
+        seed = int((row * 1e6).round().abs().sum()) % 2**31
+        noise = torch.randn(num_samples, x.shape[1], generator=torch.Generator().manual_seed(seed))
+        out[:, i] = 0.8 * row + 0.6 * noise
+    return out
+
+
+def test_a_small_budget_gives_more_chunks_and_the_same_results():
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(300, torch.Generator().manual_seed(3))
+    results = {}
+    for budget in (1, 256):
+        posterior = Recording(cl.SamplePosterior(_per_row_sampler))
+        with cl.set_memory_budget(budget * MiB):
+            ranks, tarp = cl.RankCalibration(1000), cl.TARP(1000, seed=2)
+            torch.manual_seed(5)
+            ranks.update(posterior, theta, x)
+            tarp.update(posterior, theta, x)
+            results[budget] = (ranks.compute(), tarp.compute(), len(posterior.calls))
+    (r1, t1, calls1), (r256, t256, calls256) = results[1], results[256]
+    assert calls1 > calls256
+    assert torch.equal(r1.histogram, r256.histogram)
+    assert torch.equal(r1.global_p_value, r256.global_p_value)
+    assert torch.equal(t1.coverage, t256.coverage)
+    assert torch.equal(t1.p_value, t256.p_value)
+
+
+def test_latents_in_chunks_equal_one_call():
+    torch.manual_seed(1)
+    flow = zuko.flows.NSF(3, 4)
+    theta, x = torch.randn(3000, 3), torch.randn(3000, 4)
+    with torch.no_grad():
+        whole = cl.as_posterior(flow).to_latent(theta, x)
+    with cl.set_memory_budget(MiB), TensorPeak() as tracker:
+        chunked = latents(flow, theta, x)
+    assert torch.allclose(chunked, whole, atol=1e-6)
+    assert tracker.peak < 3 * MiB  # one call would hold about 3000 * 4 KB
+
+
+class Slow(torch.nn.Module):
+    """A metric whose check costs much more than the tiny epoch around it."""
+
+    def __init__(self):
+        super().__init__()
+        self.updates = 0
+
+    def update(self, posterior, theta, x):
+        self.updates += 1
+        time.sleep(0.6)
+
+    def compute(self):
+        return {"p_value": torch.tensor(0.5)}
+
+    def reset(self):
+        pass
+
+
+class Module(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.flow = zuko.flows.MAF(2, 2)
+
+    def training_step(self, batch, batch_idx):
+        return -self.flow(batch[1]).log_prob(batch[0]).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+def test_an_expensive_check_warns_once_with_its_seconds_and_the_epoch_fraction(tmp_path):
+    theta, x = GaussianToy(dim=2).sample(16, torch.Generator().manual_seed(0))
+    callback = CalibrationCallback(Slow(), theta, x, log_figures=False)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=3, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        enable_checkpointing=False, callbacks=[callback],
+                        default_root_dir=tmp_path)  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Module(), DataLoader(TensorDataset(theta, x), batch_size=16))
+    cost = [str(w.message) for w in caught if "one check took" in str(w.message)]
+    assert len(cost) == 1, cost  # three checks, one warning
+    assert "CalibrationCallback" in cost[0]
+    assert "of an epoch's" in cost[0]
+    assert callback.epochs == [0, 1, 2]
+
+
+def test_the_cost_warning_compares_the_check_with_its_epoch():
+    callback = CalibrationCallback(Slow(), *GaussianToy(dim=2).sample(4, torch.Generator()))
+    callback._epoch_start = 100.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        callback.warn_cost(110.0, 2.0, "fit")  # 0.2 of a 10 s epoch: quiet
+        callback.warn_cost(110.0, 9.0, "validate")  # not in fit: quiet
+    with pytest.warns(RuntimeWarning, match=r"took 5 s, 0\.5 of an epoch's 10 s"):
+        callback.warn_cost(110.0, 5.0, "fit")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        callback.warn_cost(110.0, 50.0, "fit")  # once only
