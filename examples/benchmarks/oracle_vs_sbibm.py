@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import statistics
 import sys
@@ -80,8 +81,8 @@ def timed(fn, *args, **kwargs) -> tuple[float, float]:
 
 def mlp_cells(group: list[dict]) -> str:
     """Mean and max |ours with classifier='mlp' - sbibm (seed 1)| as two cells."""
-    diff = [abs(r["ours_mlp"] - r["sbibm"]) for r in group]
-    return f"{statistics.mean(diff):.4f} | {max(diff):.4f}"
+    diff = [abs(r["ours_mlp"] - r["sbibm"]) for r in group if "ours_mlp" in r]
+    return f"{statistics.mean(diff):.4f} | {max(diff):.4f}" if diff else "- | -"
 
 
 def table(rows: list[dict], n: int) -> str:
@@ -120,7 +121,7 @@ def table(rows: list[dict], n: int) -> str:
             f"{max(map(abs, diff)):.4f} | {statistics.mean(diff):+.4f} | "
             f"{floor_cells} | {mlp_cells(group)} | "
             f"{statistics.mean(r['s_ours'] for r in group):.1f} | "
-            f"{statistics.mean(r['s_ours_mlp'] for r in group):.1f} | "
+            f"{statistics.mean(r.get('s_ours_mlp', math.nan) for r in group):.1f} | "
             f"{statistics.mean(r['s_sbibm'] for r in group):.1f} |"
         )
     diff = [abs(r["ours"] - r["sbibm"]) for r in rows]
@@ -152,7 +153,7 @@ def table(rows: list[dict], n: int) -> str:
         f"| {r['task']} | {r['observation']} | {r['kind']} {r['strength']:g} | "
         f"{r['sbibm']:.4f} | "
         f"{'-' if r['sbibm_seed2'] is None else format(r['sbibm_seed2'], '.4f')} | "
-        f"{r['ours']:.4f} | {r['ours_mlp']:.4f} |"
+        f"{r['ours']:.4f} | {r.get('ours_mlp', math.nan):.4f} |"
         for r in rows
     ]
     return "\n".join(lines) + "\n"
