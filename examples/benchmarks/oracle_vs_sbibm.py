@@ -162,6 +162,7 @@ def table(rows: list[dict], n: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-samples", type=int, default=1500, help="samples per side")
+    parser.add_argument("--tasks", nargs="*", default=list(TASKS), help="tasks to run")
     parser.add_argument(
         "--floor-tasks", nargs="*", default=list(TASKS),
         help="tasks on which sbibm's c2st runs a second time (seed 2) for the noise floor",
@@ -185,7 +186,7 @@ def main() -> None:
         print("sbibm is not installed: skipped (install it as the module docstring says)")
         return
     n, observations = (300, (1, 10)) if args.smoke else (args.num_samples, range(1, 11))
-    tasks = TASKS[:1] if args.smoke else TASKS
+    tasks = TASKS[:1] if args.smoke else args.tasks
     folder = output_folder(Path(__file__).parent / "results", args.smoke)
     torch.set_num_threads(1)
     rows: list[dict] = []
