@@ -604,7 +604,7 @@ def test_lc2st_nf_callback_logs_per_observation_tests_maps_and_reference_scores(
         return cl.baselines.oracle_c2st(*args, **kwargs)
 
     monkeypatch.setattr(module, "oracle_c2st", recorded_oracle)
-    quick = {"learning_rate": 1e-2, "patience": 3, "max_epochs": 200}
+    quick = {"classifier": "mlp", "learning_rate": 1e-2, "patience": 3, "max_epochs": 200}
 
     toy = GaussianToy(dim=2)
     theta, x = toy.sample(300, torch.Generator().manual_seed(7))

@@ -76,10 +76,11 @@ class LC2STNFCallback(CalibrationCallback):
         map_num_posterior_samples: posterior samples per observation for the probability
             maps.
         oracle_kwargs: classifier settings of the oracle C2ST against ``reference_samples``
-            (:func:`calib_lightning.baselines.oracle_c2st`); default: trained to
-            convergence as sbibm's ``c2st`` (about 0.5 s per observation at 1,000 draws);
-            e.g. ``{"learning_rate": 1e-2, "patience": 3, "max_epochs": 200}`` is 10x faster
-            but can read low.
+            (:func:`calib_lightning.baselines.oracle_c2st`); default: sbibm's ``c2st``
+            protocol with scikit-learn (seconds per observation at 1,000 draws);
+            ``{"classifier": "mlp"}`` trains the batched torch ensemble to convergence, and
+            ``{"classifier": "mlp", "learning_rate": 1e-2, "patience": 3}`` is faster
+            still but can read low.
         seed: seeds the checks (:class:`~calib_lightning.callbacks.CalibrationCallback`)
             and the samples drawn for figures and reference scores.
         misspecification: test each observation against the calibration ``x``

@@ -1,0 +1,199 @@
+"""L-C2ST-NF's classifier training on sbibm's reference posteriors (issue 23, item 4).
+
+The L-C2ST and L-C2ST-NF classifiers (``MLPEnsemble``: Adam at 1e-2, mini-batches of
+64, stop after 3 epochs without improvement of a 10 % held-out loss) stop early; sbi's
+train up to 1,000 epochs with patience 50. Each variant below trains ``cl.LC2STNF``'s
+null (100 classifiers, once per task, on the task's calibration ``x``) and its observed
+classifier with other ``classifier_kwargs``, on the estimators, calibration pairs and
+observations of ``sbibm_validation.py`` (its cases file gives the oracle and sbi's
+``LC2ST_NF`` p-values; its cache, the trained estimators: run it first).
+
+Per variant: sensitivity (share of observations with oracle >= 0.6 rejected at 0.05),
+alarm rate (oracle <= 0.55), within-task Spearman correlation of the statistic with the
+oracle, and seconds (null; one check of 10 observations) beside sbi's LC2ST_NF of the
+same cases. The level of a variant is not measured here (tests/test_lc2st_level.py
+measures the defaults').
+
+Run:  PYTHONPATH=. python examples/benchmarks/lc2st_training.py   (after sbibm_validation)
+      python examples/benchmarks/lc2st_training.py --smoke       (runs sbibm_validation's
+          smoke first; a temp folder)
+Writes examples/benchmarks/results/lc2st_training.md (cases in lc2st_training.jsonl).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if not __package__:  # run as a file (python examples/x.py): make `examples` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import numpy as np
+import torch
+
+from examples._smoke import add_smoke_argument, output_folder
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "patience 20": {"patience": 20},
+    "lr 1e-3, patience 20": {"learning_rate": 1e-3, "patience": 20},
+    "lr 1e-3, patience 50, 1000 epochs (sbi's stopping)": {
+        "learning_rate": 1e-3, "patience": 50, "max_epochs": 1000,
+    },
+    "patience 10, batch 128": {"patience": 10, "batch_size": 128},
+}  # fmt: skip
+NUM_NULL = 100
+
+
+def run_variant(data: dict, rows: list[dict], name: str, kwargs: dict, args: Any) -> list[dict]:
+    """One variant on every case of one task: its null once, then one check per case."""
+    import calib_lightning as cl
+    from examples.benchmarks.sbibm_validation import train
+
+    def metric() -> cl.LC2STNF:
+        return cl.LC2STNF(data["x_o"], num_null=NUM_NULL, num_posterior_samples=args.num_eval,
+                          classifier_kwargs=kwargs or None)  # fmt: skip
+
+    base = metric()
+    start = time.perf_counter()
+    base.null.fit(data["x"], dim=data["theta"].shape[1]).statistics(
+        base.flat_observations, base.pp_grid
+    )
+    s_null = time.perf_counter() - start
+    out = []
+    for row in rows:
+        estimator = train(
+            row["task"], row["estimator"], row["budget"], row["seed"], args.cache, 100
+        )  # fmt: skip: from the cache
+        check = metric()
+        check.load_state_dict(base.state_dict())
+        start = time.perf_counter()
+        check.update(cl.as_posterior(estimator), data["theta"], data["x"])
+        result = check.compute()
+        out.append({
+            **{k: row[k] for k in ("task", "estimator", "budget", "seed")},
+            "variant": name, "s_null": s_null, "s_check": time.perf_counter() - start,
+            "stat": result.statistic.tolist(), "p": result.p_value.tolist(),
+        })  # fmt: skip
+    return out
+
+
+def report(cases: list[dict], rows: dict, args: Any) -> str:
+    from examples.benchmarks.sbibm_validation import RIGHT, WRONG, spearman
+
+    lines = [
+        "# L-C2ST-NF classifier training on sbibm's reference posteriors",
+        "",
+        f"`python examples/benchmarks/lc2st_training.py`: the estimators, calibration pairs "
+        f"and oracle of `sbibm_validation.md`; `cl.LC2STNF` with {NUM_NULL} null classifiers "
+        f"and `classifier_kwargs` per variant (null trained once per task); "
+        f"{platform.machine()}, one thread, 2 shared cores, torch {torch.__version__}. "
+        "sbi: its LC2ST_NF in the `sbibm_validation.py` run (100 null classifiers), on the "
+        "same cases. Spearman: within task and budget, averaged over the tasks.",
+        "",
+        "| variant | sensitivity (oracle >= 0.6) | alarm rate (oracle <= 0.55) | "
+        "Spearman, 10,000 sims | Spearman, 1,000 sims | s null (mean per task) | "
+        "s check | sbi: sensitivity | sbi: s null + check / ours |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name in dict.fromkeys(c["variant"] for c in cases):
+        group = [c for c in cases if c["variant"] == name]
+        hits = {"wrong": [0, 0], "right": [0, 0], "sbi": [0, 0]}
+        for c in group:
+            row = rows[(c["task"], c["estimator"], c["budget"], c["seed"])]
+            for o, value in enumerate(row["oracle"]):
+                if value >= WRONG:
+                    hits["wrong"][0] += c["p"][o] <= 0.05
+                    hits["wrong"][1] += 1
+                    hits["sbi"][0] += row["sbi_nf_p"][o] <= 0.05
+                    hits["sbi"][1] += 1
+                elif value <= RIGHT:
+                    hits["right"][0] += c["p"][o] <= 0.05
+                    hits["right"][1] += 1
+        rho = {}
+        for budget in (10_000, 1000):
+            values = []
+            for task in dict.fromkeys(c["task"] for c in group):
+                sub = [c for c in group if c["task"] == task and c["budget"] == budget]
+                oracle = [v for c in sub for v in rows[(c["task"], c["estimator"], c["budget"],
+                                                        c["seed"])]["oracle"]]  # fmt: skip
+                if len(oracle) > 2:
+                    values.append(spearman(oracle, [v for c in sub for v in c["stat"]]))
+            rho[budget] = f"{np.nanmean(values):.2f} ({len(values)} tasks)" if values else "-"
+        s_null = np.mean(list({c["task"]: c["s_null"] for c in group}.values()))
+        s_check = np.mean([c["s_check"] for c in group])
+        sbi = [rows[(c["task"], c["estimator"], c["budget"], c["seed"])] for c in group]
+        sbi_time = np.mean([r["s_sbi_null"] for r in sbi]) + np.mean([r["s_sbi_nf"] for r in sbi])
+        cells = [f"{h / n:.2f} ({h}/{n})" if n else "-" for h, n in hits.values()]
+        lines.append(
+            f"| {name} | {cells[0]} | {cells[1]} | {rho[10_000]} | {rho[1000]} | {s_null:.1f} | "
+            f"{s_check:.2f} | {cells[2]} | {sbi_time / (s_null + s_check):.0f}x |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    parser.add_argument("--tasks", nargs="*")
+    parser.add_argument("--num-eval", type=int, default=10_000)
+    parser.add_argument("--num-cal", type=int, default=2000, help="as sbibm_validation's")
+    parser.add_argument("--source", type=Path, help="sbibm_validation's cases (jsonl)")
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/sbibm_validation_cache"))
+    add_smoke_argument(parser)
+    args = parser.parse_args()
+    try:  # not a test dependency
+        import sbibm  # noqa: F401
+    except ImportError:
+        print("sbibm is not installed: skipped (see sbibm_validation.py)")
+        return
+    from examples.benchmarks.sbibm_validation import task_data
+
+    folder = output_folder(Path(__file__).parent / "results", args.smoke)
+    source = args.source or Path(__file__).parent / "results" / "sbibm_validation.jsonl"
+    if args.smoke and args.source is None:  # sbibm_validation's smoke: cases and cache
+        import subprocess
+
+        script = str(Path(__file__).with_name("sbibm_validation.py"))
+        out = subprocess.run(
+            [sys.executable, script, "--smoke"], capture_output=True, text=True, check=True
+        )
+        source = Path(out.stdout.strip().splitlines()[-1].split()[-1]).with_suffix(".jsonl")
+    if args.smoke:
+        args.cache, args.num_eval, args.num_cal = source.parent / "cache", 500, 300
+        args.variants = args.variants[:2]
+    rows = {(r["task"], r["estimator"], r["budget"], r["seed"]): r
+            for r in map(json.loads, source.read_text().splitlines())}  # fmt: skip
+    path = folder / "lc2st_training.jsonl"
+    cases = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    done = {(c["task"], c["variant"]) for c in cases}
+    torch.set_num_threads(1)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        for task in args.tasks or dict.fromkeys(k[0] for k in rows):
+            todo = [v for v in args.variants if (task, v) not in done]
+            if not todo:
+                continue
+            task_rows = [r for k, r in rows.items() if k[0] == task]
+            data = task_data(task, args.num_cal, 1)  # sbibm_validation's calibration pairs
+            for name in todo:
+                new = run_variant(data, task_rows, name, VARIANTS[name], args)
+                cases += new
+                with path.open("a") as f:
+                    f.writelines(json.dumps(c) + "\n" for c in new)
+                print(task, name, flush=True)
+                (folder / "lc2st_training.md").write_text(report(cases, rows, args))
+    text = report(cases, rows, args)
+    (folder / "lc2st_training.md").write_text(text)
+    print(text)
+    print(f"wrote {folder / 'lc2st_training.md'}")
+
+
+if __name__ == "__main__":
+    main()
