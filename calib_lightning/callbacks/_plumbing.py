@@ -265,7 +265,12 @@ class CostWarning(Callback):
         if seconds <= COST_WARNING_FRACTION * epoch:
             return
         self.cost_warned = True
-        fraction = f"{seconds / epoch:.2g} of an epoch's" if epoch > 0 else "more than an epoch's"
+        if epoch <= 0:
+            fraction = "more than an epoch's"
+        elif seconds < epoch:
+            fraction = f"{seconds / epoch:.2g} of an epoch's"
+        else:  # "940 times an epoch's", not "9.4e+02 of an epoch's"
+            fraction = f"{seconds / epoch:.0f} times an epoch's"
         warnings.warn(
             f"{type(self).__name__} ({getattr(self, 'tag_name', '')}): one check took "
             f"{seconds:.3g} s, {fraction} {epoch:.3g} s (training and validation before "
