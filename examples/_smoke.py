@@ -11,7 +11,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-__all__ = ["add_smoke_argument", "output_folder"]
+__all__ = ["add_smoke_argument", "has_sbibm", "output_folder"]
 
 
 def add_smoke_argument(parser: argparse.ArgumentParser) -> None:
@@ -31,3 +31,14 @@ def output_folder(folder: Path | str, smoke: bool) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def has_sbibm() -> bool:
+    """Whether sbibm is installed; if not, say so (the sbibm benchmarks then skip: sbibm is
+    no test dependency, its install recipe is in examples/benchmarks/README.md)."""
+    try:
+        import sbibm  # noqa: F401
+    except ImportError:
+        print("sbibm is not installed: skipped (install it as the module docstring says)")
+        return False
+    return True

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -61,15 +63,20 @@ class NflowsPosterior(Posterior):
             log_prob = self.module.log_prob(flat, context=context)
         return log_prob.reshape(*lead, x.shape[0]).to(theta.dtype)
 
-    def to_latent(self, theta: Tensor, x: Tensor) -> Tensor:
-        flat, context, lead = self._flat(theta, x)
+    def _base(self, method: str) -> tuple[Any, str]:
+        """The flow's base distribution and its class name, if ``method`` supports it."""
         base = self.module._distribution
         name = type(base).__name__
         if name not in ("StandardNormal", "ConditionalDiagonalNormal"):
             raise UnsupportedError(
-                "to_latent needs an nflows base distribution StandardNormal or "
+                f"{method} needs an nflows base distribution StandardNormal or "
                 f"ConditionalDiagonalNormal, got {name}"
             )
+        return base, name
+
+    def to_latent(self, theta: Tensor, x: Tensor) -> Tensor:
+        flat, context, lead = self._flat(theta, x)
+        base, name = self._base("to_latent")
         with self._errors(flat, context):
             noise = self.module.transform_to_noise(flat, context=context)
             if name == "ConditionalDiagonalNormal":
@@ -79,13 +86,7 @@ class NflowsPosterior(Posterior):
 
     def from_latent(self, z: Tensor, x: Tensor) -> Tensor:
         flat, context, lead = self._flat(z, x)
-        base = self.module._distribution
-        name = type(base).__name__
-        if name not in ("StandardNormal", "ConditionalDiagonalNormal"):
-            raise UnsupportedError(
-                "from_latent needs an nflows base distribution StandardNormal or "
-                f"ConditionalDiagonalNormal, got {name}"
-            )
+        base, name = self._base("from_latent")
         with self._errors(flat, context):
             embedded = self.module._embedding_net(context)
             if name == "ConditionalDiagonalNormal":

@@ -51,7 +51,7 @@ from torch import nn
 
 import calib_lightning as cl
 from examples._npe import build_flow
-from examples._smoke import add_smoke_argument, output_folder
+from examples._smoke import add_smoke_argument, has_sbibm, output_folder
 
 LEVEL, BATCH, LR, PATIENCE = 0.9, 128, 1e-3, 20
 NUM_POSTERIOR_SAMPLES = 1000
@@ -247,10 +247,7 @@ def main() -> None:
     )
     add_smoke_argument(parser)
     args = parser.parse_args()
-    try:  # not a test dependency: the smoke test passes without it
-        import sbibm  # noqa: F401
-    except ImportError:
-        print("sbibm is not installed: skipped (install it as the module docstring says)")
+    if not has_sbibm():
         return
     if args.smoke:
         args.tasks, args.seeds, args.budget, args.max_epochs = ["two_moons"], [0], 400, 2

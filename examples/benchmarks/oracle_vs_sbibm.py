@@ -49,7 +49,7 @@ from threadpoolctl import threadpool_limits
 from torch import Tensor
 
 from calib_lightning.baselines import oracle_c2st
-from examples._smoke import add_smoke_argument, output_folder
+from examples._smoke import add_smoke_argument, has_sbibm, output_folder
 
 TASKS = ("two_moons", "gaussian_linear_uniform", "gaussian_mixture", "slcp")
 PERTURBATIONS = (
@@ -186,12 +186,10 @@ def main() -> None:
     )  # fmt: skip
     add_smoke_argument(parser)
     args = parser.parse_args()
-    try:  # not a test dependency: the smoke test passes without it
-        import sbibm
-        from sbibm.metrics import c2st
-    except ImportError:
-        print("sbibm is not installed: skipped (install it as the module docstring says)")
+    if not has_sbibm():
         return
+    import sbibm
+    from sbibm.metrics import c2st
     n, observations = (300, (1, 10)) if args.smoke else (args.num_samples, args.observations)
     tasks = TASKS[:1] if args.smoke else args.tasks
     folder = output_folder(Path(__file__).parent / "results", args.smoke)

@@ -72,7 +72,7 @@ if not __package__:  # run as a file (python examples/x.py): make `examples` imp
 import numpy as np
 import torch
 
-from examples._smoke import add_smoke_argument, output_folder
+from examples._smoke import add_smoke_argument, has_sbibm, output_folder
 
 TASKS = ("two_moons", "gaussian_linear_uniform", "gaussian_mixture", "slcp")
 ESTIMATORS = ("sbi_maf", "zuko_nsf")
@@ -516,10 +516,7 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="rewrite the table only")
     add_smoke_argument(parser)
     args = parser.parse_args()
-    try:  # not a test dependency: the smoke test passes without it
-        import sbibm  # noqa: F401
-    except ImportError:
-        print("sbibm is not installed: skipped (install it as the module docstring says)")
+    if not has_sbibm():
         return
     folder = output_folder(Path(__file__).parent / "results", args.smoke)
     if args.smoke:
