@@ -236,7 +236,7 @@ def figure(results: dict, path: Path) -> None:
     axes[-1, 0].legend(fontsize=6)  # the last row has every check (L-C2ST-NF at the largest N)
     fig.supxlabel("strength")
     fig.supylabel(f"rejection rate at {LEVEL}")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0.015, 0.0, 1.0, 1.0))  # room for the shared y label
     fig.savefig(path, dpi=80)
 
 
