@@ -19,8 +19,8 @@ same draws are dependent; the report combines them with the Cauchy combination, 
 under dependence. A metric that needs two *independent* sets at one ``x`` must ask for
 ``2 n`` draws and split them.
 
-**Samples only.** For a posterior without ``log_prob``
-(:func:`~calib_lightning.posteriors.supports`) the cache holds draws only, draws with
+**Samples only.** For a posterior without a cheap ``log_prob``
+(:func:`~calib_lightning.posteriors.density_draws`) the cache holds draws only, draws with
 ``sample`` and serves chunks with ``None`` log-densities and all draws of a pair in one
 chunk, as :func:`~calib_lightning.evaluation.draw_chunks` does.
 
@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from calib_lightning._memory import ChunkSizer, draw_blocks
-from calib_lightning.posteriors.base import Posterior, supports
+from calib_lightning.posteriors.base import Posterior, density_draws
 
 __all__ = [
     "MAX_SHARED_ELEMENTS",
@@ -144,6 +144,10 @@ class SharedDraws(Posterior):
         return self.posterior.capabilities
 
     @property
+    def costly(self) -> frozenset[str]:  # type: ignore[override]
+        return self.posterior.costly
+
+    @property
     def dtype(self) -> torch.dtype | None:
         return self.posterior.dtype
 
@@ -213,7 +217,7 @@ class SharedDraws(Posterior):
         yet, one row is drawn first to learn it; if the draws then exceed the bound,
         nothing is kept and this returns ``False``."""
         new, x, n = count - entry.held, entry.x, entry.x.shape[0]
-        d, dense = entry.width or self.event_size(), supports(self.posterior, "log_prob")
+        d, dense = entry.width or self.event_size(), density_draws(self.posterior)
         sizer = ChunkSizer(x.device, fixed_units=None if max_chunk_elements is None or d is None
                            else max(1, max_chunk_elements // d))  # fmt: skip
         if d is None:
@@ -301,7 +305,7 @@ class SharedDraws(Posterior):
         self, entry: _Entry, rows: slice, theta: Tensor, x: Tensor, count: int,
         max_chunk_elements: int | None,
     ) -> Iterator[Chunk]:
-        (n, d), dense = theta.shape, supports(self.posterior, "log_prob")
+        (n, d), dense = theta.shape, density_draws(self.posterior)
         max_chunk_elements = max_chunk_elements or REPLAY_ELEMENTS  # views: no new memory
         block = max(1, max_chunk_elements // (count * d))
         per_call = max(1, min(count, max_chunk_elements // d)) if dense else count

@@ -47,7 +47,7 @@ from calib_lightning._draw_cache import SharedDraws
 from calib_lightning._features import embed
 from calib_lightning._memory import ChunkSizer, draw_blocks
 from calib_lightning.posteriors import DistributionPosterior, Posterior, as_posterior, check_width
-from calib_lightning.posteriors.base import supports
+from calib_lightning.posteriors.base import density_draws, supports, unsupported
 
 __all__ = [
     "DrawChunk",
@@ -252,6 +252,7 @@ def draw_chunks(
     num_posterior_samples: int,
     *,
     max_chunk_elements: int | None = None,
+    log_densities: bool | None = None,
 ) -> Iterator[DrawChunk]:
     """Draw ``M`` samples per pair with their log-densities, in bounded chunks, no gradient.
 
@@ -271,12 +272,23 @@ def draw_chunks(
         num_posterior_samples: ``M``.
         max_chunk_elements: bound on ``draws_per_chunk * pairs_per_chunk * D`` instead of
             the memory budget; ``None`` (default): the budget.
+        log_densities: whether the chunks carry log-densities; ``None`` (default): when
+            the posterior computes them cheaply
+            (:func:`~calib_lightning.posteriors.density_draws`: not for an ODE's trace).
+
+    Raises:
+        UnsupportedError: ``log_densities=True`` for a posterior without ``log_prob``.
     """
     check_pairs(theta, x)
     check_positive("num_posterior_samples", num_posterior_samples, integer=True)
     if max_chunk_elements is not None:
         check_positive("max_chunk_elements", max_chunk_elements, integer=True)
     post = as_posterior(posterior)
+    dense = density_draws(post) if log_densities is None else bool(log_densities)
+    if dense and not supports(post, "log_prob"):
+        raise unsupported(post, "log_prob")
+    if isinstance(post, SharedDraws) and dense != density_draws(post):
+        post = post.posterior  # the cache holds the other kind of draws: draw afresh
     if isinstance(post, SharedDraws):
         with torch.no_grad():
             served = post.serve_chunks(theta, x, num_posterior_samples, max_chunk_elements,
@@ -286,15 +298,17 @@ def draw_chunks(
                     yield DrawChunk(*chunk)
                 return
         post = post.posterior
-    yield from _draw_fresh(post, theta, x, num_posterior_samples, max_chunk_elements)
+    yield from _draw_fresh(post, theta, x, num_posterior_samples, max_chunk_elements, dense)
 
 
 def _draw_fresh(
     post: Posterior, theta: Tensor, x: Tensor, num_posterior_samples: int,
-    max_chunk_elements: int | None,
+    max_chunk_elements: int | None, dense: bool | None = None,
 ) -> Iterator[DrawChunk]:
-    """:func:`draw_chunks` without sharing."""
-    (n, d), m, dense = theta.shape, num_posterior_samples, supports(post, "log_prob")
+    """:func:`draw_chunks` without sharing (``dense``: with log-densities; ``None``: when
+    cheap)."""
+    (n, d), m = theta.shape, num_posterior_samples
+    dense = density_draws(post) if dense is None else dense
     sizer = chunk_sizer(x, d, max_chunk_elements)
     theta = theta.detach()
     log_prob_theta: Tensor | None = None

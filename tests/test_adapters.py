@@ -230,6 +230,20 @@ def test_log_prob_is_the_change_of_variables_of_the_latents(adapter):
     torch.testing.assert_close(z, post.to_latent(theta, x), rtol=tolerance, atol=tolerance)
 
 
+def test_only_odes_declare_a_costly_log_prob_and_get_the_distance_rank(adapter):
+    """Every adapter at once: the ODE estimators (a trace along the path for ``log_prob``)
+    declare it costly, so the rank check draws samples only and ranks jointly by distance
+    (at the cost of sampling); every other adapter keeps the energy rank."""
+    name, post = adapter
+    assert ("log_prob" in post.costly) == (name in SLOW)
+    _, x = simulate(20, seed=6)
+    torch.manual_seed(6)
+    theta = post.sample(x, 1)[0]  # inside every adapter's support
+    metric = cl.RankCalibration(num_posterior_samples=5)
+    metric.update(post, theta, x)
+    assert metric.compute().joint_statistic == ("distance" if name in SLOW else "energy")
+
+
 def test_the_check_sees_a_flow_that_skips_its_embedding():
     """The defect of sbi 0.27's ``NFlowsFlow.inverse_transform``: raw ``x`` into the flow
     instead of the embedding net's z-scored ``x``. The normality check must reject it."""

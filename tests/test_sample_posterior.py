@@ -165,11 +165,24 @@ def test_one_rank_metric_does_not_mix_energy_and_distance_ranks():
     metric = cl.RankCalibration(num_posterior_samples=9)
     metric.update(TOY.posterior(), theta, x)
     assert metric.compute().joint_statistic == "energy"
-    with pytest.raises(ValueError, match="holds energy ranks; a posterior without log_prob"):
+    with pytest.raises(ValueError, match="holds energy ranks; this posterior gives distance"):
         metric.update(_samples_only(), theta, x)
     metric.reset()
     metric.update(_samples_only(), theta, x)
     assert metric.compute().joint_statistic == "distance"
+
+
+def test_the_joint_rank_can_be_chosen_and_energy_needs_a_log_prob():
+    theta, x = TOY.sample(50, torch.Generator().manual_seed(5))
+    metric = cl.RankCalibration(num_posterior_samples=9, joint="distance")
+    metric.update(TOY.posterior(), theta, x)  # a density, ranked by distance as asked
+    metric.update(_samples_only(), theta, x)  # one kind of rank: they mix
+    assert metric.compute().joint_statistic == "distance"
+    with pytest.raises(ValueError, match="does not provide log_prob"):
+        cl.RankCalibration(num_posterior_samples=9, joint="energy").update(
+            _samples_only(), theta, x)  # fmt: skip
+    with pytest.raises(ValueError, match="joint must be one of"):
+        cl.RankCalibration(joint="surprisal")
 
 
 def test_chunks_hold_every_draw_of_a_pair_and_no_log_probs():

@@ -150,6 +150,13 @@ def test_every_supported_metric_and_diagnose_run(trained):
                          num_posterior_samples=9, seed=0)  # fmt: skip
     assert set(report.checks) == {"kccsd", "ranks", "tarp"}
     assert report.skipped == {}
+    by_default = cl.diagnose(post, theta, x, num_posterior_samples=9, seed=0)
+    if post.flow_matching:  # its score differentiates the ODE: asked for only
+        assert "kccsd" not in by_default.checks
+        assert "checks with 'kccsd'" in by_default.skipped["kccsd"]
+    else:  # NPSE's score is its network's
+        assert "kccsd" in by_default.checks
+    assert by_default.checks["ranks"].joint_statistic == "distance"
 
 
 def test_an_over_confident_ode_is_rejected_with_the_right_sign(trained):
@@ -338,4 +345,7 @@ def test_ranks_reject_an_over_confident_ode(trained):
     torch.manual_seed(9)
     ranks = cl.RankCalibration(20)
     ranks.update(cl.as_posterior(narrow), theta, x)
-    assert float(ranks.compute().global_p_value) < 1e-3
+    result = ranks.compute()
+    assert result.joint_statistic == "distance"  # no trace along the ODE: sampling's cost
+    assert float(result.global_p_value) < 1e-3
+    assert float(result.coverage_error) < 0  # over-confident, by the distance rank too

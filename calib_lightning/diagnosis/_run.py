@@ -32,7 +32,7 @@ from calib_lightning.metrics import KCCSD, LC2STNF
 from calib_lightning.metrics.joint_c2st import joint_c2st
 from calib_lightning.misspecification import misspecification_test
 from calib_lightning.plots._grid import select_parameters
-from calib_lightning.posteriors import as_posterior, supports, unsupported
+from calib_lightning.posteriors import as_posterior, density_draws, supports, unsupported
 from calib_lightning.posteriors.base import UnsupportedError
 
 __all__ = ["CHECKS", "NEEDS", "diagnose", "skipped_checks"]
@@ -54,9 +54,10 @@ def _shared_draws(
     posterior: Any, theta: Tensor, x: Tensor, num_posterior_samples: int
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """``(samples (M, N, D), log_prob (M, N), log_prob_theta (N,))`` in one sampling pass;
-    the log-densities ``None`` for a samples-only posterior."""
+    the log-densities ``None`` for a posterior without a cheap ``log_prob`` (samples only,
+    an ODE's trace)."""
     samples = torch.empty(num_posterior_samples, *theta.shape, dtype=theta.dtype)
-    dense = supports(posterior, "log_prob")
+    dense = density_draws(posterior)
     log_prob = torch.empty(num_posterior_samples, theta.shape[0], dtype=theta.dtype)
     log_prob_theta = torch.empty(theta.shape[0], dtype=theta.dtype)
     for chunk in draw_chunks(posterior, theta, x, num_posterior_samples):
@@ -124,8 +125,11 @@ def diagnose(
             support (:data:`NEEDS`: KCCSD needs the score, L-C2ST-NF the latents; a
             ``log_prob`` without a gradient in ``theta`` gives no score, a base that is
             not normal no latents) is skipped and listed in the report's table with the
-            reason (``Diagnosis.skipped``); for a samples-only posterior the joint rank is
-            the distance rank.
+            reason (``Diagnosis.skipped``); for a samples-only posterior, and one whose
+            log-density integrates an ODE's trace, the joint rank is the distance rank
+            (``costly``: :class:`~calib_lightning.posteriors.Posterior`). KCCSD on a
+            posterior whose score is costly (flow matching, a zuko ``CNF``) runs only
+            when ``checks`` names it.
         labels: parameter names ``(D,)`` for tables and figures.
         parameters: indices of the parameters the per-parameter figures draw (default all).
         num_posterior_samples: draws per pair shared by ranks, TARP, the joint classifier
@@ -166,6 +170,7 @@ def diagnose(
         raise ValueError(f"labels must name the D = {theta.shape[1]} parameters, got "
                          f"{len(labels)} labels")  # fmt: skip
     select_parameters(theta.shape[1], parameters, labels)  # ValueError now, not at .figures
+    by_default = checks is None
     if checks is None:
         checks = [c for c in CHECKS if observations is not None or c not in _LOCAL]
     unknown = [c for c in checks if c not in CHECKS]
@@ -177,6 +182,12 @@ def diagnose(
     post = as_posterior(posterior)
     check_fits(post, theta, x, observations=observations)  # names the argument that is wrong
     skipped = skipped_checks(post, checks)
+    if by_default and "kccsd" in checks and "score" in post.costly:
+        skipped["kccsd"] = (
+            f"left out by default: the score of this {type(post).__name__} differentiates an "
+            "ODE solve at every point (minutes at N = 1,000 on a CPU); pass checks with "
+            "'kccsd' to run it"
+        )
     if "joint_c2st" in checks and (theta.shape[0] < 4 or num_posterior_samples < 2):
         skipped["joint_c2st"] = ("the joint classifier test needs N >= 4 pairs and "
                                  f"num_posterior_samples >= 2, got N = {theta.shape[0]} and "

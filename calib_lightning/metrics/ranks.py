@@ -36,7 +36,13 @@ from calib_lightning.functional.sbc import (
     summarize_ranks,
 )
 from calib_lightning.metrics._lazy import LazyDimension
-from calib_lightning.posteriors import Posterior, as_posterior, supports
+from calib_lightning.posteriors import (
+    Posterior,
+    as_posterior,
+    density_draws,
+    supports,
+    unsupported,
+)
 
 __all__ = ["RankCalibration", "RankCalibrationResult", "posterior_ranks"]
 
@@ -51,6 +57,7 @@ def posterior_ranks(
     generator: torch.Generator | None = None,
     statistics: Sequence[Callable[[Tensor], Tensor]] = (),
     names: Sequence[str] | None = None,
+    log_densities: bool | None = None,
 ) -> PosteriorDraws:
     r"""Draw ``M`` posterior samples per pair in chunks and reduce them to ranks and moments.
 
@@ -74,6 +81,10 @@ def posterior_ranks(
             (:func:`~calib_lightning.functional.ranks.statistic_ranks`) follow the joint
             rank as the last ``Q`` columns of ``ranks``.
         names: their names, for error messages.
+        log_densities: rank jointly by the energy (``True``) or the distance rank
+            (``False``, no log-densities drawn); ``None``: the energy when the posterior
+            computes log-densities cheaply
+            (:func:`~calib_lightning.posteriors.density_draws`).
 
     Returns:
         :class:`~calib_lightning.functional.ranks.PosteriorDraws` (``ranks`` of shape
@@ -89,7 +100,8 @@ def posterior_ranks(
     work = RankWorkspace()
     blocks: list[list[Tensor]] = []
     for chunk in draw_chunks(posterior, theta, x, num_posterior_samples,
-                             max_chunk_elements=max_chunk_elements):  # fmt: skip
+                             max_chunk_elements=max_chunk_elements,
+                             log_densities=log_densities):  # fmt: skip
         sums = rank_draw_chunk(
             chunk.theta, chunk.log_prob_theta, chunk.samples, chunk.log_prob,
             first_draw=chunk.first_draw, moment_draws=head, offset=chunk.start,
@@ -119,8 +131,11 @@ class RankCalibration(LazyDimension):
     A posterior known through its samples only (:class:`~calib_lightning.SamplePosterior`)
     has no energy: its joint rank is the distance rank
     (:mod:`~calib_lightning.functional.distance_rank`, exact level by exchangeability),
-    and the result's ``joint_statistic`` says ``"distance"``. One metric accumulates one
-    kind of joint rank: mixing the two in one histogram raises a ``ValueError``.
+    and the result's ``joint_statistic`` says ``"distance"``. So, by default
+    (``joint="auto"``), does a posterior whose log-density costs many times its sampling
+    (an ODE's trace: sbi's ``FMPE`` and ``NPSE``, a zuko ``CNF``; its ``costly``), so that
+    the check costs what sampling costs. One metric accumulates one kind of joint rank:
+    mixing the two in one histogram raises a ``ValueError``.
 
     Which test: ``p_value`` (joint) and ``marginal_p_values`` are chi-square tests
     against the *discrete* uniform on ``0..M``, with the rank values grouped into
@@ -181,6 +196,9 @@ class RankCalibration(LazyDimension):
         max_pairs: per-process bound on the pairs whose truth, posterior mean and
             variance are kept (``3 D`` float64 each) for the recovery plots; the first
             ones are kept, the ranks always use every pair. ``0`` keeps none.
+        joint: the joint rank: ``"energy"`` (needs ``log_prob``), ``"distance"`` (any
+            posterior, no log-density drawn) or ``"auto"`` (default): the energy when the
+            posterior computes log-densities cheaply, else the distance.
 
     Example:
         >>> from calib_lightning.tasks import GaussianToy
@@ -224,6 +242,7 @@ class RankCalibration(LazyDimension):
         global_method: str = "cauchy",
         max_pairs: int = 10_000,
         statistics: Mapping[str, Callable[[Tensor], Tensor]] | None = None,
+        joint: str = "auto",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -242,6 +261,8 @@ class RankCalibration(LazyDimension):
         if max_chunk_elements is not None:
             check_positive("max_chunk_elements", max_chunk_elements, integer=True)
         check_choice("global_method", global_method, COMBINATION_METHODS)
+        check_choice("joint", joint, ("auto", "energy", "distance"))
+        self.joint = joint
         if isinstance(max_pairs, bool) or not isinstance(max_pairs, int) or max_pairs < 0:
             raise ValueError(f"max_pairs must be a non-negative integer, got {max_pairs!r}")
         if statistics is not None and not (isinstance(statistics, Mapping) and all(
@@ -286,12 +307,18 @@ class RankCalibration(LazyDimension):
     def update(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> None:
         """Rank the true parameters ``theta (N, D)`` among posterior draws at ``x (N, *X)``."""
         check_pairs(theta, x)
-        joint = "energy" if supports(as_posterior(posterior), "log_prob") else "distance"
+        post = as_posterior(posterior)
+        joint = self.joint
+        if joint == "auto":
+            joint = "energy" if density_draws(post) else "distance"
+        elif joint == "energy" and not supports(post, "log_prob"):
+            raise unsupported(post, "log_prob")
         if self.joint_statistic not in (None, joint):
             raise ValueError(
-                f"this RankCalibration holds {self.joint_statistic} ranks; a posterior "
-                f"{'without' if joint == 'distance' else 'with'} log_prob gives {joint} ranks:"
-                " use one metric per kind of posterior (or reset it)"
+                f"this RankCalibration holds {self.joint_statistic} ranks; this posterior "
+                f"gives {joint} ranks (joint='auto': the energy for a posterior with a "
+                "cheap log_prob): use one metric per kind of posterior, pass joint="
+                f"'{self.joint_statistic}', or reset it"
             )
         check_event_size(posterior, theta, x)  # theta against the posterior first
         self._allocate(theta.shape[1])
@@ -299,6 +326,7 @@ class RankCalibration(LazyDimension):
             posterior, theta, x, self.num_posterior_samples,
             max_chunk_elements=self.max_chunk_elements,
             statistics=list(self.statistics.values()), names=list(self.statistics),
+            log_densities=joint == "energy",
         )  # fmt: skip
         hist = rank_histogram(draws.ranks, self.num_posterior_samples)
         d = theta.shape[1]

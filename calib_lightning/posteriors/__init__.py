@@ -67,6 +67,7 @@ from calib_lightning.posteriors.base import (
     Posterior,
     UnsupportedError,
     check_width,
+    density_draws,
     supports,
     unsupported,
 )
@@ -88,6 +89,7 @@ __all__ = [
     "VectorFieldPosterior",
     "as_posterior",
     "check_width",
+    "density_draws",
     "supports",
     "unsupported",
 ]

@@ -26,6 +26,7 @@ __all__ = [
     "Posterior",
     "UnsupportedError",
     "check_width",
+    "density_draws",
     "supports",
     "unsupported",
 ]
@@ -96,6 +97,14 @@ def supports(posterior: Any, capability: str) -> bool:
     return capability in getattr(posterior, "capabilities", CAPABILITIES)
 
 
+def density_draws(posterior: Any) -> bool:
+    """Whether draws of ``posterior`` come with their log-densities by default: it provides
+    ``log_prob`` at about the cost of sampling (not in its ``costly``). Otherwise the
+    sampling checks draw samples only (the joint rank is then the distance rank)."""
+    costly = getattr(posterior, "costly", frozenset())
+    return supports(posterior, "log_prob") and "log_prob" not in costly
+
+
 class UnsupportedError(ValueError):
     """A posterior cannot compute what a check needs (a capability it lacks, found from its
     ``capabilities`` or only when the model runs); ``cl.diagnose`` skips that check."""
@@ -130,9 +139,15 @@ class Posterior:
     Attributes:
         capabilities: the :data:`CAPABILITIES` the adapter provides (every one by
             default; a flow whose base is not normal still raises from ``to_latent``).
+        costly: the capabilities it provides only at many times the cost of sampling
+            (a continuous flow's ``log_prob`` integrates a trace along its ODE, its
+            ``score`` differentiates that solve): the checks then take their cheaper
+            form (:func:`density_draws`: the distance rank; ``cl.diagnose`` leaves out
+            KCCSD unless asked for it).
     """
 
     capabilities: frozenset[str] = frozenset(CAPABILITIES)
+    costly: frozenset[str] = frozenset()
 
     def __init__(self, module: Any) -> None:
         self.module = module

@@ -39,6 +39,7 @@ class DistributionPosterior(Posterior):
         if not callable(module):
             raise ValueError(f"module must be callable x -> Distribution, got {module!r}")
         super().__init__(module)
+        self.costly = _ode_costs(module)
 
     def context_shape(self) -> tuple[int, ...] | None:
         if not hasattr(self, "_context"):
@@ -119,6 +120,17 @@ class DistributionPosterior(Posterior):
     def log_prob_and_latent(self, theta: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
         both = self._evaluate(theta, x, _log_prob_and_latent)
         return both[..., 0], both[..., 1:]
+
+
+def _ode_costs(module: object) -> frozenset[str]:
+    """What a continuous flow (a zuko ``CNF``: an ODE whose density integrates a trace
+    along the path) computes only at many times the cost of sampling; nothing otherwise."""
+    if isinstance(module, torch.nn.Module):
+        from zuko.flows.continuous import FFJTransform
+
+        if any(isinstance(part, FFJTransform) for part in module.modules()):
+            return frozenset({"log_prob", "score"})
+    return frozenset()
 
 
 def _log_prob_and_latent(dist: Distribution, value: Tensor) -> Tensor:

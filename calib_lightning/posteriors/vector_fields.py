@@ -131,6 +131,8 @@ class VectorFieldPosterior(DistributionPosterior):
         self.posterior = module if module is not estimator else None
         self.sample_with = getattr(self.posterior, "sample_with", "ode")
         self.flow_matching = _is_flow_matching(estimator)
+        # the trace along the ODE (log_prob), and for flow matching its adjoint (score)
+        self.costly = frozenset({"log_prob", "score"} if self.flow_matching else {"log_prob"})
 
     def __repr__(self) -> str:
         return f"VectorFieldPosterior({type(self.estimator).__name__}, {self.sample_with})"

@@ -142,6 +142,10 @@ class RecalibratedPosterior(Posterior):
         return f"RecalibratedPosterior({self.inner!r}, method={self.method!r}{picked})"
 
     @property
+    def costly(self) -> frozenset[str]:  # type: ignore[override]
+        return self.inner.costly
+
+    @property
     def dtype(self) -> torch.dtype | None:
         return self.inner.dtype
 
