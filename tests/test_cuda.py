@@ -1,0 +1,80 @@
+"""The checks on a CUDA device: the memory budget read from CUDA's allocator, every check
+on CUDA tensors, and data on another device than the model.
+
+Skipped without a GPU (CI has none). On one: ``python -m pytest tests/test_cuda.py``.
+"""
+
+import pytest
+import torch
+import zuko
+
+import calib_lightning as cl
+from calib_lightning import _memory
+from calib_lightning.tasks import GaussianToy
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+CUDA = torch.device("cuda")
+
+
+def _pairs(n: int, seed: int, dim: int = 3) -> tuple[GaussianToy, torch.Tensor, torch.Tensor]:
+    toy = GaussianToy(dim=dim)
+    theta, x = toy.sample(n, torch.Generator().manual_seed(seed))
+    return toy, theta.to(CUDA), x.to(CUDA)
+
+
+def test_every_check_runs_on_cuda_with_level_and_power():
+    """The exact posterior on CUDA is not rejected, a 0.5x variance is, with the sign."""
+    toy, theta, x = _pairs(600, seed=0)
+    torch.manual_seed(0)
+    for posterior, calibrated in ((toy.posterior(), True), (toy.posterior(0.5), False)):
+        checks = [cl.RankCalibration(num_posterior_samples=99), cl.TARP(num_posterior_samples=99),
+                  cl.LatentCalibration(), cl.KCCSD()]  # fmt: skip
+        for metric in checks:
+            metric.update(posterior, theta, x)
+            out = metric.compute()
+            p = getattr(out, "global_p_value", None)
+            p = out.p_value if p is None else p
+            name = type(metric).__name__
+            assert (float(p) > 1e-3) if calibrated else (float(p) < 1e-3), (name, float(p))
+            error = getattr(out, "coverage_error", None)
+            if not calibrated and error is not None:
+                assert float(error) < 0, name  # over-confident: negative
+        report = cl.diagnose(posterior, theta, x, observations=x[:2], seed=0)
+        assert report.verdict.startswith("calibrated" if calibrated else "miscalibrated"), (
+            report.verdict)  # fmt: skip
+
+
+def test_the_budget_bounds_a_chunk_on_cuda():
+    """A zuko spline flow on CUDA under a 32 MiB budget: the chunks are sized from the
+    allocator's measured peak, and the check's peak above what was allocated before stays
+    near the budget, where one unchunked call takes many times more."""
+    torch.manual_seed(0)
+    flow = zuko.flows.NSF(5, 5).to(CUDA)
+    theta, x = torch.randn(400, 5, device=CUDA), torch.randn(400, 5, device=CUDA)
+    budget = 32 * 2**20
+
+    def peak(run) -> int:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        run()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+
+    with cl.set_memory_budget(budget):
+        metric = cl.RankCalibration(num_posterior_samples=500)
+        chunked = peak(lambda: metric.update(flow, theta, x))
+    one_call = cl.RankCalibration(num_posterior_samples=500, max_chunk_elements=400 * 500 * 5)
+    unchunked = peak(lambda: one_call.update(flow, theta, x))
+    assert chunked <= 1.5 * budget, chunked / 2**20
+    assert unchunked > 4 * chunked, (unchunked / 2**20, chunked / 2**20)
+    assert _memory.DEFAULT_MEMORY_BUDGET == 256 * 2**20
+
+
+def test_data_on_another_device_than_the_model_is_a_value_error():
+    torch.manual_seed(0)
+    flow = zuko.flows.NSF(3, 3).to(CUDA)
+    _, theta, x = _pairs(50, seed=1)
+    metric = cl.RankCalibration(num_posterior_samples=9)
+    with pytest.raises(ValueError, match="device"):
+        metric.update(flow, theta.cpu(), x.cpu())
