@@ -108,11 +108,12 @@ def test_every_sampling_call_of_a_spline_flow_check_stays_within_the_budget():
         # the measured peak per draw varies by about 25 % between calls (_memory's docstring)
         assert max(peak for *_, peak in posterior.calls) <= 1.4 * budget * MiB
     assert len(calls[2]) > len(calls[8]) > 2
-    # the old chunking (2**20 numbers, one call here) peaks far above both budgets
+    # the old chunking (2**20 numbers, one call here) peaks far above the small budget
+    # (its size depends on torch's version: 62 MiB with torch 2.13, 16 MiB with 2.11)
     old = Recording(flow)
     cl.RankCalibration(500, max_chunk_elements=2**20).update(old, theta, x)
     assert len(old.calls) == 1
-    assert old.calls[0][2] > 4 * 8 * MiB
+    assert old.calls[0][2] > 4 * 2 * MiB
 
 
 def _per_row_sampler(x, num_samples):

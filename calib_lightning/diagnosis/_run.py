@@ -56,10 +56,11 @@ def _shared_draws(
     """``(samples (M, N, D), log_prob (M, N), log_prob_theta (N,))`` in one sampling pass;
     the log-densities ``None`` for a posterior without a cheap ``log_prob`` (samples only,
     an ODE's trace)."""
-    samples = torch.empty(num_posterior_samples, *theta.shape, dtype=theta.dtype)
+    like = {"dtype": theta.dtype, "device": theta.device}  # CUDA data: CUDA draws
+    samples = torch.empty(num_posterior_samples, *theta.shape, **like)
     dense = density_draws(posterior)
-    log_prob = torch.empty(num_posterior_samples, theta.shape[0], dtype=theta.dtype)
-    log_prob_theta = torch.empty(theta.shape[0], dtype=theta.dtype)
+    log_prob = torch.empty(num_posterior_samples, theta.shape[0], **like)
+    log_prob_theta = torch.empty(theta.shape[0], **like)
     for chunk in draw_chunks(posterior, theta, x, num_posterior_samples):
         rows = slice(chunk.start, chunk.start + chunk.theta.shape[0])
         draws = slice(chunk.first_draw, chunk.first_draw + chunk.samples.shape[0])
