@@ -74,7 +74,7 @@ def latent_ball_levels(u: Tensor) -> Tensor:
     r"""Level :math:`F_{\chi^2_D}(\|u\|^2)` of the smallest latent ball holding each
     ``u (*, D)``: uniform on ``[0, 1]`` when ``u ~ N(0, I_D)``. Shape ``(*,)``."""
     dim = u.shape[-1]
-    return torch.special.gammainc(torch.tensor(dim / 2.0, dtype=u.dtype), u.pow(2).sum(-1) / 2)
+    return torch.special.gammainc(u.new_tensor(dim / 2.0), u.pow(2).sum(-1) / 2)
 
 
 def radial_knots(norms: Tensor, dim: int, band: int = 1) -> Tensor:

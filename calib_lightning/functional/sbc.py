@@ -150,7 +150,7 @@ def uniformity_test(histogram: Tensor, num_bins: int | None = None) -> tuple[Ten
     observed, edges = _binned_counts(histogram, num_bins)
     expected = n * (edges[1:] - edges[:-1]).double() / m1
     statistic = ((observed - expected) ** 2 / expected).sum(-1)
-    p_value = torch.special.gammaincc(torch.tensor((num_bins - 1) / 2.0), statistic / 2)
+    p_value = torch.special.gammaincc(statistic.new_tensor((num_bins - 1) / 2.0), statistic / 2)
     return statistic, p_value.clamp_min(P_VALUE_FLOOR)
 
 
