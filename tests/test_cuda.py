@@ -128,11 +128,13 @@ def test_the_callbacks_check_a_model_training_on_cuda(tmp_path):
     root = tmp_path / "csv" / "version_0" / "calibration"
     for name in ("kccsd", "ranks", "tarp", "latent", "lc2st_nf"):
         assert list((root / name).rglob("*.png")), name
-    rows = list(csv.DictReader(open(tmp_path / "csv" / "version_0" / "metrics.csv")))
+    with open(tmp_path / "csv" / "version_0" / "metrics.csv") as table:
+        rows = list(csv.DictReader(table))
     for name in ("kccsd", "ranks", "tarp", "latent", "lc2st_nf"):  # every check ran: no NaN
         values = [float(r[k]) for r in rows for k in r if k.startswith(f"calibration/{name}/")
                   and k.endswith("p_value") and r[k]]  # fmt: skip
-        assert values and all(math.isfinite(v) for v in values), name
+        assert values, name
+        assert all(math.isfinite(v) for v in values), name
     model.to(CUDA)  # Lightning moves the model back to the CPU after fit
     report = cl.diagnose(model.flow, theta.to(CUDA), x.to(CUDA), observations=x[:2].to(CUDA))
     report.save(tmp_path / "report")
