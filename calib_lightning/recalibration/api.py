@@ -222,7 +222,9 @@ def select_method(
        standard errors of 0 (``hpd_se``: the standard deviation of its held-out HPD
        levels over :math:`\sqrt n`): no evidence on held-out pairs that it needs a fix;
     2. else candidates whose held-out ``nll`` exceeds the identity's by more than
-       ``nll_tolerance * max(1, |nll|)`` are out (``kept_by_nll``); of the others the
+       ``nll_tolerance * max(1, |nll|)`` plus :math:`k` paired standard errors
+       (``nll_difference_se``: a map fitted on half of the pairs is noisier than the
+       final one) are out (``kept_by_nll``); of the others the
        one with the smallest :math:`|e|` is the best, and the first candidate in
        :data:`AUTO_CANDIDATES` order (simplest first, ``"none"`` included) whose
        :math:`|e|` is within :math:`k` paired standard errors of the best's is picked
@@ -233,8 +235,10 @@ def select_method(
     scores, levels = _cross_fit(z, log_prob, AUTO_CANDIDATES, band, seed, draws, scale_target)
     reference = scores["none"]["nll"]
     margin = nll_tolerance * max(1.0, abs(reference))
+    slack = {name: num_standard_errors * scores[name]["nll_difference_se"]
+             for name in AUTO_CANDIDATES}  # fmt: skip
     kept = [name for name in AUTO_CANDIDATES
-            if name == "none" or scores[name]["nll"] <= reference + margin]  # fmt: skip
+            if scores[name]["nll"] <= reference + margin + slack[name]]  # fmt: skip
     error = {name: abs(scores[name]["hpd_coverage_error"]) for name in AUTO_CANDIDATES}
     best = min(kept, key=error.__getitem__)
     root_n = math.sqrt(z.shape[0])
