@@ -83,9 +83,9 @@ def _fit_map(
 
 def _latent_method(method: str) -> Callable[..., RecalibratedPosterior]:
     def fit(posterior: Posterior, theta: Tensor, x: Tensor, z: Tensor, **options: Any) -> Any:
-        hpd = None
+        hpd, draws = None, options.get("hpd_draws")  # "auto" passes the draws it scored with
         if "scale" in method and options.get("scale_target", "latent") == "hpd":
-            hpd = hpd_log_scale(posterior, theta, x)
+            hpd = shared_hpd_log_scale(draws) if draws else hpd_log_scale(posterior, theta, x)
         return RecalibratedPosterior(posterior, _fit_map(z, method, options.get("band"), hpd),
                                      method)  # fmt: skip
 
@@ -260,7 +260,7 @@ def recalibrate(
     method: str = "auto",
     *,
     band: int | None = None,
-    scale_target: str = "latent",
+    scale_target: str | None = None,
     seed: int = 0,
     **options: Any,
 ) -> Posterior:
@@ -282,7 +282,10 @@ def recalibrate(
             the scales are fitted on the same pairs, so the bound is not exact there).
             ``1``: the order-statistic form; ``None``: :func:`default_band`.
         scale_target: ``"latent"`` (per-coordinate, sampling-free) or ``"hpd"`` (one
-            shared scale targeting HPD coverage, :func:`~.scale.hpd_log_scale`).
+            shared scale targeting HPD coverage, :func:`~.scale.hpd_log_scale`);
+            ``None``: ``"hpd"`` for ``"auto"`` (which scores HPD coverage, so its scale
+            candidates target it too, fitted on the draws it scores with), ``"latent"``
+            for a named method.
         seed: the cross-fitting split and the posterior draws of ``"auto"``, which scores
             each candidate by its cross-fitted held-out HPD coverage error
             (:func:`select_method`; ``AUTO_NUM_POSTERIOR_SAMPLES`` draws per pair at 3
@@ -304,8 +307,8 @@ def recalibrate(
         >>> theta, x = toy.sample(400, torch.Generator().manual_seed(0))
         >>> fixed = recalibrate(toy.posterior(variance_scale=0.25), theta, x)  # too narrow
         >>> fixed.method, round(fixed.selection["none"]["hpd_coverage_error"], 2)
-        ('scale', -0.29)
-        >>> abs(fixed.selection["scale"]["hpd_coverage_error"]) < 0.02  # held out, cross-fitted
+        ('radial', -0.29)
+        >>> abs(fixed.selection["radial"]["hpd_coverage_error"]) < 0.02  # held out, cross-fitted
         True
     """
     if method != "auto" and method not in METHODS:
@@ -313,6 +316,8 @@ def recalibrate(
     check_pairs(theta_val, x_val, min_rows=2)
     if band is not None:
         check_positive("band", band, integer=True)
+    if scale_target is None:
+        scale_target = "hpd" if method == "auto" else "latent"
     if scale_target not in ("latent", "hpd"):
         raise ValueError(f"scale_target must be 'latent' or 'hpd', got {scale_target!r}")
     need = 2 * MIN_PAIRS if method == "auto" else MIN_PAIRS
@@ -333,15 +338,16 @@ def recalibrate(
         draws = latent_draws(post, theta_val, x_val, AUTO_NUM_POSTERIOR_SAMPLES, seed=seed)
         chosen, scores = select_method(z, log_prob, draws, band=band, seed=seed,
                                        scale_target=scale_target)  # fmt: skip
-        fixed = METHODS[chosen](post, theta_val, x_val, z, band=band, scale_target=scale_target)
+        fixed = METHODS[chosen](post, theta_val, x_val, z, band=band, scale_target=scale_target,
+                                hpd_draws=draws)  # fmt: skip
     fixed.selection = scores
     summary = ", ".join(
         f"{name} {s['hpd_coverage_error']:+.3f}/{s['nll']:.3f}"
         + ("" if s["kept_by_nll"] else " (NLL too high)")
         for name, s in scores.items()
     )
-    log.info("recalibrate(method='auto') picked %r (held-out HPD coverage error/NLL: %s)",
-             chosen, summary)  # fmt: skip
+    log.info("recalibrate(method='auto') picked %r (scales targeting %s; held-out HPD "
+             "coverage error/NLL: %s)", chosen, scale_target, summary)  # fmt: skip
     return fixed
 
 
