@@ -35,7 +35,9 @@ class RecalibrationCallback(Callback):
     latent coverage error and NLL of :func:`~calib_lightning.recalibration.api.cross_fit_scores`:
     each half of the pairs scored by the map fitted on the other half, so "after" is not
     measured on the pairs it was fitted on), and ``fit_seconds``. ``method="auto"`` also
-    logs which method won (``method_index``: its position in ``AUTO_CANDIDATES``).
+    logs which method won (``method_index``: its position in ``AUTO_CANDIDATES``) and the
+    cross-fitted HPD coverage error it chose by (``hpd_coverage_error_before`` /
+    ``_after``).
 
     Arguments:
         theta: held-out parameters ``(n, D)`` (the validation split, never trained on).
@@ -111,11 +113,14 @@ class RecalibrationCallback(Callback):
             selection = cross_fit_scores(z, log_prob, ("none", method), seed=self.seed,
                                          band=self.options.get("band"))  # fmt: skip
         out = {
-            "coverage_error_before": selection["none"]["coverage_error"],
-            "coverage_error_after": selection[method]["coverage_error"],
+            "coverage_error_before": selection["none"]["latent_coverage_error"],
+            "coverage_error_after": selection[method]["latent_coverage_error"],
             "nll_before": selection["none"]["nll"],
             "nll_after": selection[method]["nll"],
         }
+        if "hpd_coverage_error" in selection[method]:  # "auto" scored HPD coverage too
+            out["hpd_coverage_error_before"] = selection["none"]["hpd_coverage_error"]
+            out["hpd_coverage_error_after"] = selection[method]["hpd_coverage_error"]
         if self.method == "auto":
             out["method_index"] = float(AUTO_CANDIDATES.index(method))
         return out

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
+from calib_lightning.diagnosis._compare import Comparison
+from calib_lightning.diagnosis._html import DISAGREE, TITLES, caption, style, table
 from calib_lightning.diagnosis._sizes import quantile as _quantile
 from calib_lightning.diagnosis._sizes import size as _size
 from calib_lightning.diagnosis._verdict import VERDICT_CHECKS, Verdict, verdict
@@ -29,42 +31,6 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = ["Diagnosis"]
-
-_TITLES = {
-    "kccsd": "KCCSD (kernel calibration test, scores only)",
-    "ranks": "Rank calibration (SBC, marginal and joint)",
-    "tarp": "TARP (coverage from random references)",
-    "joint_c2st": "Joint classifier test (theta and x together; sees a posterior ignoring x)",
-    "recovery": "Recovery (posterior mean vs truth, z-scores)",
-    "lc2st_nf": "L-C2ST-NF (local test at each observation)",
-    "misspecification": "Misspecification (observation vs simulations)",
-    "reference": "Reference samples (MMD test per observation)",
-}
-
-_DISAGREE = """
-<h2>When checks disagree</h2>
-<ul>
-<li><b>Global checks pass, L-C2ST-NF rejects at an observation:</b> the posterior is right
-on average but wrong there. Trust the local result for that observation; look at its
-PP-plot and, with more budget, simulate near it.</li>
-<li><b>Ranks reject, KCCSD does not:</b> rank tests are the most powerful against a small,
-global dispersion error; read the Directions table (a direction is named only when its
-own test rejects) and the rank histograms.</li>
-<li><b>A check rejects but no direction is named:</b> the error is of a kind the
-directional tests do not measure (a wrong shape or correlation, or a local error); the
-check's figures show which.</li>
-<li><b>An observation looks outside the simulator:</b> no calibration check vouches for its
-posterior, however good the verdicts on simulations; revisit the simulator or the
-noise model first.</li>
-<li><b>Calibrated but wide:</b> calibration says nothing about sharpness. Look at the
-contraction and R<sup>2</sup> of the recovery plot: a posterior equal to the prior is
-calibrated and useless; of the global checks only the joint classifier test sees it.</li>
-<li>Each verdict is a test at the stated level: "not rejected" is no proof of calibration;
-more calibration pairs give more power. "Cannot reject at this size" is weaker still: the
-test could not have rejected whatever the data.</li>
-</ul>
-"""
-
 
 def _number(value: Any) -> float | None:
     if isinstance(value, Tensor) and value.numel() == 1:
@@ -98,6 +64,10 @@ class Diagnosis:
         seconds: wall time of each check (and of the shared draws).
         skipped: check name -> why it did not run (a capability the posterior lacks,
             e.g. the score for KCCSD on a samples-only posterior); listed in the table.
+        before: the diagnosis of the posterior before a fix (``cl.diagnose(...,
+            before=...)``), or ``None``; with it :meth:`save` writes both side by side.
+        comparison: :class:`~calib_lightning.diagnosis.Comparison` of ``before`` and this
+            diagnosis (``.table()``: the two columns as text), or ``None``.
     """
 
     def __init__(
@@ -113,6 +83,7 @@ class Diagnosis:
         reference_samples: Tensor | None = None,
         probability_maps: Any = None,
         skipped: Mapping[str, str] | None = None,
+        before: Diagnosis | None = None,
     ) -> None:
         self.checks = dict(checks)
         self.level, self.labels = level, list(labels) if labels is not None else None
@@ -125,8 +96,12 @@ class Diagnosis:
         self.overall_p_value = self.findings.overall_p_value
         self.verdict = self.findings.sentence
         self._figures: dict[str, Figure] | None = None
+        self.before = before
+        self.comparison = None if before is None else Comparison(before, self)
 
     def __repr__(self) -> str:
+        if self.before is not None:
+            return f"Diagnosis({self.verdict!r}, before={self.before.verdict!r})"
         return f"Diagnosis({self.verdict!r})"
 
     # -- the table -------------------------------------------------------------------
@@ -221,7 +196,16 @@ class Diagnosis:
         }  # fmt: skip
 
     def save(self, directory: str | Path) -> Path:
-        """Write ``report.html``, ``summary.json`` and ``figures/*.png``; return the page."""
+        """Write ``report.html``, ``summary.json`` and ``figures/*.png``; return the page.
+
+        With :attr:`before`, the page shows before and after side by side and each
+        posterior's own report goes to ``before/`` and ``after/``
+        (:meth:`Comparison.save <calib_lightning.diagnosis.Comparison.save>`)."""
+        if self.comparison is not None:
+            return self.comparison.save(directory)
+        return self._save_one(directory)
+
+    def _save_one(self, directory: str | Path) -> Path:
         folder = Path(directory)
         (folder / "figures").mkdir(parents=True, exist_ok=True)
         images = []
@@ -244,7 +228,7 @@ class Diagnosis:
         header = ("check", "statistic", "p-value", "global p-value", "verdict", "size",
                   "seconds")  # fmt: skip
         figures = "".join(
-            f'<figure id="{html.escape(key)}"><figcaption>{html.escape(_caption(key))}'
+            f'<figure id="{html.escape(key)}"><figcaption>{html.escape(caption(key))}'
             f'</figcaption><img src="data:image/png;base64,{data}" alt="{html.escape(key)}">'
             "</figure>"
             for key, data in images
@@ -254,24 +238,13 @@ class Diagnosis:
             budget += f", {self.num_posterior_samples} posterior draws per pair"
         return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Calibration report</title>
-<style>
-body {{ font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto;
-        padding: 0 1em; color: #222; }}
-.verdict {{ border-left: 6px solid {color}; background: #f6f6f6; padding: .8em 1em;
-            font-size: 1.25em; }}
-table {{ border-collapse: collapse; margin: 1em 0; }}
-td, th {{ border-bottom: 1px solid #ddd; padding: .3em .8em; text-align: left; }}
-tr.named td {{ font-weight: 600; }}
-figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; }}
-figcaption {{ font-weight: 600; margin-bottom: .3em; }}
-.note {{ color: #555; font-size: .92em; }}
-</style></head><body>
+{style(color)}</head><body>
 <h1>Calibration report</h1>
 <p class="verdict">{html.escape(self.verdict[0].upper() + self.verdict[1:])}</p>
 <p>{html.escape(overall)} (weighted Bonferroni combination of the checks' verdicts, level
 {self.level:g}); {html.escape(budget)}.</p>
 <h2>Checks</h2>
-{_table(header, self._tab_rows())}
+{table(header, self._tab_rows())}
 <p class="note">p-values: small means evidence of miscalibration. Where a check runs
 several tests (ranks: per parameter and joint; L-C2ST-NF: per observation), its global
 p-value combines them and is its verdict. "Cannot reject at this size": a permutation or
@@ -280,7 +253,7 @@ have rejected whatever the data. "Size" says how large the miscalibration is, so
 significant error at a large N reads differently from a large one.</p>
 {self._directions_html()}
 {self._observations_html()}
-{_DISAGREE}
+{DISAGREE}
 <h2>Figures</h2>
 {figures}
 </body></html>
@@ -292,7 +265,7 @@ significant error at a large N reads differently from a large one.</p>
             p = row["p_value"]
             g = row["global_p_value"]
             out.append([
-                _TITLES.get(row["check"], row["check"]),
+                TITLES.get(row["check"], row["check"]),
                 "" if row["statistic"] is None else f"{row['statistic']:.4g}",
                 "" if p is None else format_p_value(p, 3, name=""),
                 "" if g is None else format_p_value(g, 3, name=""),
@@ -321,7 +294,7 @@ check reject. Tests: one-sample t-tests of the mean fractional rank (0.5 under
 calibration) on the joint (HPD) rank for over/under-confidence (coverage error = 0.5 -
 mean joint rank; negative = over-confident) and on each marginal rank for a posterior too
 high or too low.</p>
-{_table(header, rows, classes)}"""
+{table(header, rows, classes)}"""
 
     def _observations_html(self) -> str:
         lists = self.findings.observations
@@ -355,7 +328,7 @@ high or too low.</p>
         notes = []
         for name, item in lists.items():
             if not item.can_reject:
-                notes.append(f"{_TITLES[name].split(' (')[0]}: the smallest Holm-adjusted "
+                notes.append(f"{TITLES[name].split(' (')[0]}: the smallest Holm-adjusted "
                              f"p-value at this size is {item.smallest_adjusted:.2g}, not below "
                              f"{self.level:g}; no observation can be named.")  # fmt: skip
         return f"""<h2>Per observation</h2>
@@ -364,7 +337,7 @@ error at {self.level:g} under any dependence), separately for each test. An obse
 named in the verdict (last column) when its Holm-adjusted p-value is below the level and the
 check's own verdict rejects (for L-C2ST-NF, the overall verdict too). {html.escape(
 ' '.join(notes))}</p>
-{_table(header, rows, classes)}"""
+{table(header, rows, classes)}"""
 
 
 MULTIPLE_TESTING = (
@@ -372,26 +345,3 @@ MULTIPLE_TESTING = (
     "and the rank verdicts; per-observation lists: Holm over the O observations, gated by "
     "the check's verdict"
 )
-
-
-def _table(header: Sequence[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join(
-        f'<tr class="{c}">' + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>"
-        for row, c in zip(rows, classes or [""] * len(rows), strict=True)
-    )
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def _caption(key: str) -> str:
-    if key == "lc2st_pp":
-        return ("L-C2ST-NF: PP-plot at each observation (panels judged by Holm-adjusted "
-                "p-values, as the verdict)")
-    if key.startswith("lc2st_probability_map_"):
-        o = key.rsplit("_", 1)[1]
-        return (f"L-C2ST-NF at observation {o}: where the estimator puts too much (red) or "
-                "too little (blue) mass, and its PP-plot")
-    check, _, figure = key.partition("_")
-    names = {"lc2st": "L-C2ST-NF", "ranks": "Rank calibration", "tarp": "TARP",
-             "recovery": "Recovery", "misspecification": "Misspecification"}  # fmt: skip
-    return f"{names.get(check, check)}: {figure.replace('_', ' ')}".rstrip(": ")

@@ -104,6 +104,7 @@ def diagnose(
     level: float = 0.05,
     embedding: Any = None,
     seed: int = 0,
+    before: Any = None,
 ) -> Diagnosis:
     r"""Is this posterior calibrated, and where not? Every check, one verdict, one report.
 
@@ -146,10 +147,21 @@ def diagnose(
             generators forked and seeded from ``seed`` and the check's name, so one
             ``seed`` gives the same numbers whichever other checks run, and the caller's
             global random state is left unchanged.
+        before: the posterior before a fix (e.g. the flow that ``cl.recalibrate``
+            recalibrated into ``posterior``), diagnosed with the same pairs, checks and
+            seed; or its :class:`~calib_lightning.diagnosis.Diagnosis` on the same pairs.
+            The report then shows before and after side by side (``.before``,
+            ``.comparison``; ``.save`` writes both).
 
     Returns:
         :class:`~calib_lightning.diagnosis.Diagnosis`: ``.verdict``, ``.table()``,
-        ``.checks`` (the typed result of each check), ``.figures``, ``.save(dir)``.
+        ``.checks`` (the typed result of each check), ``.figures``, ``.save(dir)``, and
+        with ``before`` the diagnosis before the fix (``.before``, ``.comparison``).
+
+    Raises:
+        ValueError: an argument that does not fit (named in the message); ``before`` a
+            posterior of other parameters or observations than ``posterior``, or a
+            diagnosis of another number of pairs, draws or level.
 
     Example:
         >>> from calib_lightning.tasks import GaussianToy
@@ -182,6 +194,8 @@ def diagnose(
                          "got observations=None")  # fmt: skip
     post = as_posterior(posterior)
     check_fits(post, theta, x, observations=observations)  # names the argument that is wrong
+    _check_before(before, theta, x, observations, num_posterior_samples, level)
+    requested = list(checks)
     skipped = skipped_checks(post, checks)
     if by_default and "kccsd" in checks and "score" in post.costly:
         skipped["kccsd"] = (
@@ -263,8 +277,41 @@ def diagnose(
     if "misspecification" in checks:
         timed("misspecification", lambda generator: misspecification_test(
             observations, x, embedding=embedding, seed=seed, global_method="holm"))
+    if before is not None and not isinstance(before, Diagnosis):
+        before = diagnose(
+            before, theta, x, observations, reference_samples, requested, labels,
+            parameters=parameters, num_posterior_samples=num_posterior_samples, level=level,
+            embedding=embedding, seed=seed,
+        )  # fmt: skip
     return Diagnosis(
         results, level=level, labels=labels, parameters=parameters, seconds=seconds,
         num_pairs=theta.shape[0], num_posterior_samples=num_posterior_samples,
         reference_samples=reference_samples, probability_maps=maps, skipped=skipped,
+        before=before,
     )  # fmt: skip
+
+
+def _check_before(
+    before: Any, theta: Tensor, x: Tensor, observations: Tensor | None,
+    num_posterior_samples: int, level: float,
+) -> None:  # fmt: skip
+    """Raise a ``ValueError`` naming ``before`` if it cannot be compared with the
+    posterior diagnosed on ``theta``, ``x``."""
+    if before is None:
+        return
+    if isinstance(before, Diagnosis):
+        got = (before.num_pairs, before.num_posterior_samples, before.level)
+        if got != (theta.shape[0], num_posterior_samples, level):
+            raise ValueError(
+                f"before must be a diagnosis of the same N = {theta.shape[0]} pairs with "
+                f"num_posterior_samples={num_posterior_samples} at level={level:g}, got "
+                f"N = {got[0]}, num_posterior_samples={got[1]}, level={got[2]:g}"
+            )
+        return
+    try:
+        check_fits(before, theta, x, observations=observations)
+    except ValueError as error:
+        raise ValueError(
+            "before must be a posterior of the same parameters and observations as "
+            f"posterior (the one before the fix), got one that does not fit them: {error}"
+        ) from None

@@ -288,8 +288,9 @@ def plot_rank_ecdf(
 
 
 def plot_expected_coverage(
-    result: RankSummary, *, figsize: tuple[float, float] = (4.8, 4.6)
-) -> Figure:
+    result: RankSummary, *, before: RankSummary | None = None,
+    figsize: tuple[float, float] = (4.8, 4.6),
+) -> Figure:  # fmt: skip
     r"""Coverage of highest-density credible regions against their credibility level.
 
     At level ``c`` the region holds the fraction ``c`` of the posterior's draws with the
@@ -305,6 +306,8 @@ def plot_expected_coverage(
         result: a :class:`~calib_lightning.functional.sbc.RankSummary`, e.g.
             ``RankCalibration.compute()`` (fields ``levels``, ``coverage``,
             ``simultaneous_band``, ``coverage_error``, ``level``).
+        before: the same of the posterior before a fix (e.g. ``cl.recalibrate``), drawn
+            dashed on the same axes; the band and the title are ``result``'s.
         figsize: figure size in inches.
 
     Returns:
@@ -324,8 +327,13 @@ def plot_expected_coverage(
                     [0, *(t + simultaneous[1]).numpy(), 1], color=_BAND_COLOR, lw=0,
                     label=f"{round(100 * (1 - float(level)))}% band if calibrated")  # fmt: skip
     ax.plot([0, 1], [0, 1], color="0.3", lw=0.8, ls="--")
+    if before is not None:
+        t_before, c_before, e_before = _get(before, "levels", "coverage", "coverage_error")
+        ax.plot([0.0, *t_before.numpy(), 1.0], [0, *c_before.numpy(), 1], color="tab:orange",
+                lw=1.4, ls="--", label=f"before (signed area {float(e_before):+.3f})")  # fmt: skip
+    name = "observed" if before is None else "after"
     ax.plot(tt, [0, *coverage.numpy(), 1], color="k", lw=1.6,
-            label=f"observed (signed area {float(error):+.3f})")  # fmt: skip
+            label=f"{name} (signed area {float(error):+.3f})")  # fmt: skip
     ax.text(0.04, 0.96, "UNDER-CONFIDENT\n(conservative: regions\ntoo wide, cover too often)",
             color="tab:blue", fontsize=8, va="top", transform=ax.transAxes)  # fmt: skip
     ax.text(
@@ -356,5 +364,6 @@ def plot_expected_coverage(
         verdict = "leaves the band above: under-confident"
     else:
         verdict = "inside the band: consistent with calibration"
-    ax.set_title(f"Expected coverage (energy rank)\n{verdict}", fontsize=9)
+    prefix = "" if before is None else "after, "
+    ax.set_title(f"Expected coverage (energy rank)\n{prefix}{verdict}", fontsize=9)
     return fig

@@ -11,7 +11,8 @@ callback and ``cl.diagnose`` accept. Methods (:data:`METHODS`):
   with its finite-sample guarantee on latent balls;
 * ``"scale+radial"``: scales, then the radius of the scaled latents;
 * ``"none"``: the identity (what ``"auto"`` returns when nothing helps);
-* ``"auto"``: cross-fitted choice among the above (:func:`select_method`).
+* ``"auto"``: cross-fitted choice among the above by held-out HPD coverage error, with
+  held-out NLL as a guard (:func:`select_method`).
 
 Another module adds a method with :func:`register_method`.
 """
@@ -29,12 +30,17 @@ from torch import Tensor
 from calib_lightning._checks import check_pairs, check_positive
 from calib_lightning.functional.radial import latent_ball_levels, radial_knots
 from calib_lightning.posteriors import Posterior, UnsupportedError, as_posterior
+from calib_lightning.recalibration._hpd import LatentDraws, hpd_levels, latent_draws
 from calib_lightning.recalibration.radial import (
     LatentMap,
     RecalibratedPosterior,
     standard_normal_log_prob,
 )
-from calib_lightning.recalibration.scale import hpd_log_scale, latent_log_scale
+from calib_lightning.recalibration.scale import (
+    hpd_log_scale,
+    latent_log_scale,
+    shared_hpd_log_scale,
+)
 
 __all__ = [
     "METHODS",
@@ -52,20 +58,21 @@ log = logging.getLogger(__name__)
 MIN_PAIRS = 20
 #: the candidates of ``method="auto"``, in order of preference on ties
 AUTO_CANDIDATES = ("none", "scale", "radial", "scale+radial")
+#: posterior draws per pair and proposal scale (3 scales) that ``"auto"`` scores HPD
+#: coverage with (:func:`~._hpd.latent_draws`)
+AUTO_NUM_POSTERIOR_SAMPLES = 100
 
 
 def _fit_map(
-    z: Tensor, method: str, band: int | None, theta: Tensor | None = None, x: Tensor | None = None,
-    posterior: Posterior | None = None, scale_target: str = "latent",
-) -> LatentMap:  # fmt: skip
-    """The :class:`LatentMap` of ``method`` fitted on held-out latents ``z (n, D)``."""
+    z: Tensor, method: str, band: int | None, log_hpd_scale: Tensor | None = None
+) -> LatentMap:
+    """The :class:`LatentMap` of ``method`` fitted on held-out latents ``z (n, D)``; its
+    scales the shared ``log_hpd_scale`` when given (``scale_target="hpd"``), else
+    :func:`~.scale.latent_log_scale`."""
     dim = z.shape[1]
     log_scale = None
     if "scale" in method:
-        if scale_target == "hpd":
-            log_scale = hpd_log_scale(posterior, theta, x).expand(dim)
-        else:
-            log_scale = latent_log_scale(z)
+        log_scale = latent_log_scale(z) if log_hpd_scale is None else log_hpd_scale.expand(dim)
     knots = None
     if "radial" in method:
         scaled = z.double() if log_scale is None else z.double() * torch.exp(-log_scale)
@@ -76,9 +83,11 @@ def _fit_map(
 
 def _latent_method(method: str) -> Callable[..., RecalibratedPosterior]:
     def fit(posterior: Posterior, theta: Tensor, x: Tensor, z: Tensor, **options: Any) -> Any:
-        latent_map = _fit_map(z, method, options.get("band"), theta, x, posterior,
-                              options.get("scale_target", "latent"))  # fmt: skip
-        return RecalibratedPosterior(posterior, latent_map, method)
+        hpd, draws = None, options.get("hpd_draws")  # "auto" passes the draws it scored with
+        if "scale" in method and options.get("scale_target", "latent") == "hpd":
+            hpd = shared_hpd_log_scale(draws) if draws else hpd_log_scale(posterior, theta, x)
+        return RecalibratedPosterior(posterior, _fit_map(z, method, options.get("band"), hpd),
+                                     method)  # fmt: skip
 
     return fit
 
@@ -119,68 +128,129 @@ def default_band(n: int) -> int:
     return max(1, round(math.sqrt(n) / 2))
 
 
-def cross_fit_scores(
-    z: Tensor, log_prob: Tensor, candidates: tuple[str, ...] = AUTO_CANDIDATES, *,
-    band: int | None = None, seed: int = 0,
-) -> dict[str, dict[str, float]]:  # fmt: skip
-    r"""Held-out scores of latent ``candidates`` from latents ``z (n, D)`` and
-    log-densities ``log_prob (n,)`` of the posterior at the same held-out pairs.
+def _map_log_density(latent_map: LatentMap) -> Callable[[Tensor], Tensor]:
+    """``z -> log N(g(z)) + log|det g'(z)|``: the latent density of the recalibrated
+    posterior, in the flow's latent."""
 
-    Two-fold cross-fitting (a seeded random split): each candidate is fitted on one half
-    and scored on the other, both ways, and the two scores averaged:
-    ``coverage_error``, the latent coverage error of the recalibrated latents (mean
-    absolute gap of their ball levels to uniform), and ``nll``, the held-out negative
-    log-density, and ``nll_difference_se``, the standard error of its per-pair difference
-    to the first candidate's (the maps act on the latent, so
-    :math:`\log q' = \log q - \log N(z) + \log N(u) + \log|\det|` needs no new pass of
-    the flow).
-    """
+    def log_density(z: Tensor) -> Tensor:
+        u, log_det = latent_map(z)
+        return standard_normal_log_prob(u) + log_det
+
+    return log_density
+
+
+def _cross_fit(
+    z: Tensor, log_prob: Tensor, candidates: tuple[str, ...], band: int | None, seed: int,
+    draws: LatentDraws | None, scale_target: str,
+) -> tuple[dict[str, dict[str, float]], dict[str, Tensor]]:  # fmt: skip
+    """:func:`cross_fit_scores` and each candidate's held-out HPD levels ``(n,)`` (pair
+    order; empty without ``draws``)."""
     n = z.shape[0]
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     halves = (order[: n // 2], order[n // 2 :])
     z, log_prob = z.detach().double().cpu(), log_prob.detach().double().cpu()
+    hpd_scales = [None, None]  # the shared HPD scale of each fold, fitted once
+    if draws is not None and scale_target == "hpd" and any("scale" in c for c in candidates):
+        hpd_scales = [shared_hpd_log_scale(draws, rows=rows) for rows, _ in (halves, halves[::-1])]
     scores: dict[str, dict[str, float]] = {}
     changes: dict[str, Tensor] = {}
+    levels: dict[str, Tensor] = {}
     for name in candidates:
         errors, nlls, parts = [], [], []
-        for fit_rows, test_rows in (halves, halves[::-1]):
-            latent_map = _fit_map(z[fit_rows], name, band)
+        level = torch.empty(n, dtype=torch.float64)
+        for fold, (fit_rows, test_rows) in enumerate((halves, halves[::-1])):
+            latent_map = _fit_map(z[fit_rows], name, band, hpd_scales[fold])
             z_test = z[test_rows]
             u, log_det = latent_map(z_test)
             change = standard_normal_log_prob(u) - standard_normal_log_prob(z_test) + log_det
             errors.append(_coverage_error(u))
             nlls.append(float(-(log_prob[test_rows] + change).mean()))
             parts.append(change)
-        scores[name] = {"coverage_error": sum(errors) / 2, "nll": sum(nlls) / 2}
+            if draws is not None:
+                level[test_rows] = hpd_levels(draws, _map_log_density(latent_map), test_rows)
+        scores[name] = {"latent_coverage_error": sum(errors) / 2, "nll": sum(nlls) / 2}
         changes[name] = torch.cat(parts)
+        if draws is not None:
+            levels[name] = level
+            scores[name]["hpd_coverage_error"] = float(0.5 - level.mean())
     for name in candidates:  # paired standard error of the NLL difference to the first
         diff = changes[candidates[0]] - changes[name]
         scores[name]["nll_difference_se"] = float(diff.std() / math.sqrt(diff.numel()))
-    return scores
+    return scores, levels
+
+
+def cross_fit_scores(
+    z: Tensor, log_prob: Tensor, candidates: tuple[str, ...] = AUTO_CANDIDATES, *,
+    band: int | None = None, seed: int = 0, draws: LatentDraws | None = None,
+    scale_target: str = "latent",
+) -> dict[str, dict[str, float]]:  # fmt: skip
+    r"""Held-out scores of latent ``candidates`` from latents ``z (n, D)`` and
+    log-densities ``log_prob (n,)`` of the posterior at the same held-out pairs.
+
+    Two-fold cross-fitting (a seeded random split): each candidate is fitted on one half
+    and scored on the other, both ways:
+
+    * ``hpd_coverage_error`` (with ``draws``, :func:`~._hpd.latent_draws` at the same
+      pairs): the signed expected-coverage error of the HPD regions of the recalibrated
+      posterior, :math:`1/2 - \bar c` over the ``n`` held-out HPD levels :math:`c`
+      (negative = over-confident), the quantity ``RankCalibration`` reports as
+      ``coverage_error``; every candidate scored on the same draws (:mod:`._hpd`);
+    * ``latent_coverage_error``: the latent coverage error of the recalibrated latents (mean
+      absolute gap of their ball levels to uniform), averaged over the two folds;
+    * ``nll``: the held-out negative log-density, and ``nll_difference_se``, the standard
+      error of its per-pair difference to the first candidate's (the maps act on the
+      latent, so :math:`\log q' = \log q - \log N(z) + \log N(u) + \log|\det|` needs
+      no new pass of the flow).
+
+    ``scale_target="hpd"`` (with ``draws``) fits the scales of the candidates as
+    :func:`~.scale.hpd_log_scale` does, on each fold's draws.
+    """
+    return _cross_fit(z, log_prob, candidates, band, seed, draws, scale_target)[0]
 
 
 def select_method(
-    z: Tensor, log_prob: Tensor, *, band: int | None = None, seed: int = 0,
-    nll_tolerance: float = 0.01,
+    z: Tensor, log_prob: Tensor, draws: LatentDraws, *, band: int | None = None,
+    seed: int = 0, nll_tolerance: float = 0.01, num_standard_errors: float = 2.0,
+    scale_target: str = "latent",
 ) -> tuple[str, dict[str, dict[str, float]]]:  # fmt: skip
-    """The method ``"auto"`` picks, and every candidate's :func:`cross_fit_scores`.
+    r"""The method ``"auto"`` picks, and every candidate's :func:`cross_fit_scores`.
 
-    Candidates (:data:`AUTO_CANDIDATES`) whose held-out ``nll`` exceeds the identity's by
-    more than ``nll_tolerance * max(1, |nll|)`` plus two paired standard errors
-    (``nll_difference_se``: a half-size fit is noisier than the final one, so a
-    difference within the noise does not exclude) are out; of the others, the smallest
-    held-out ``coverage_error`` wins (the identity ``"none"`` when nothing helps).
+    By the cross-fitted held-out HPD coverage error :math:`e` (``hpd_coverage_error``,
+    from ``draws`` at the same pairs), with :math:`k` = ``num_standard_errors``:
+
+    1. the identity ``"none"`` stays when its own :math:`|e|` is within :math:`k`
+       standard errors of 0 (``hpd_se``: the standard deviation of its held-out HPD
+       levels over :math:`\sqrt n`): no evidence on held-out pairs that it needs a fix;
+    2. else candidates whose held-out ``nll`` exceeds the identity's by more than
+       ``nll_tolerance * max(1, |nll|)`` plus :math:`k` paired standard errors
+       (``nll_difference_se``: a map fitted on half of the pairs is noisier than the
+       final one) are out (``kept_by_nll``); of the others the
+       one with the smallest :math:`|e|` is the best, and the first candidate in
+       :data:`AUTO_CANDIDATES` order (simplest first, ``"none"`` included) whose
+       :math:`|e|` is within :math:`k` paired standard errors of the best's is picked
+       (``hpd_difference_se``: the standard error of the per-pair difference of its HPD
+       levels to the best's), so a map replaces a simpler one only when it is
+       measurably better.
     """
-    scores = cross_fit_scores(z, log_prob, band=band, seed=seed)
+    scores, levels = _cross_fit(z, log_prob, AUTO_CANDIDATES, band, seed, draws, scale_target)
     reference = scores["none"]["nll"]
     margin = nll_tolerance * max(1.0, abs(reference))
-    kept = [
-        name
-        for name in AUTO_CANDIDATES
-        if scores[name]["nll"] <= reference + margin + 2 * scores[name]["nll_difference_se"]
-    ]
-    best = min(kept, key=lambda name: scores[name]["coverage_error"])
-    return best, scores
+    slack = {name: num_standard_errors * scores[name]["nll_difference_se"]
+             for name in AUTO_CANDIDATES}  # fmt: skip
+    kept = [name for name in AUTO_CANDIDATES
+            if scores[name]["nll"] <= reference + margin + slack[name]]  # fmt: skip
+    error = {name: abs(scores[name]["hpd_coverage_error"]) for name in AUTO_CANDIDATES}
+    best = min(kept, key=error.__getitem__)
+    root_n = math.sqrt(z.shape[0])
+    for name in AUTO_CANDIDATES:
+        scores[name]["hpd_se"] = float(levels[name].std() / root_n)
+        scores[name]["hpd_difference_se"] = float((levels[name] - levels[best]).std() / root_n)
+        scores[name]["kept_by_nll"] = float(name in kept)
+    if error["none"] <= num_standard_errors * scores["none"]["hpd_se"]:
+        return "none", scores
+    chosen = next(name for name in kept if error[name] - error[best]
+                  <= num_standard_errors * scores[name]["hpd_difference_se"])  # fmt: skip
+    return chosen, scores
 
 
 def recalibrate(
@@ -190,7 +260,7 @@ def recalibrate(
     method: str = "auto",
     *,
     band: int | None = None,
-    scale_target: str = "latent",
+    scale_target: str | None = None,
     seed: int = 0,
     **options: Any,
 ) -> Posterior:
@@ -212,13 +282,20 @@ def recalibrate(
             the scales are fitted on the same pairs, so the bound is not exact there).
             ``1``: the order-statistic form; ``None``: :func:`default_band`.
         scale_target: ``"latent"`` (per-coordinate, sampling-free) or ``"hpd"`` (one
-            shared scale targeting HPD coverage, :func:`~.scale.hpd_log_scale`).
-        seed: the cross-fitting split of ``"auto"``.
+            shared scale targeting HPD coverage, :func:`~.scale.hpd_log_scale`);
+            ``None``: ``"hpd"`` for ``"auto"`` (which scores HPD coverage, so its scale
+            candidates target it too, fitted on the draws it scores with), ``"latent"``
+            for a named method.
+        seed: the cross-fitting split and the posterior draws of ``"auto"``, which scores
+            each candidate by its cross-fitted held-out HPD coverage error
+            (:func:`select_method`; ``AUTO_NUM_POSTERIOR_SAMPLES`` draws per pair at 3
+            latent scales, one flow pass each, shared by every candidate).
         options: passed to a registered method.
 
     Returns:
         The recalibrated posterior; ``.method`` says what was fitted and, for ``"auto"``,
-        ``.selection`` holds every candidate's held-out scores (also logged at INFO).
+        ``.selection`` holds every candidate's held-out scores (:func:`select_method`;
+        also logged at INFO).
 
     Raises:
         ValueError: too few pairs, non-finite latents, a posterior without the inverse
@@ -229,16 +306,18 @@ def recalibrate(
         >>> toy = GaussianToy(dim=2)
         >>> theta, x = toy.sample(400, torch.Generator().manual_seed(0))
         >>> fixed = recalibrate(toy.posterior(variance_scale=0.25), theta, x)  # too narrow
-        >>> fixed.method, round(fixed.selection["none"]["coverage_error"], 2)
-        ('scale+radial', 0.29)
-        >>> round(fixed.selection[fixed.method]["coverage_error"], 2)
-        0.03
+        >>> fixed.method, round(fixed.selection["none"]["hpd_coverage_error"], 2)
+        ('radial', -0.29)
+        >>> abs(fixed.selection["radial"]["hpd_coverage_error"]) < 0.02  # held out, cross-fitted
+        True
     """
     if method != "auto" and method not in METHODS:
         raise ValueError(f"method must be 'auto' or one of {sorted(METHODS)}, got {method!r}")
     check_pairs(theta_val, x_val, min_rows=2)
     if band is not None:
         check_positive("band", band, integer=True)
+    if scale_target is None:
+        scale_target = "hpd" if method == "auto" else "latent"
     if scale_target not in ("latent", "hpd"):
         raise ValueError(f"scale_target must be 'latent' or 'hpd', got {scale_target!r}")
     need = 2 * MIN_PAIRS if method == "auto" else MIN_PAIRS
@@ -256,14 +335,19 @@ def recalibrate(
             return METHODS[method](post, theta_val, x_val, z, band=band,
                                    scale_target=scale_target, **options)  # fmt: skip
         log_prob = post.log_prob(theta_val, x_val)
-        chosen, scores = select_method(z, log_prob, band=band, seed=seed)
-        fixed = METHODS[chosen](post, theta_val, x_val, z, band=band, scale_target=scale_target)
+        draws = latent_draws(post, theta_val, x_val, AUTO_NUM_POSTERIOR_SAMPLES, seed=seed)
+        chosen, scores = select_method(z, log_prob, draws, band=band, seed=seed,
+                                       scale_target=scale_target)  # fmt: skip
+        fixed = METHODS[chosen](post, theta_val, x_val, z, band=band, scale_target=scale_target,
+                                hpd_draws=draws)  # fmt: skip
     fixed.selection = scores
     summary = ", ".join(
-        f"{name} {s['coverage_error']:.3f}/{s['nll']:.3f}" for name, s in scores.items()
+        f"{name} {s['hpd_coverage_error']:+.3f}/{s['nll']:.3f}"
+        + ("" if s["kept_by_nll"] else " (NLL too high)")
+        for name, s in scores.items()
     )
-    log.info("recalibrate(method='auto') picked %r (held-out coverage error/NLL: %s)",
-             chosen, summary)  # fmt: skip
+    log.info("recalibrate(method='auto') picked %r (scales targeting %s; held-out HPD "
+             "coverage error/NLL: %s)", chosen, scale_target, summary)  # fmt: skip
     return fixed
 
 

@@ -29,9 +29,14 @@ from torch.distributions.transforms import AffineTransform
 from calib_lightning import evaluation
 from calib_lightning._checks import check_pairs, check_positive
 from calib_lightning.losses.latent import latent_coverage_loss
-from calib_lightning.posteriors import as_posterior
+from calib_lightning.recalibration._hpd import (
+    LatentDraws,
+    hpd_levels,
+    latent_draws,
+    normal_log_kernel,
+)
 
-__all__ = ["LatentScale", "hpd_log_scale", "latent_log_scale"]
+__all__ = ["LatentScale", "hpd_log_scale", "latent_log_scale", "shared_hpd_log_scale"]
 
 
 class LatentScale(nn.Module):
@@ -165,11 +170,6 @@ def latent_log_scale(
     return log_scale.detach()
 
 
-def _normal_log_kernel(z: Tensor, log_s: Tensor) -> Tensor:
-    """``log N(z / s) - D log s`` up to a constant: the latent density at scale ``s``."""
-    return -0.5 * z.pow(2).sum(-1) * torch.exp(-2 * log_s) - z.shape[-1] * log_s
-
-
 def hpd_log_scale(
     posterior: Any,
     theta: Tensor,
@@ -182,39 +182,31 @@ def hpd_log_scale(
     HPD levels are closest to uniform (mean squared gap of the sorted levels to
     :math:`(i - 1/2)/n`).
 
-    Shared draws: ``num_posterior_samples`` draws per pair at each of the
-    ``proposal_scales`` (latent :math:`s_j u`, :math:`u \sim N(0, I)`, pushed through the
-    flow, one density pass each), reused for every grid scale by importance weighting
-    against their mixture: with :math:`z_k` a draw's latent, its weight under scale
-    :math:`s` is :math:`N(z_k/s) s^{-D} / \frac1J \sum_j N(z_k/s_j) s_j^{-D}` (at most
-    ``J`` on the proposal scales), and the level of :math:`\theta^*` is the weighted
-    fraction of draws of higher density :math:`q_s`. Three flow passes instead of one per
-    grid scale; the grid costs only tensor arithmetic. Works for any posterior with
-    ``to_latent`` and ``from_latent``.
+    Shared draws (:func:`~calib_lightning.recalibration._hpd.latent_draws`):
+    ``num_posterior_samples`` draws per pair at each of the ``proposal_scales`` (latent
+    :math:`s_j u`, :math:`u \sim N(0, I)`, pushed through the flow, one density pass
+    each), reused for every grid scale by importance weighting against their mixture:
+    with :math:`z_k` a draw's latent, its weight under scale :math:`s` is
+    :math:`N(z_k/s) s^{-D} / \frac1J \sum_j N(z_k/s_j) s_j^{-D}` (at most ``J`` on the
+    proposal scales), and the level of :math:`\theta^*` is the weighted fraction of
+    draws of higher density :math:`q_s`. Three flow passes instead of one per grid scale;
+    the grid costs only tensor arithmetic. Works for any posterior with ``to_latent`` and
+    ``from_latent``.
     """
-    post = as_posterior(posterior)
-    n, dim = theta.shape
+    draws = latent_draws(posterior, theta, x, num_posterior_samples, proposal_scales)
+    return shared_hpd_log_scale(draws, num_scales)
+
+
+def shared_hpd_log_scale(
+    draws: LatentDraws, num_scales: int = 41, rows: Tensor | None = None
+) -> Tensor:
+    r""":func:`hpd_log_scale` from draws already made, on the pairs ``rows`` (default
+    all): the grid scale whose HPD levels are closest to uniform."""
     grid = torch.linspace(-math.log(2.0), math.log(2.0), num_scales, dtype=torch.float64)
-    proposals = torch.tensor(proposal_scales, dtype=torch.float64).log()
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)  # common random numbers: the same draws for every fit
-        z_true = post.to_latent(theta, x).double()
-        base_true = post.log_prob(theta, x).double() + 0.5 * z_true.pow(2).sum(-1)
-        latents, bases = [], []
-        for log_s in proposals:
-            u = torch.randn(num_posterior_samples, n, dim, dtype=theta.dtype, device=theta.device)
-            z = (u * log_s.exp()).to(theta.dtype)
-            draws = post.from_latent(z, x)
-            latents.append(z.double())
-            bases.append(post.log_prob(draws, x).double() + 0.5 * z.double().pow(2).sum(-1))
-    z, base = torch.cat(latents), torch.cat(bases)  # (K, n, D), (K, n)
-    mixture = torch.logsumexp(torch.stack([_normal_log_kernel(z, p) for p in proposals]), 0)
-    quantiles = (torch.arange(n, dtype=torch.float64, device=z.device) + 0.5) / n
+    n = draws.z_true.shape[0] if rows is None else rows.numel()
+    quantiles = (torch.arange(n, dtype=torch.float64, device=draws.z.device) + 0.5) / n
     gaps = []
     for log_s in grid:  # log q_s = base + log N(z / s) - D log s, up to a shared constant
-        log_w = _normal_log_kernel(z, log_s) - mixture
-        weight = torch.softmax(log_w, 0)
-        higher = base + _normal_log_kernel(z, log_s) > base_true + _normal_log_kernel(z_true, log_s)
-        levels = (weight * higher).sum(0).sort().values
-        gaps.append(float((levels - quantiles).pow(2).mean()))
+        levels = hpd_levels(draws, lambda z, log_s=log_s: normal_log_kernel(z, log_s), rows)
+        gaps.append(float((levels.sort().values - quantiles).pow(2).mean()))
     return grid[int(torch.tensor(gaps).argmin())].reshape(1)

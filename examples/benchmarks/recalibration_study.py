@@ -7,8 +7,9 @@ and each method is fitted on its validation split only:
 
 * ``scale``, ``radial``, ``scale+radial``, ``auto``, ``radial (band 1)`` (not run by
   default): ``cl.recalibrate`` with that method (``band`` the default
-  ``round(sqrt(n)/2)`` unless named). ``auto`` is not evaluated again: its row is the row
-  of the method it picked (the same fit on the same pairs), with its own fit time;
+  ``round(sqrt(n)/2)`` unless named). ``auto`` (scales targeting HPD coverage) is not
+  evaluated again when it picks the identity or ``radial``: its row is the row of that
+  method (the same fit on the same pairs), with its own fit time;
 * ``latent-scale hpd``: ``cl.LatentScale(shared=True).fit(target="hpd")``, the HPD fit
   now from shared importance-weighted draws.
 
@@ -86,8 +87,11 @@ def evaluate(posterior: object, task: object, seed: int) -> dict:
 
 
 def _row_of(picked: str) -> str:
-    """The study's row of a method ``auto`` picked."""
-    return "npe" if picked == "none" else picked
+    """The study's row of a method ``auto`` picked; ``auto`` fits its scales to HPD
+    coverage, so a pick with scales has no row of its own (a key no run has: evaluated)."""
+    if picked == "none":
+        return "npe"
+    return f"auto:{picked}" if "scale" in picked else picked
 
 
 def run(tasks: list[str], budgets: list[int], seeds: list[int], methods: list[str],
