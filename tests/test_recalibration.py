@@ -91,6 +91,7 @@ def test_recalibrated_density_integrates_to_one(dim):
     fixed = cl.recalibrate(toy.posterior(variance_scale=0.4), theta, x, method="scale+radial")
     assert fixed.latent_map.radial
     x0 = x[:1]
+    torch.manual_seed(dim)  # the grid's centre (a Riemann sum's error moves with it by 1e-3)
     mean = cl.as_posterior(toy.posterior()).sample(x0, 2000).mean(0)[0].double()
     step = 0.01 if dim == 1 else 0.04
     axis = torch.arange(-9.0, 9.0, step, dtype=torch.float64)
