@@ -59,6 +59,9 @@ from calib_lightning.results import Result
 
 __all__ = ["Recovery", "calibrated_z_score_std", "recovery", "recovery_from_moments"]
 
+#: draws (times D) per block of pairs in :func:`recovery` (4 MiB per float64 copy)
+_BLOCK_NUMBERS = 2**19
+
 
 @dataclass(eq=False, repr=False)  # repr: Result's, with shapes instead of (N, D) values
 class Recovery(Result):
@@ -295,7 +298,10 @@ def recovery(samples: Tensor, theta: Tensor, prior_variance: Tensor | None = Non
             f"samples must have shape (S, N, D) = (S, {theta.shape[0]}, {theta.shape[1]}) "
             f"to match theta, got {tuple(samples.shape)}"
         )
-    mean, variance = variance_from_moments(moments(samples.transpose(0, 1)))
+    # by blocks of pairs: the moments take float64 scratch copies of their points
+    rows = max(1, _BLOCK_NUMBERS // (samples.shape[0] * samples.shape[2]))
+    state = torch.cat([moments(part) for part in samples.transpose(0, 1).split(rows)])
+    mean, variance = variance_from_moments(state)
     if bool((variance <= 0).any()):
         pairs = (variance <= 0).any(1).nonzero().flatten()
         raise ValueError(

@@ -101,6 +101,9 @@ __all__ = [
     "uniformity_test",
 ]
 
+#: draws (times D) per block of pairs in :func:`rank_calibration` (4 MiB per float64 copy)
+_BLOCK_NUMBERS = 2**19
+
 
 def default_num_bins(num_posterior_samples: int, num_ranks: int) -> int:
     """``min(M + 1, 20, max(2, N // 5))``: at least 5 expected counts per bin."""
@@ -374,14 +377,22 @@ def rank_calibration(
         raise ValueError(
             f"theta must have N >= 2 rows in shape (*, N, D), got {tuple(theta.shape)}"
         )
-    ranks = sbc_ranks(samples, log_prob_samples, theta, log_prob_theta, generator=generator)
+    # by blocks of pairs (``(M, N, D)`` draws): the scratch copies stay bounded
+    step = max(1, _BLOCK_NUMBERS // (m * theta.shape[-1])) if theta.ndim == 2 else None
+    blocks = [slice(None)] if step is None else [
+        slice(i, i + step) for i in range(0, theta.shape[0], step)]  # fmt: skip
+    parts = []
+    for rows in blocks:
+        lp = None if log_prob_samples is None else log_prob_samples[:, rows]
+        lt = None if log_prob_theta is None else log_prob_theta[rows]
+        ranks = sbc_ranks(samples[:, rows], lp, theta[rows], lt, generator=generator)
+        diff = (samples[:, rows] - theta[rows]).double()
+        parts.append((ranks, diff.mean(0), diff.var(0)))  # variance unbiased over M draws
+    ranks, mean_error, variance = (torch.cat(p, -2) for p in zip(*parts, strict=True))
     summary = summarize_ranks(
         rank_histogram(ranks, m), level=level, num_bins=num_bins,
         num_ecdf_points=num_ecdf_points, global_method=global_method,
     )  # fmt: skip
-    diff = (samples - theta).double()
-    mean_error = diff.mean(0)
-    variance = diff.var(0)  # unbiased, over the M draws
     prior_variance = theta.double().var(-2)
     sharp = sharpness((mean_error**2).mean(-2), variance.mean(-2), prior_variance, m)
     joint = "energy" if log_prob_samples is not None and log_prob_theta is not None else "distance"
