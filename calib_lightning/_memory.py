@@ -32,11 +32,14 @@ depend only on the operations run, not on their values, so a seeded check
 gives the same chunks, hence the same numbers, every time. After a chunk of at least an
 eighth of the budget and :data:`COLLECT_BYTES`, the garbage collector runs: a zuko
 flow's distribution holds its intermediate tensors in reference cycles, which would
-otherwise outlive the chunk (``examples/benchmarks/results/memory.md``).
+otherwise outlive the chunk (``examples/benchmarks/results/memory.md``); on the CPU the
+C heap's free pages then go back to the system (glibc's ``malloc_trim``), so that
+fragmentation does not grow the resident peak chunk after chunk.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import weakref
 from collections.abc import Callable, Iterator
@@ -210,7 +213,26 @@ class ChunkSizer:
             self.budget / 8, COLLECT_BYTES
         ):
             gc.collect()  # a large chunk's garbage in reference cycles (zuko's), freed now
+            if not cuda:
+                _trim_heap()
         return out
+
+
+def _trim_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``; nothing
+    elsewhere): without it, freed chunks stay resident in a fragmented heap and the
+    process's peak grows with the number of chunks (N = 1,000 pairs of 1,000 draws on a
+    zuko NSF(5, 5): 298 MiB above the budget's 256 without, 221 with, same seconds)."""
+    if not _LIBC:
+        try:
+            _LIBC.append(getattr(ctypes.CDLL(None), "malloc_trim", None))
+        except OSError:  # pragma: no cover - no C library to load
+            _LIBC.append(None)
+    if _LIBC[0] is not None:
+        _LIBC[0](0)
+
+
+_LIBC: list[Any] = []
 
 
 def draw_blocks(
