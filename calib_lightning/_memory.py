@@ -188,6 +188,7 @@ class ChunkSizer:
         self.per_unit: float | None = None
         self.measured = 0
         self.chunks = 0
+        self.last = False  # the next chunk, sized before any was measured, is the last
 
     def size(self, limit: int) -> int:
         """Units for the next chunk, at most ``limit``: the probe first, then what the
@@ -195,6 +196,7 @@ class ChunkSizer:
         if self.fixed_units is not None:
             return max(1, min(limit, self.fixed_units))
         if self.per_unit is None:
+            self.last = limit <= PROBE_UNITS  # what is left fits the probe: nothing to size
             return max(1, min(limit, PROBE_UNITS))
         return max(1, min(limit, int(self.budget // max(self.per_unit, 1.0))))
 
@@ -202,8 +204,10 @@ class ChunkSizer:
         """``chunk()`` (of ``units`` units), measured while the sizes are being learnt."""
         self.chunks += 1
         cuda = self.device is not None and self.device.type == "cuda"
-        if self.measured >= (2 if cuda else 1) or self.fixed_units is not None:
-            out = chunk()
+        last, self.last = self.last, False
+        if self.measured >= (2 if cuda else 1) or self.fixed_units is not None or last:
+            out = chunk()  # (a last chunk within the probe's size is not measured: on the
+            # CPU the tracker's Python time per torch call doubles an ODE solve's)
         else:
             out, peak = measure_peak(chunk, self.device)
             per_unit = peak / max(units, 1) * (1.0 if cuda else PROBE_MARGIN)

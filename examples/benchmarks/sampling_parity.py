@@ -1,0 +1,112 @@
+"""The sampling checks against sbi's on the same estimators, repeated and interleaved.
+
+``estimator_cost.py`` times each check once; on a shared machine one timing moves by a
+factor of two or three with the load. Here only the checks that cost a sampling pass are
+timed, ours and sbi's in turn, ``--repeats`` times each, and the fastest of each is
+kept (the least disturbed run): ``RankCalibration`` against ``run_sbc`` and ``TARP``
+against ``run_tarp``, ``M`` draws for each of ``N`` pairs, on the estimators of
+``estimator_cost.py`` (sbi 0.27 ``FMPE`` and ``NPSE`` trained briefly, zuko ``CNF`` and
+``NSF`` untrained) at D = 2 and 10. On the ODE estimators our rank check ranks jointly
+by distance (``joint="auto"``), so both sides pay one sampling pass.
+
+Run: python examples/benchmarks/sampling_parity.py [--pairs 1000] [--draws 20] [--repeats 3]
+(``--smoke``: D = 2, N = 20, M = 10, one repeat, the table in a temporary folder)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+if not __package__:  # run as a file (python examples/x.py): make `examples` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch
+
+import calib_lightning as cl
+from calib_lightning.tasks import GaussianToy
+from examples._smoke import add_smoke_argument, output_folder
+from examples.benchmarks.estimator_cost import estimators
+
+RESULTS = Path(__file__).resolve().parent / "results"
+warnings.filterwarnings("ignore")
+
+
+def checks(post: Any, sbi_posterior: Any, theta: torch.Tensor, x: torch.Tensor,
+           draws: int) -> dict[str, Any]:  # fmt: skip
+    """name -> a function running one check once."""
+    from sbi.diagnostics import run_sbc, run_tarp
+
+    def ours(metric: Any) -> Any:
+        metric.update(post, theta, x)
+        return metric.compute()
+
+    return {
+        "ranks": lambda: ours(cl.RankCalibration(draws)),
+        "run_sbc": lambda: run_sbc(theta, x, sbi_posterior, draws, show_progress_bar=False),
+        "TARP": lambda: ours(cl.TARP(draws)),
+        "run_tarp": lambda: run_tarp(theta, x, sbi_posterior, num_posterior_samples=draws,
+                                     show_progress_bar=False),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", type=int, default=1000)
+    parser.add_argument("--draws", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dims", type=int, nargs="+", default=[2, 10])
+    add_smoke_argument(parser)
+    args = parser.parse_args()
+    if args.smoke:
+        args.pairs, args.draws, args.repeats, args.dims = 20, 10, 1, [2]
+    torch.set_num_threads(1)
+    results = output_folder(RESULTS, args.smoke) / "sampling_parity.md"
+    rows = []
+    for dim in args.dims:
+        theta, x = GaussianToy(dim=dim).sample(args.pairs, torch.Generator().manual_seed(1))
+        for name, (posterior, sbi_posterior) in estimators(dim, args.smoke).items():
+            runs = checks(cl.as_posterior(posterior), sbi_posterior, theta, x, args.draws)
+            best = {check: float("inf") for check in runs}
+            for _ in range(args.repeats):
+                for check, run in runs.items():  # ours and sbi's in turn
+                    torch.manual_seed(2)
+                    start = time.perf_counter()
+                    run()
+                    best[check] = min(best[check], time.perf_counter() - start)
+            print(f"  {name} D={dim}: " + ", ".join(f"{k} {v:.2f} s" for k, v in best.items()),
+                  flush=True)  # fmt: skip
+            rows.append((name, dim, best))
+            write(results, rows, args)
+    print("wrote", results)
+
+
+def write(results: Path, rows: list, args: Any) -> None:
+    lines = [
+        "# The sampling checks against sbi's, repeated and interleaved",
+        "",
+        f"Written by `examples/benchmarks/sampling_parity.py --pairs {args.pairs} --draws "
+        f"{args.draws} --repeats {args.repeats}`: N = {args.pairs} pairs, M = {args.draws} "
+        f"draws per pair, the fastest of {args.repeats} runs of each check, ours and sbi's "
+        "in turn (one torch thread, 2-core machine shared with other jobs). Ratios below 1: "
+        "ours is faster.",
+        "",
+        "| estimator | D | ranks | sbi run_sbc | ranks / run_sbc | TARP | sbi run_tarp | "
+        "TARP / run_tarp |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, dim, b in rows:
+        lines.append(
+            f"| {name} | {dim} | {b['ranks']:.2f} | {b['run_sbc']:.2f} | "
+            f"{b['ranks'] / b['run_sbc']:.2f} | {b['TARP']:.2f} | {b['run_tarp']:.2f} | "
+            f"{b['TARP'] / b['run_tarp']:.2f} |"
+        )
+    results.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
