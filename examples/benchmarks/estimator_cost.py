@@ -167,7 +167,11 @@ def write(results: Path, rows: list, args: Any) -> None:
         f"the first {KCCSD_PAIRS} pairs). Ratios below 1: ours is faster. On the ODE "
         "estimators (FMPE, NPSE, CNF) the rank check ranks jointly by distance "
         "(`joint='auto'`: no trace along the ODE) and `cl.diagnose` leaves KCCSD out "
-        "where the score differentiates the ODE (FMPE, CNF).",
+        "where the score differentiates the ODE (FMPE, CNF). Each check is timed once, "
+        "so on a shared machine a single time moves by up to 3x with the load (the same "
+        "sampling pass took 11.6 s inside `diagnose` and 33.9 s in `RankCalibration` on "
+        "FMPE at D = 10 in one run): `sampling_parity.py` times the sampling checks "
+        "against sbi's in turn, fastest of three.",
         "",
         "| estimator | D | ranks | TARP | latent | LC2STNF | KCCSD | diagnose | sbi run_sbc | "
         "sbi run_tarp | sbi LC2ST | ranks / run_sbc | TARP / run_tarp | diagnose / (sbc + "
