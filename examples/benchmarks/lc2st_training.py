@@ -6,15 +6,23 @@ train up to 1,000 epochs with patience 50. Each variant below trains ``cl.LC2STN
 null (100 classifiers, once per task, on the task's calibration ``x``) and its observed
 classifier with other ``classifier_kwargs``, on the estimators, calibration pairs and
 observations of ``sbibm_validation.py`` (its cases file gives the oracle and sbi's
-``LC2ST_NF`` p-values; its cache, the trained estimators: run it first).
+``LC2ST_NF`` p-values; its cache, the trained estimators: run it first). A variant's
+``num_ensemble`` is the metric's argument (classifiers averaged per statistic, in the null
+too), not a classifier setting.
 
 Per variant: sensitivity (share of observations with oracle >= 0.6 rejected at 0.05),
 alarm rate (oracle <= 0.55), within-task Spearman correlation of the statistic with the
-oracle, and seconds (null; one check of 10 observations) beside sbi's LC2ST_NF of the
-same cases. The level of a variant is not measured here (tests/test_lc2st_level.py
-measures the defaults').
+oracle, seconds (null; one check of 10 observations) beside sbi's LC2ST_NF of the same
+cases, and the mean epochs the null and the observed classifiers trained. ``--seeds``
+repeats variants with other metric seeds (other classifier initialisations, splits and
+batch orders; the same estimators and pairs): a difference between variants smaller than
+between seeds is classifier noise. The level of a variant is not measured here
+(tests/test_lc2st_level.py measures the defaults').
 
 Run:  PYTHONPATH=. python examples/benchmarks/lc2st_training.py   (after sbibm_validation)
+      --source CASES.jsonl --num-cal N: another sbibm_validation run's cases (give its
+          --num-cal: the calibration pairs are redrawn from it); --tasks, --variants,
+          --seeds select (resumes from lc2st_training.jsonl, keyed by task and variant)
       python examples/benchmarks/lc2st_training.py --smoke       (runs sbibm_validation's
           smoke first; a temp folder)
 Writes examples/benchmarks/results/lc2st_training.md (cases in lc2st_training.jsonl).
@@ -46,18 +54,34 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "learning_rate": 1e-3, "patience": 50, "max_epochs": 1000,
     },
     "patience 10, batch 128": {"patience": 10, "batch_size": 128},
+    "lr 1e-3, patience 10": {"learning_rate": 1e-3, "patience": 10},
+    "lr 3e-3, patience 5": {"learning_rate": 3e-3, "patience": 5},
+    "20 % held out, patience 5": {"validation_fraction": 0.2, "patience": 5},
+    "default, 3 classifiers averaged (num_ensemble=3)": {"num_ensemble": 3},
+    "default, 5 classifiers averaged (num_ensemble=5)": {"num_ensemble": 5},
+    "lr 1e-3, patience 20, two layers of 256": {
+        "learning_rate": 1e-3, "patience": 20, "hidden_features": (256, 256),
+    },
 }  # fmt: skip
 NUM_NULL = 100
+KEY = ("task", "estimator", "budget", "seed")
 
 
-def run_variant(data: dict, rows: list[dict], name: str, kwargs: dict, args: Any) -> list[dict]:
-    """One variant on every case of one task: its null once, then one check per case."""
+def run_variant(
+    data: dict, rows: list[dict], name: str, kwargs: dict, args: Any, seed: int = 0
+) -> list[dict]:
+    """One variant on every case of one task: its null once, then one check per case;
+    ``seed`` is the metric's (the classifiers' randomness)."""
     import calib_lightning as cl
     from examples.benchmarks.sbibm_validation import train
 
+    kwargs = dict(kwargs)
+    ensemble = kwargs.pop("num_ensemble", 1)  # a metric argument, not a classifier one
+
     def metric() -> cl.LC2STNF:
         return cl.LC2STNF(data["x_o"], num_null=NUM_NULL, num_posterior_samples=args.num_eval,
-                          classifier_kwargs=kwargs or None)  # fmt: skip
+                          num_ensemble=ensemble, classifier_kwargs=kwargs or None,
+                          seed=seed)  # fmt: skip
 
     base = metric()
     start = time.perf_counter()
@@ -79,6 +103,8 @@ def run_variant(data: dict, rows: list[dict], name: str, kwargs: dict, args: Any
             **{k: row[k] for k in ("task", "estimator", "budget", "seed")},
             "variant": name, "s_null": s_null, "s_check": time.perf_counter() - start,
             "stat": result.statistic.tolist(), "p": result.p_value.tolist(),
+            "null_epochs": base.null.classifier.epochs.float().mean().item(),
+            "check_epochs": check.classifier.epochs.float().mean().item(),
         })  # fmt: skip
     return out
 
@@ -86,32 +112,41 @@ def run_variant(data: dict, rows: list[dict], name: str, kwargs: dict, args: Any
 def report(cases: list[dict], rows: dict, args: Any) -> str:
     from examples.benchmarks.sbibm_validation import RIGHT, WRONG, spearman
 
+    tasks = sorted({c["task"] for c in cases})
+    budgets = sorted({c["budget"] for c in cases})
+    kinds = sorted({c["estimator"] for c in cases})
     lines = [
         "# L-C2ST-NF classifier training on sbibm's reference posteriors",
         "",
         f"`python examples/benchmarks/lc2st_training.py`: the estimators, calibration pairs "
-        f"and oracle of `sbibm_validation.md`; `cl.LC2STNF` with {NUM_NULL} null classifiers "
-        f"and `classifier_kwargs` per variant (null trained once per task); "
+        f"and oracle of a `sbibm_validation.py` run (cases: `{args.source_name}`); tasks "
+        f"{', '.join(tasks)}; budgets {budgets}; estimators {', '.join(kinds)}; "
+        f"{len({tuple(c[k] for k in KEY) for c in cases})} estimators, 10 observations each; "
+        f"{args.num_cal} calibration pairs per task; {args.num_eval} evaluation points; "
+        f"`cl.LC2STNF` with {NUM_NULL} null classifiers and `classifier_kwargs` per variant "
+        "(null trained once per task); "
         f"{platform.machine()}, one thread, 2 shared cores, torch {torch.__version__}. "
         "sbi: its LC2ST_NF in the `sbibm_validation.py` run (100 null classifiers), on the "
         "same cases. Spearman: within task and budget, averaged over the tasks.",
         "",
-        "| variant | sensitivity (oracle >= 0.6) | alarm rate (oracle <= 0.55) | "
+        *([args.note, ""] if args.note else []),
+        "| variant | sensitivity (oracle >= 0.6) | at 10,000 sims | alarm rate (oracle <= 0.55) | "
         "Spearman, 10,000 sims | Spearman, 1,000 sims | s null (mean per task) | "
-        "s check | sbi: sensitivity | sbi: s null + check / ours |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "s check | epochs: null / check | sbi: sensitivity | at 10,000 sims | "
+        "sbi: s null + check / ours |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name in dict.fromkeys(c["variant"] for c in cases):
         group = [c for c in cases if c["variant"] == name]
-        hits = {"wrong": [0, 0], "right": [0, 0], "sbi": [0, 0]}
+        hits = {k: [0, 0] for k in ("wrong", "wrong10", "right", "sbi", "sbi10")}
         for c in group:
             row = rows[(c["task"], c["estimator"], c["budget"], c["seed"])]
             for o, value in enumerate(row["oracle"]):
                 if value >= WRONG:
-                    hits["wrong"][0] += c["p"][o] <= 0.05
-                    hits["wrong"][1] += 1
-                    hits["sbi"][0] += row["sbi_nf_p"][o] <= 0.05
-                    hits["sbi"][1] += 1
+                    for key, p in (("wrong", c["p"][o]), ("sbi", row["sbi_nf_p"][o])):
+                        for k in (key, key + "10") if c["budget"] == 10_000 else (key,):
+                            hits[k][0] += p <= 0.05
+                            hits[k][1] += 1
                 elif value <= RIGHT:
                     hits["right"][0] += c["p"][o] <= 0.05
                     hits["right"][1] += 1
@@ -130,17 +165,89 @@ def report(cases: list[dict], rows: dict, args: Any) -> str:
         sbi = [rows[(c["task"], c["estimator"], c["budget"], c["seed"])] for c in group]
         sbi_time = np.mean([r["s_sbi_null"] for r in sbi]) + np.mean([r["s_sbi_nf"] for r in sbi])
         cells = [f"{h / n:.2f} ({h}/{n})" if n else "-" for h, n in hits.values()]
-        lines.append(
-            f"| {name} | {cells[0]} | {cells[1]} | {rho[10_000]} | {rho[1000]} | {s_null:.1f} | "
-            f"{s_check:.2f} | {cells[2]} | {sbi_time / (s_null + s_check):.0f}x |"
+        epochs = " / ".join(
+            f"{np.mean([c[k] for c in group]):.0f}" if all(k in c for c in group) else "-"
+            for k in ("null_epochs", "check_epochs")
         )
-    return "\n".join(lines) + "\n"
+        lines.append(
+            f"| {name} | {cells[0]} | {cells[1]} | {cells[2]} | {rho[10_000]} | {rho[1000]} | "
+            f"{s_null:.1f} | {s_check:.2f} | {epochs} | {cells[3]} | {cells[4]} | "
+            f"{sbi_time / (s_null + s_check):.0f}x |"
+        )
+    return "\n".join(lines + per_task(cases, rows) + pooled(cases, rows)) + "\n"
+
+
+def pooled(cases: list[dict], rows: dict) -> list[str]:
+    """Sensitivity of the variants run at several seeds, pooled over the seeds."""
+    import re
+
+    from examples.benchmarks.sbibm_validation import WRONG
+
+    base = {c["variant"]: re.sub(r", seed \d+$", "", c["variant"]) for c in cases}
+    seeds = {b: sum(v == b or base[v] == b for v in dict.fromkeys(base)) for b in base.values()}
+    names = [b for b in dict.fromkeys(base.values()) if seeds[b] > 1]
+    if not names:
+        return []
+    lines = ["", "Pooled over the metric seeds (observations with oracle >= 0.6 rejected).", "",
+             "| variant | seeds | all budgets | 10,000 sims | SLCP 10,000 |",
+             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for name in names:
+        hits = {k: [0, 0] for k in ("all", "10k", "slcp")}
+        for c in (c for c in cases if base[c["variant"]] == name):
+            row = rows[tuple(c[k] for k in KEY)]
+            for o, value in enumerate(row["oracle"]):
+                if value < WRONG:
+                    continue
+                keys = ["all"] + (["10k"] if c["budget"] == 10_000 else [])
+                keys += ["slcp"] if c["budget"] == 10_000 and c["task"] == "slcp" else []
+                for k in keys:
+                    hits[k][0] += c["p"][o] <= 0.05
+                    hits[k][1] += 1
+        cells = [f"{h / n:.2f} ({h}/{n})" if n else "-" for h, n in hits.values()]
+        lines.append(f"| {name} | {seeds[name]} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def per_task(cases: list[dict], rows: dict) -> list[str]:
+    """Rejections among observations with oracle >= 0.6, per variant, task and budget."""
+    from examples.benchmarks.sbibm_validation import WRONG
+
+    groups = sorted({(c["task"], c["budget"]) for c in cases}, key=lambda g: (g[0], -g[1]))
+    lines = [
+        "",
+        "Per task and budget: observations with oracle >= 0.6 rejected at 0.05 (sbi: its "
+        "LC2ST_NF).",
+        "",
+        "| variant | " + " | ".join(f"{t} {b}" for t, b in groups) + " |",
+        "| --- | " + " | ".join("---" for _ in groups) + " |",
+    ]
+    names = ["sbi LC2ST_NF", *dict.fromkeys(c["variant"] for c in cases)]
+    for name in names:
+        cells = []
+        for group in groups:
+            hit = total = 0
+            first = next(c["variant"] for c in cases)
+            for c in cases:
+                if (c["task"], c["budget"]) != group or c["variant"] != (
+                    first if name == "sbi LC2ST_NF" else name
+                ):
+                    continue
+                row = rows[tuple(c[k] for k in KEY)]
+                p = row["sbi_nf_p"] if name == "sbi LC2ST_NF" else c["p"]
+                for o, value in enumerate(row["oracle"]):
+                    hit += value >= WRONG and p[o] <= 0.05
+                    total += value >= WRONG
+            cells.append(f"{hit}/{total}" if total else "-")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
     parser.add_argument("--tasks", nargs="*")
+    parser.add_argument("--seeds", nargs="*", type=int, default=[0], help="metric seeds")
+    parser.add_argument("--note", default="", help="a paragraph for the report (the source)")
     parser.add_argument("--num-eval", type=int, default=10_000)
     parser.add_argument("--num-cal", type=int, default=2000, help="as sbibm_validation's")
     parser.add_argument("--source", type=Path, help="sbibm_validation's cases (jsonl)")
@@ -167,6 +274,7 @@ def main() -> None:
     if args.smoke:
         args.cache, args.num_eval, args.num_cal = source.parent / "cache", 500, 300
         args.variants = args.variants[:2]
+    args.source_name = source.name
     rows = {(r["task"], r["estimator"], r["budget"], r["seed"]): r
             for r in map(json.loads, source.read_text().splitlines())}  # fmt: skip
     path = folder / "lc2st_training.jsonl"
@@ -177,13 +285,16 @@ def main() -> None:
 
     with threadpool_limits(1):
         for task in args.tasks or dict.fromkeys(k[0] for k in rows):
-            todo = [v for v in args.variants if (task, v) not in done]
+            named = [
+                (f"{v}, seed {s}" if s else v, v, s) for s in args.seeds for v in args.variants
+            ]
+            todo = [(name, v, s) for name, v, s in named if (task, name) not in done]
             if not todo:
                 continue
             task_rows = [r for k, r in rows.items() if k[0] == task]
             data = task_data(task, args.num_cal, 1)  # sbibm_validation's calibration pairs
-            for name in todo:
-                new = run_variant(data, task_rows, name, VARIANTS[name], args)
+            for name, variant, seed in todo:
+                new = run_variant(data, task_rows, name, VARIANTS[variant], args, seed)
                 cases += new
                 with path.open("a") as f:
                     f.writelines(json.dumps(c) + "\n" for c in new)
