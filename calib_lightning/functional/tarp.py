@@ -98,6 +98,8 @@ __all__ = [
     "uniform_multinomial",
 ]
 
+_BLOCK_NUMBERS = 2**19  #: draws (times D) per block of pairs in :func:`tarp_ranks`
+
 DISTANCES = ("l2", "l1")
 
 
@@ -240,6 +242,11 @@ def tarp_ranks(
             f"references must have the shape of theta {tuple(theta.shape)}, "
             f"got {tuple(references.shape)}"
         )
+    step = max(1, _BLOCK_NUMBERS // (samples.shape[0] * theta.shape[-1]))
+    if theta.ndim == 2 and theta.shape[0] > step:  # by blocks of pairs: bounded scratch
+        return torch.cat([tarp_ranks(samples[:, i : i + step], theta[i : i + step],
+                                     references[i : i + step], scale=scale, distance=distance)
+                          for i in range(0, theta.shape[0], step)])  # fmt: skip
     inverse = 1.0 if scale is None else 1.0 / scale.unsqueeze(-2)
     d_true = _distance((theta - references) * inverse, distance)
     d_samples = _distance((samples - references) * inverse, distance)
