@@ -40,6 +40,7 @@ fragmentation does not grow the resident peak chunk after chunk.
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import weakref
 from collections.abc import Callable, Iterator
@@ -232,16 +233,18 @@ def _trim_heap() -> None:
     elsewhere): without it, freed chunks stay resident in a fragmented heap and the
     process's peak grows with the number of chunks (N = 1,000 pairs of 1,000 draws on a
     zuko NSF(5, 5): 298 MiB above the budget's 256 without, 221 with, same seconds)."""
-    if not _LIBC:
-        try:
-            _LIBC.append(getattr(ctypes.CDLL(None), "malloc_trim", None))
-        except OSError:  # pragma: no cover - no C library to load
-            _LIBC.append(None)
-    if _LIBC[0] is not None:
-        _LIBC[0](0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
-_LIBC: list[Any] = []
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, or ``None`` where the C library has none."""
+    try:
+        return getattr(ctypes.CDLL(None), "malloc_trim", None)
+    except OSError:  # pragma: no cover - no C library to load
+        return None
 
 
 def draw_blocks(

@@ -54,13 +54,11 @@ import torch
 from torch import Tensor
 
 from calib_lightning._checks import check_finite, check_positive
+from calib_lightning._chunks import pair_blocks
 from calib_lightning._moments import moments, variance_from_moments
 from calib_lightning.results import Result
 
 __all__ = ["Recovery", "calibrated_z_score_std", "recovery", "recovery_from_moments"]
-
-#: draws (times D) per block of pairs in :func:`recovery` (4 MiB per float64 copy)
-_BLOCK_NUMBERS = 2**19
 
 
 @dataclass(eq=False, repr=False)  # repr: Result's, with shapes instead of (N, D) values
@@ -299,8 +297,9 @@ def recovery(samples: Tensor, theta: Tensor, prior_variance: Tensor | None = Non
             f"to match theta, got {tuple(samples.shape)}"
         )
     # by blocks of pairs: the moments take float64 scratch copies of their points
-    rows = max(1, _BLOCK_NUMBERS // (samples.shape[0] * samples.shape[2]))
-    state = torch.cat([moments(part) for part in samples.transpose(0, 1).split(rows)])
+    per_pair = samples.transpose(0, 1)
+    blocks = pair_blocks(theta.shape[0], samples.shape[0] * samples.shape[2])
+    state = torch.cat([moments(per_pair[rows]) for rows in blocks])
     mean, variance = variance_from_moments(state)
     if bool((variance <= 0).any()):
         pairs = (variance <= 0).any(1).nonzero().flatten()

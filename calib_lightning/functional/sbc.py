@@ -76,6 +76,7 @@ import torch
 from torch import Tensor
 
 from calib_lightning._checks import check_positive, check_probability
+from calib_lightning._chunks import pair_blocks
 from calib_lightning.functional._rank_results import RankCalibrationResult, RankSummary, Sharpness
 from calib_lightning.functional.bands import (
     P_VALUE_FLOOR,
@@ -100,9 +101,6 @@ __all__ = [
     "summarize_ranks",
     "uniformity_test",
 ]
-
-#: draws (times D) per block of pairs in :func:`rank_calibration` (4 MiB per float64 copy)
-_BLOCK_NUMBERS = 2**19
 
 
 def default_num_bins(num_posterior_samples: int, num_ranks: int) -> int:
@@ -378,9 +376,7 @@ def rank_calibration(
             f"theta must have N >= 2 rows in shape (*, N, D), got {tuple(theta.shape)}"
         )
     # by blocks of pairs (``(M, N, D)`` draws): the scratch copies stay bounded
-    step = max(1, _BLOCK_NUMBERS // (m * theta.shape[-1])) if theta.ndim == 2 else None
-    blocks = [slice(None)] if step is None else [
-        slice(i, i + step) for i in range(0, theta.shape[0], step)]  # fmt: skip
+    blocks = pair_blocks(theta.shape[0], m * theta.shape[-1]) if theta.ndim == 2 else [...]
     parts = []
     for rows in blocks:
         lp = None if log_prob_samples is None else log_prob_samples[:, rows]

@@ -78,6 +78,7 @@ from calib_lightning._checks import (
     check_positive,
     check_probability,
 )
+from calib_lightning._chunks import pair_blocks
 from calib_lightning._moments import moments, std_from_moments
 from calib_lightning.functional._multinomial import uniform_multinomial
 from calib_lightning.functional.combine import monte_carlo_p_value
@@ -97,8 +98,6 @@ __all__ = [
     "tarp_test",
     "uniform_multinomial",
 ]
-
-_BLOCK_NUMBERS = 2**19  #: draws (times D) per block of pairs in :func:`tarp_ranks`
 
 DISTANCES = ("l2", "l1")
 
@@ -242,11 +241,10 @@ def tarp_ranks(
             f"references must have the shape of theta {tuple(theta.shape)}, "
             f"got {tuple(references.shape)}"
         )
-    step = max(1, _BLOCK_NUMBERS // (samples.shape[0] * theta.shape[-1]))
-    if theta.ndim == 2 and theta.shape[0] > step:  # by blocks of pairs: bounded scratch
-        return torch.cat([tarp_ranks(samples[:, i : i + step], theta[i : i + step],
-                                     references[i : i + step], scale=scale, distance=distance)
-                          for i in range(0, theta.shape[0], step)])  # fmt: skip
+    blocks = pair_blocks(theta.shape[0], samples.shape[0] * theta.shape[-1])
+    if theta.ndim == 2 and len(blocks) > 1:  # by blocks of pairs: bounded scratch
+        return torch.cat([tarp_ranks(samples[:, rows], theta[rows], references[rows],
+                                     scale=scale, distance=distance) for rows in blocks])
     inverse = 1.0 if scale is None else 1.0 / scale.unsqueeze(-2)
     d_true = _distance((theta - references) * inverse, distance)
     d_samples = _distance((samples - references) * inverse, distance)

@@ -320,10 +320,10 @@ class RankCalibration(LazyDimension):
                 "cheap log_prob): use one metric per kind of posterior, pass joint="
                 f"'{self.joint_statistic}', or reset it"
             )
-        check_event_size(posterior, theta, x)  # theta against the posterior first
+        check_event_size(post, theta, x)  # theta against the posterior first
         self._allocate(theta.shape[1])
         draws = posterior_ranks(
-            posterior, theta, x, self.num_posterior_samples,
+            post, theta, x, self.num_posterior_samples,
             max_chunk_elements=self.max_chunk_elements,
             statistics=list(self.statistics.values()), names=list(self.statistics),
             log_densities=joint == "energy",
