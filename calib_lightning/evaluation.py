@@ -79,7 +79,15 @@ def scores(
         create_graph: keep the scores differentiable in the model's parameters.
     """
     check_pairs(theta, x)
-    score = as_posterior(posterior).score(theta, x, create_graph=create_graph)
+    post = as_posterior(posterior)
+    if create_graph or theta.shape[0] == 0:  # the graph is kept whole: one call
+        score = post.score(theta, x, create_graph=create_graph)
+    else:  # pairs in chunks sized from the memory budget (autograd through the model)
+        sizer, parts = ChunkSizer(x.device), []
+        for rows, _, _ in draw_blocks(theta.shape[0], 1, sizer):
+            parts.append(sizer.run(rows.stop - rows.start,
+                                   lambda rows=rows: post.score(theta[rows], x[rows])))
+        score = parts[0] if len(parts) == 1 else torch.cat(parts)
     check_finite("posterior score at theta", score)
     return score
 
@@ -90,7 +98,7 @@ def base_scores(
     base_points: Tensor,
     *,
     create_graph: bool = False,
-    chunk_size: int = 16,
+    chunk_size: int | None = None,
 ) -> Tensor:
     """Scores of each model :math:`q(\\cdot \\mid x_i)` at shared base points, ``(N, m, D)``.
 
@@ -98,20 +106,41 @@ def base_scores(
         posterior: anything :func:`calib_lightning.as_posterior` accepts.
         x: observations ``(N, *X)``.
         base_points: ``(m, D)``, shared by all pairs.
-        create_graph: keep the scores differentiable in the model's parameters.
-        chunk_size: base points evaluated per pass (memory: ``chunk_size * N`` model
-            evaluations).
+        create_graph: keep the scores differentiable in the model's parameters (every
+            evaluation's graph is kept, so chunking saves nothing: ``chunk_size`` base
+            points, 16 by default, at all pairs per pass).
+        chunk_size: base points evaluated per pass at all pairs (memory: ``chunk_size * N``
+            model evaluations with their autograd graphs); ``None`` (default): blocks of
+            pairs and base points sized from the memory budget
+            (:func:`calib_lightning.set_memory_budget`), one score per unit.
     """
     check_matrix("base_points", base_points)
-    check_positive("chunk_size", chunk_size, integer=True)
+    if chunk_size is not None:
+        check_positive("chunk_size", chunk_size, integer=True)
     post = as_posterior(posterior)
-    n = x.shape[0]
-    chunks = []
-    for start in range(0, base_points.shape[0], chunk_size):
-        z = base_points[start : start + chunk_size]
-        z = z[:, None, :].expand(z.shape[0], n, z.shape[1])
-        chunks.append(post.score(z, x, create_graph=create_graph))
-    out = torch.cat(chunks, 0).transpose(0, 1)
+    n, m = x.shape[0], base_points.shape[0]
+    if n == 0:
+        return post.score(base_points[:0], x[:0])[:, None].expand(0, m, base_points.shape[1])
+    if chunk_size is None and create_graph:
+        chunk_size = 16
+    if chunk_size is not None:
+        sizer = ChunkSizer(x.device, fixed_units=chunk_size * max(n, 1))
+        blocks = [(slice(0, n), start, min(chunk_size, m - start))
+                  for start in range(0, m, chunk_size)]  # fmt: skip
+    else:
+        sizer = ChunkSizer(x.device)
+        blocks = draw_blocks(n, m, sizer)
+    rows_out: list[list[Tensor]] = []
+    for rows, first, count in blocks:
+        if first == 0:
+            rows_out.append([])
+        z = base_points[first : first + count]
+        pairs = rows.stop - rows.start
+        z = z[:, None, :].expand(count, pairs, z.shape[1])
+        rows_out[-1].append(sizer.run(count * pairs, lambda z=z, rows=rows: post.score(
+            z, x[rows], create_graph=create_graph)))  # fmt: skip
+    parts = [torch.cat(chunks, 0).transpose(0, 1) for chunks in rows_out]
+    out = parts[0] if len(parts) == 1 else torch.cat(parts)
     check_finite("posterior score at the base points", out)
     return out
 
@@ -123,7 +152,7 @@ def pair_and_base_scores(
     base_points: Tensor | None = None,
     *,
     create_graph: bool = False,
-    chunk_size: int = 16,
+    chunk_size: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`scores` at the pairs and :func:`base_scores` (``None`` without base points)."""
     score = scores(posterior, theta, x, create_graph=create_graph)

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import calib_lightning as cl
 from calib_lightning._memory import ChunkSizer, TensorPeak, draw_blocks, measure_peak
 from calib_lightning.callbacks import CalibrationCallback
-from calib_lightning.evaluation import latents
+from calib_lightning.evaluation import base_scores, latents, scores
 from calib_lightning.posteriors import Posterior
 from calib_lightning.tasks import GaussianToy
 
@@ -157,6 +157,33 @@ def test_latents_in_chunks_equal_one_call():
         chunked = latents(flow, theta, x)
     assert torch.allclose(chunked, whole, atol=1e-6)
     assert tracker.peak < 3 * MiB  # one call would hold about 3000 * 4 KB
+
+
+def test_kccsd_scores_in_chunks_equal_one_call_and_stay_within_the_budget():
+    """Issue 24: KCCSD scored all pairs at 16 base points per call (autograd through the
+    flow at N * 16 points: 332 MiB on an NSF(5, 5) at N = 2,000). The scores now come in
+    blocks of pairs and base points sized from the budget, equal to one call."""
+    torch.manual_seed(2)
+    flow = zuko.flows.NSF(3, 4)
+    theta, x, base = torch.randn(1500, 3), torch.randn(1500, 4), torch.randn(32, 3)
+    whole_pairs = scores(flow, theta, x, create_graph=True).detach()
+    whole_base = base_scores(flow, x, base, chunk_size=32)
+    with cl.set_memory_budget(MiB), TensorPeak() as tracker:
+        pairs = scores(flow, theta, x)
+        at_base = base_scores(flow, x, base)
+    assert at_base.shape == (1500, 32, 3)
+    # float32 sums in other block shapes: equal to rounding
+    assert torch.allclose(pairs, whole_pairs, rtol=1e-4, atol=1e-5)
+    assert torch.allclose(at_base, whole_base, rtol=1e-4, atol=1e-5)
+    # one call at 32 base points holds the graphs of 48,000 evaluations (tens of MiB)
+    assert tracker.peak < 4 * MiB
+    # the metric, from its defaults, gives the statistic of the explicit chunking
+    results = []
+    for chunk in (None, 16):
+        metric = cl.KCCSD(score_chunk_size=chunk)
+        metric.update(flow, theta[:300], x[:300])
+        results.append(metric.compute())
+    assert torch.allclose(results[0].statistic, results[1].statistic, rtol=1e-5)
 
 
 class Slow(torch.nn.Module):

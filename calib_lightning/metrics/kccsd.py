@@ -102,7 +102,10 @@ class KCCSD(Metric):
         max_pairs: the per-process bound on stored pairs.
         seed: seeds the base points and the bootstrap multipliers.
         block_size: side of the blocks of the kernel matrix computed at once.
-        score_chunk_size: base points per posterior evaluation in ``update``.
+        score_chunk_size: base points evaluated at all pairs per posterior call;
+            ``None`` (default): blocks of pairs and base points sized from the memory
+            budget (:func:`calib_lightning.set_memory_budget`); with ``forward``'s
+            gradient, 16.
 
     Example:
         >>> from calib_lightning.tasks import MGM
@@ -141,7 +144,7 @@ class KCCSD(Metric):
         max_pairs: int = 4096,
         seed: int = 0,
         block_size: int = 1024,
-        score_chunk_size: int = 16,
+        score_chunk_size: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -154,7 +157,8 @@ class KCCSD(Metric):
         check_positive("num_null", num_null, integer=True)
         check_positive("max_pairs", max_pairs, integer=True)
         check_positive("block_size", block_size, integer=True)
-        check_positive("score_chunk_size", score_chunk_size, integer=True)
+        if score_chunk_size is not None:
+            check_positive("score_chunk_size", score_chunk_size, integer=True)
         self.kernel, self.bandwidth = kernel, bandwidth
         self.distribution_kernel = distribution_kernel
         self.distribution_bandwidth = distribution_bandwidth
