@@ -30,11 +30,12 @@ is taken :data:`PROBE_MARGIN` times: the resident peak of a check then stays wit
 budget (``examples/benchmarks/results/memory.md``). Sizes
 depend only on the operations run, not on their values, so a seeded check
 gives the same chunks, hence the same numbers, every time. After a chunk of at least an
-eighth of the budget and :data:`COLLECT_BYTES`, the garbage collector runs: a zuko
-flow's distribution holds its intermediate tensors in reference cycles, which would
-otherwise outlive the chunk (``examples/benchmarks/results/memory.md``); on the CPU the
-C heap's free pages then go back to the system (glibc's ``malloc_trim``), so that
-fragmentation does not grow the resident peak chunk after chunk.
+eighth of the budget and :data:`COLLECT_BYTES`, the garbage collector runs on the young
+generations: a zuko flow's distribution holds its intermediate tensors in reference
+cycles, which would otherwise outlive the chunk
+(``examples/benchmarks/results/memory.md``); on the CPU the C heap's free pages then go
+back to the system (glibc's ``malloc_trim``), so that fragmentation does not grow the
+resident peak chunk after chunk.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ PROBE_UNITS = 256
 #: on the CPU, where only the probe is measured, its peak per unit times this sizes chunks
 #: (resident memory: about 1.8x the tensors' peak, and up to 1.3x between chunks)
 PROBE_MARGIN = 2.5
-#: a chunk measured to need this many bytes is followed by ``gc.collect()`` (32 MiB)
+#: a chunk measured to need this many bytes is followed by ``gc.collect(1)`` (32 MiB)
 COLLECT_BYTES = 32 * 2**20
 
 _BUDGET = [DEFAULT_MEMORY_BUDGET]
@@ -230,12 +231,11 @@ class ChunkSizer:
         if self.per_unit is not None and self.per_unit * units >= max(
             self.budget / 8, COLLECT_BYTES
         ):
-            # a large chunk's garbage in reference cycles (zuko's), freed now. On the CPU
-            # the young generations (a full collection walks every object of the process:
-            # 0.3 s a chunk with sbi imported, half of a TARP check on a zuko NSF at D = 2;
-            # measured resident peaks unchanged); on CUDA, where only a full collection was
-            # measured to keep the chunks within the budget, all of them
-            gc.collect(2 if cuda else 1)
+            # a large chunk's garbage in reference cycles (zuko's), freed now: the young
+            # generations, where it is (a full collection walks every object of the
+            # process: 0.3 s a chunk with sbi imported, half of a TARP check on a zuko NSF
+            # at D = 2 on the CPU, and most of the chunks' extra time on a GPU)
+            gc.collect(1)
             if not cuda:
                 _trim_heap()
         return out
