@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -44,6 +44,7 @@ from calib_lightning._checks import (
     check_same_device_dtype,
 )
 from calib_lightning._draw_cache import SharedDraws
+from calib_lightning._event_size import check_event_size
 from calib_lightning._features import embed
 from calib_lightning._memory import ChunkSizer, draw_blocks
 from calib_lightning.posteriors import DistributionPosterior, Posterior, as_posterior, check_width
@@ -82,14 +83,18 @@ def scores(
     post = as_posterior(posterior)
     if create_graph or theta.shape[0] == 0:  # the graph is kept whole: one call
         score = post.score(theta, x, create_graph=create_graph)
-    else:  # pairs in chunks sized from the memory budget (autograd through the model)
-        sizer, parts = ChunkSizer(x.device), []
-        for rows, _, _ in draw_blocks(theta.shape[0], 1, sizer):
-            parts.append(sizer.run(rows.stop - rows.start,
-                                   lambda rows=rows: post.score(theta[rows], x[rows])))
-        score = parts[0] if len(parts) == 1 else torch.cat(parts)
+    else:  # autograd through the model, by blocks of pairs
+        score = _by_pairs(lambda rows: post.score(theta[rows], x[rows]), theta.shape[0], x)
     check_finite("posterior score at theta", score)
     return score
+
+
+def _by_pairs(run: Callable[[slice], Tensor], num_pairs: int, x: Tensor) -> Tensor:
+    """``run(rows)`` on blocks of pairs sized from the memory budget, concatenated."""
+    sizer, parts = ChunkSizer(x.device), []
+    for rows, _, _ in draw_blocks(num_pairs, 1, sizer):
+        parts.append(sizer.run(rows.stop - rows.start, lambda rows=rows: run(rows)))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def base_scores(
@@ -108,39 +113,28 @@ def base_scores(
         base_points: ``(m, D)``, shared by all pairs.
         create_graph: keep the scores differentiable in the model's parameters (every
             evaluation's graph is kept, so chunking saves nothing: ``chunk_size`` base
-            points, 16 by default, at all pairs per pass).
-        chunk_size: base points evaluated per pass at all pairs (memory: ``chunk_size * N``
-            model evaluations with their autograd graphs); ``None`` (default): blocks of
-            pairs and base points sized from the memory budget
-            (:func:`calib_lightning.set_memory_budget`), one score per unit.
+            points, 16 by default, at all pairs per call).
+        chunk_size: ``chunk_size * N`` model evaluations per call, with their autograd
+            graphs; ``None`` (default): blocks of pairs and base points sized from the
+            memory budget (:func:`calib_lightning.set_memory_budget`).
     """
     check_matrix("base_points", base_points)
     if chunk_size is not None:
         check_positive("chunk_size", chunk_size, integer=True)
     post = as_posterior(posterior)
-    n, m = x.shape[0], base_points.shape[0]
-    if n == 0:
-        return post.score(base_points[:0], x[:0])[:, None].expand(0, m, base_points.shape[1])
-    if chunk_size is None and create_graph:
-        chunk_size = 16
-    if chunk_size is not None:
-        sizer = ChunkSizer(x.device, fixed_units=chunk_size * max(n, 1))
-        blocks = [(slice(0, n), start, min(chunk_size, m - start))
-                  for start in range(0, m, chunk_size)]  # fmt: skip
+    n, (m, d) = x.shape[0], base_points.shape
+    if create_graph:  # every evaluation's graph is kept: chunk_size base points at all pairs
+        step = chunk_size or 16
+        parts = [post.score(base_points[s : s + step, None].expand(-1, n, d), x, create_graph=True)
+                 for s in range(0, m, step)]  # fmt: skip
+        out = torch.cat(parts, 0).transpose(0, 1)
     else:
-        sizer = ChunkSizer(x.device)
-        blocks = draw_blocks(n, m, sizer)
-    rows_out: list[list[Tensor]] = []
-    for rows, first, count in blocks:
-        if first == 0:
-            rows_out.append([])
-        z = base_points[first : first + count]
-        pairs = rows.stop - rows.start
-        z = z[:, None, :].expand(count, pairs, z.shape[1])
-        rows_out[-1].append(sizer.run(count * pairs, lambda z=z, rows=rows: post.score(
-            z, x[rows], create_graph=create_graph)))  # fmt: skip
-    parts = [torch.cat(chunks, 0).transpose(0, 1) for chunks in rows_out]
-    out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        sizer = ChunkSizer(x.device, fixed_units=chunk_size and chunk_size * max(n, 1))
+        out = base_points.new_empty(n, m, d)
+        for rows, first, count in draw_blocks(n, m, sizer):
+            z = base_points[first : first + count, None].expand(-1, rows.stop - rows.start, d)
+            part = sizer.run(z.shape[0] * z.shape[1], lambda z=z, rows=rows: post.score(z, x[rows]))
+            out[rows, first : first + count] = part.transpose(0, 1)
     check_finite("posterior score at the base points", out)
     return out
 
@@ -179,13 +173,9 @@ def latents(
     if create_graph or theta.shape[0] == 0:
         with contextlib.nullcontext() if create_graph else torch.no_grad():
             z = post.to_latent(theta, x)
-    else:  # pairs in chunks sized from the memory budget (ODE solves for vector fields)
-        sizer, parts = ChunkSizer(x.device), []
+    else:  # by blocks of pairs (ODE solves for vector fields)
         with torch.no_grad():
-            for rows, _, _ in draw_blocks(theta.shape[0], 1, sizer):
-                parts.append(sizer.run(rows.stop - rows.start,
-                                       lambda rows=rows: post.to_latent(theta[rows], x[rows])))
-        z = parts[0] if len(parts) == 1 else torch.cat(parts)
+            z = _by_pairs(lambda rows: post.to_latent(theta[rows], x[rows]), theta.shape[0], x)
     check_finite("posterior latents", z)
     return z
 
@@ -366,25 +356,6 @@ def chunk_sizer(x: Tensor, width: int, max_chunk_elements: int | None) -> ChunkS
         return ChunkSizer(x.device)
     check_positive("max_chunk_elements", max_chunk_elements, integer=True)
     return ChunkSizer(x.device, fixed_units=max(1, max_chunk_elements // width))
-
-
-def check_event_size(posterior: Posterior | Any, theta: Tensor, x: Tensor) -> None:
-    """Raise unless ``theta (N, D)`` has the posterior's event size ``D``.
-
-    For metrics that only sample the posterior (so the adapter never sees ``theta``).
-    ``D`` is read from the model where the adapter knows it, else from the event shape
-    of the distribution at the first observation (zuko flows build it lazily, without a
-    network pass). Tensors of samples and estimators whose ``D`` cannot be read pass.
-    """
-    if isinstance(posterior, Tensor):
-        return
-    post = as_posterior(posterior)
-    post = post.posterior if isinstance(post, SharedDraws) else post
-    size = post.event_size()
-    if size is None and isinstance(post, DistributionPosterior):
-        with contextlib.suppress(ValueError, RuntimeError):  # the full evaluation reports these
-            size = post.distribution(x[:1]).event_shape[-1]
-    check_width(theta, size)
 
 
 def checked_samples(samples: Tensor, log_prob: Tensor | None = None) -> None:

@@ -102,10 +102,10 @@ class KCCSD(Metric):
         max_pairs: the per-process bound on stored pairs.
         seed: seeds the base points and the bootstrap multipliers.
         block_size: side of the blocks of the kernel matrix computed at once.
-        score_chunk_size: base points evaluated at all pairs per posterior call;
-            ``None`` (default): blocks of pairs and base points sized from the memory
-            budget (:func:`calib_lightning.set_memory_budget`); with ``forward``'s
-            gradient, 16.
+        score_chunk_size: ``score_chunk_size * N`` posterior evaluations per call at
+            the base points; ``None`` (default): blocks of pairs and base points sized
+            from the memory budget (:func:`calib_lightning.set_memory_budget`); with
+            ``forward``'s gradient, 16 base points at all pairs.
 
     Example:
         >>> from calib_lightning.tasks import MGM
