@@ -21,6 +21,7 @@ from torch import Tensor
 
 from calib_lightning._checks import check_pairs, check_positive, check_probability
 from calib_lightning._fit_check import check_fits
+from calib_lightning._memory import get_memory_budget, set_memory_budget
 from calib_lightning._random import cuda_devices, seeded
 from calib_lightning.diagnosis._report import Diagnosis
 from calib_lightning.evaluation import draw_chunks, draws
@@ -61,13 +62,18 @@ def _shared_draws(
     dense = density_draws(posterior)
     log_prob = torch.empty(num_posterior_samples, theta.shape[0], **like)
     log_prob_theta = torch.empty(theta.shape[0], **like)
-    for chunk in draw_chunks(posterior, theta, x, num_posterior_samples):
-        rows = slice(chunk.start, chunk.start + chunk.theta.shape[0])
-        draws = slice(chunk.first_draw, chunk.first_draw + chunk.samples.shape[0])
-        samples[draws, rows] = chunk.samples.to(samples)
-        if chunk.log_prob is not None and chunk.log_prob_theta is not None:
-            log_prob[draws, rows] = chunk.log_prob.to(log_prob)
-            log_prob_theta[rows] = chunk.log_prob_theta.to(log_prob_theta)
+    # the draws kept for every check count against the budget: the chunks get the rest
+    # (at least a quarter of it)
+    budget = get_memory_budget()
+    held = sum(t.numel() * t.element_size() for t in (samples, log_prob, log_prob_theta))
+    with set_memory_budget(max(budget // 4, budget - held, 2**20)):
+        for chunk in draw_chunks(posterior, theta, x, num_posterior_samples):
+            rows = slice(chunk.start, chunk.start + chunk.theta.shape[0])
+            draws = slice(chunk.first_draw, chunk.first_draw + chunk.samples.shape[0])
+            samples[draws, rows] = chunk.samples.to(samples)
+            if chunk.log_prob is not None and chunk.log_prob_theta is not None:
+                log_prob[draws, rows] = chunk.log_prob.to(log_prob)
+                log_prob_theta[rows] = chunk.log_prob_theta.to(log_prob_theta)
     return (samples, log_prob, log_prob_theta) if dense else (samples, None, None)
 
 
