@@ -61,6 +61,7 @@ __all__ = [
     "draw_blocks",
     "get_memory_budget",
     "measure_peak",
+    "remaining_budget",
     "set_memory_budget",
 ]
 
@@ -151,6 +152,13 @@ class TensorPeak(TorchFunctionMode):
                 self.now += nbytes
                 self.peak = max(self.peak, self.now)
         return out
+
+
+def remaining_budget(budget: int, held: int) -> int:
+    """The bytes a chunk may use when a check keeps ``held`` bytes until it ends (draws
+    kept for later, an output filled chunk by chunk): the rest of ``budget``, at least a
+    quarter of it."""
+    return max(budget // 4, budget - held, 2**20)
 
 
 def measure_peak(run: Callable[[], T], device: torch.device | None = None) -> tuple[T, int]:

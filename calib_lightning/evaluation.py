@@ -46,7 +46,7 @@ from calib_lightning._checks import (
 from calib_lightning._draw_cache import SharedDraws
 from calib_lightning._event_size import check_event_size
 from calib_lightning._features import embed
-from calib_lightning._memory import ChunkSizer, draw_blocks
+from calib_lightning._memory import ChunkSizer, draw_blocks, remaining_budget
 from calib_lightning.posteriors import DistributionPosterior, Posterior, as_posterior, check_width
 from calib_lightning.posteriors.base import density_draws, supports, unsupported
 
@@ -235,6 +235,8 @@ def draws(
                     samples = part  # one call: no copy
                     break
                 samples = part.new_empty(s, x.shape[0], *part.shape[2:])
+                # the output is kept while the rest is drawn: the chunks get what is left
+                sizer.budget = remaining_budget(sizer.budget, samples.numel() * part.element_size())
             samples[done : done + take, rows] = part
     if samples is None:  # no observations
         with torch.no_grad():

@@ -19,9 +19,15 @@ import zuko
 from torch.utils.data import DataLoader, TensorDataset
 
 import calib_lightning as cl
-from calib_lightning._memory import ChunkSizer, TensorPeak, draw_blocks, measure_peak
+from calib_lightning._memory import (
+    PROBE_MARGIN,
+    ChunkSizer,
+    TensorPeak,
+    draw_blocks,
+    measure_peak,
+)
 from calib_lightning.callbacks import CalibrationCallback
-from calib_lightning.evaluation import base_scores, latents, scores
+from calib_lightning.evaluation import base_scores, draws, latents, scores
 from calib_lightning.posteriors import Posterior
 from calib_lightning.tasks import GaussianToy
 
@@ -114,6 +120,24 @@ def test_every_sampling_call_of_a_spline_flow_check_stays_within_the_budget():
     cl.RankCalibration(500, max_chunk_elements=2**20).update(old, theta, x)
     assert len(old.calls) == 1
     assert old.calls[0][2] > 4 * 2 * MiB
+
+
+def test_draws_kept_for_the_whole_check_count_against_the_budget():
+    """draws() fills one (S, N, D) output chunk by chunk (JointC2ST, TARP keep it): the
+    sampling calls get the budget less that output, so the two together stay within it."""
+    torch.manual_seed(0)
+    flow = zuko.flows.NSF(5, 5)
+    x = torch.randn(200, 5)
+    posterior = Recording(flow)
+    with cl.set_memory_budget(4 * MiB):
+        samples = draws(posterior, x, 500)  # 200 * 500 * 5 float32: 1.9 MiB kept
+    held = samples.numel() * samples.element_size()
+    assert held > 1.5 * MiB
+    assert sum(rows * n for rows, n, _ in posterior.calls) == 200 * 500
+    # the calls after the probe were sized for 4 MiB - 1.9 MiB at the CPU's margin (with
+    # the 25 % variation between calls of _memory's docstring), not for 4 MiB
+    largest = max(peak for *_, peak in posterior.calls[1:]) * PROBE_MARGIN
+    assert 0.5 * (4 * MiB - held) <= largest <= 1.3 * (4 * MiB - held)
 
 
 def _per_row_sampler(x, num_samples):

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from calib_lightning._checks import check_pairs, check_positive, check_probability
 from calib_lightning._fit_check import check_fits
-from calib_lightning._memory import get_memory_budget, set_memory_budget
+from calib_lightning._memory import get_memory_budget, remaining_budget, set_memory_budget
 from calib_lightning._random import cuda_devices, seeded
 from calib_lightning.diagnosis._report import Diagnosis
 from calib_lightning.evaluation import draw_chunks, draws
@@ -62,11 +62,8 @@ def _shared_draws(
     dense = density_draws(posterior)
     log_prob = torch.empty(num_posterior_samples, theta.shape[0], **like)
     log_prob_theta = torch.empty(theta.shape[0], **like)
-    # the draws kept for every check count against the budget: the chunks get the rest
-    # (at least a quarter of it)
-    budget = get_memory_budget()
     held = sum(t.numel() * t.element_size() for t in (samples, log_prob, log_prob_theta))
-    with set_memory_budget(max(budget // 4, budget - held, 2**20)):
+    with set_memory_budget(remaining_budget(get_memory_budget(), held)):
         for chunk in draw_chunks(posterior, theta, x, num_posterior_samples):
             rows = slice(chunk.start, chunk.start + chunk.theta.shape[0])
             draws = slice(chunk.first_draw, chunk.first_draw + chunk.samples.shape[0])
