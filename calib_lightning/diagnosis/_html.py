@@ -88,6 +88,9 @@ def caption(key: str) -> str:
             f"L-C2ST-NF at observation {o}: where the estimator puts too much (red) or "
             "too little (blue) mass, and its PP-plot"
         )
+    if key.startswith("conformal_region_"):
+        return (f"Observation {key.rsplit('_', 1)[1]}: the calibrated 90 % credible region "
+                "(conformal) beside the posterior's own 90 % HPD region")
     check, _, figure = key.partition("_")
     names = {"lc2st": "L-C2ST-NF", "ranks": "Rank calibration", "tarp": "TARP",
              "recovery": "Recovery", "misspecification": "Misspecification"}  # fmt: skip

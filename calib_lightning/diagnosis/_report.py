@@ -30,6 +30,8 @@ from calib_lightning.plots._format import format_p_value
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from calib_lightning.diagnosis._regions import RegionSummary
+
 __all__ = ["Diagnosis"]
 
 def _number(value: Any) -> float | None:
@@ -68,6 +70,8 @@ class Diagnosis:
             before=...)``), or ``None``; with it :meth:`save` writes both side by side.
         comparison: :class:`~calib_lightning.diagnosis.Comparison` of ``before`` and this
             diagnosis (``.table()``: the two columns as text), or ``None``.
+        regions: the conformal region's calibrated levels at the observations
+            (``cl.diagnose(..., region=...)``), or ``None``.
     """
 
     def __init__(
@@ -84,6 +88,7 @@ class Diagnosis:
         probability_maps: Any = None,
         skipped: Mapping[str, str] | None = None,
         before: Diagnosis | None = None,
+        regions: RegionSummary | None = None,
     ) -> None:
         self.checks = dict(checks)
         self.level, self.labels = level, list(labels) if labels is not None else None
@@ -96,7 +101,7 @@ class Diagnosis:
         self.overall_p_value = self.findings.overall_p_value
         self.verdict = self.findings.sentence
         self._figures: dict[str, Figure] | None = None
-        self.before = before
+        self.before, self.regions = before, regions
         self.comparison = None if before is None else Comparison(before, self)
 
     def __repr__(self) -> str:
@@ -171,6 +176,8 @@ class Diagnosis:
                 self.checks, self.level, self.labels, self.parameters, self.probability_maps,
                 None if local is None else local.adjusted_p_value,
             )  # fmt: skip
+            if self.regions is not None:
+                self._figures.update(self.regions.figures(self.parameters))
         return self._figures
 
     # -- saving ----------------------------------------------------------------------
@@ -192,6 +199,7 @@ class Diagnosis:
             "observations": {name: dataclasses.asdict(o)
                              for name, o in self.findings.observations.items()},
             "cannot_reject": self.findings.cannot_reject,
+            "regions": None if self.regions is None else self.regions.rows(),
             "multiple_testing": MULTIPLE_TESTING,
         }  # fmt: skip
 
@@ -253,6 +261,7 @@ have rejected whatever the data. "Size" says how large the miscalibration is, so
 significant error at a large N reads differently from a large one.</p>
 {self._directions_html()}
 {self._observations_html()}
+{"" if self.regions is None else self.regions.html()}
 {DISAGREE}
 <h2>Figures</h2>
 {figures}

@@ -23,6 +23,7 @@ from calib_lightning._checks import check_pairs, check_positive, check_probabili
 from calib_lightning._fit_check import check_fits
 from calib_lightning._memory import get_memory_budget, remaining_budget, set_memory_budget
 from calib_lightning._random import cuda_devices, seeded
+from calib_lightning.diagnosis._regions import summarize_region
 from calib_lightning.diagnosis._report import Diagnosis
 from calib_lightning.evaluation import draw_chunks, draws
 from calib_lightning.functional.recovery import recovery
@@ -47,7 +48,8 @@ NEEDS = {"kccsd": "score", "lc2st_nf": "to_latent"}
 #: the random stream of each step (with ``seed``): a check's numbers do not depend on
 #: which other checks run
 _STREAMS = {name: k for k, name in enumerate(
-    ("draws", *(c for c in CHECKS if c != "joint_c2st"), "reference", "joint_c2st"), start=1)}
+    ("draws", *(c for c in CHECKS if c != "joint_c2st"), "reference", "joint_c2st", "region"),
+    start=1)}
 MAP_NUM_POSTERIOR_SAMPLES = 2000  # posterior draws per observation of the probability maps
 
 
@@ -108,6 +110,7 @@ def diagnose(
     embedding: Any = None,
     seed: int = 0,
     before: Any = None,
+    region: Any = None,
 ) -> Diagnosis:
     r"""Is this posterior calibrated, and where not? Every check, one verdict, one report.
 
@@ -155,6 +158,11 @@ def diagnose(
             seed; or its :class:`~calib_lightning.diagnosis.Diagnosis` on the same pairs.
             The report then shows before and after side by side (``.before``,
             ``.comparison``; ``.save`` writes both).
+        region: a :class:`~calib_lightning.ConformalRegion` of ``posterior``, fitted on
+            other held-out pairs than ``theta``, ``x``: the report gives its calibrated
+            credibility for a 90 % region at each observation (with ``reference_samples``,
+            the exact posterior mass of the nominal and the calibrated region there) and
+            draws both regions (``.regions``).
 
     Returns:
         :class:`~calib_lightning.diagnosis.Diagnosis`: ``.verdict``, ``.table()``,
@@ -220,6 +228,10 @@ def diagnose(
             f"D = {theta.shape[1]} parameters, got {tuple(reference_samples.shape)} with "
             f"observations={None if observations is None else tuple(observations.shape)}"
         )
+    regions = None
+    if region is not None:
+        with seeded(seed, _STREAMS["region"], devices=cuda_devices(post, theta, x, observations)):
+            regions = summarize_region(region, observations, reference_samples, theta.shape[1])
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     devices = cuda_devices(post, theta, x, observations)
@@ -290,7 +302,7 @@ def diagnose(
         results, level=level, labels=labels, parameters=parameters, seconds=seconds,
         num_pairs=theta.shape[0], num_posterior_samples=num_posterior_samples,
         reference_samples=reference_samples, probability_maps=maps, skipped=skipped,
-        before=before,
+        before=before, regions=regions,
     )  # fmt: skip
 
 
