@@ -45,7 +45,7 @@ from calib_lightning._checks import (
 )
 from calib_lightning._draw_cache import SharedDraws
 from calib_lightning._features import embed
-from calib_lightning._memory import ChunkSizer, draw_blocks
+from calib_lightning._memory import LATENT_PROBE_UNITS, ChunkSizer, draw_blocks
 from calib_lightning.posteriors import DistributionPosterior, Posterior, as_posterior, check_width
 from calib_lightning.posteriors.base import density_draws, supports, unsupported
 
@@ -151,7 +151,7 @@ def latents(
         with contextlib.nullcontext() if create_graph else torch.no_grad():
             z = post.to_latent(theta, x)
     else:  # pairs in chunks sized from the memory budget (ODE solves for vector fields)
-        sizer, parts = ChunkSizer(x.device), []
+        sizer, parts = ChunkSizer(x.device, probe_units=LATENT_PROBE_UNITS), []
         with torch.no_grad():
             for rows, _, _ in draw_blocks(theta.shape[0], 1, sizer):
                 parts.append(sizer.run(rows.stop - rows.start,
