@@ -17,8 +17,9 @@ process's resident memory is higher than that by what the C allocator keeps
 (``examples/benchmarks/results/memory.md`` measures it).
 
 **Sizing.** The first chunk is a probe of :data:`PROBE_UNITS` units (draws at a pair,
-ODE solves); its peak per unit, an upper bound of the cost of one more unit (it includes
-the chunk's fixed cost), sizes the later chunks. On CUDA, where measuring is free, the
+ODE solves; :data:`LATENT_PROBE_UNITS` pairs for latents); its peak per unit, an upper
+bound of the cost of one more unit (it includes the chunk's fixed cost), sizes the later
+chunks. On CUDA, where measuring is free, the
 second chunk is measured too and the larger of the two peaks per unit sizes the rest. On
 the CPU only the probe is measured: the tracker costs Python time per torch call, which
 on an ODE solver's many small calls is as much as the calls. The peak per unit varies
@@ -27,9 +28,13 @@ up to about 1.3x for a zuko spline flow), and the process's resident memory at a
 peak is about 1.8x what :class:`TensorPeak` sees (the internals of composite operations,
 blocks the C allocator keeps; measured on a zuko spline flow), so on the CPU the probe's
 is taken :data:`PROBE_MARGIN` times: the resident peak of a check then stays within the
-budget (``examples/benchmarks/results/memory.md``). Sizes
-depend only on the operations run, not on their values, so a seeded check
-gives the same chunks, hence the same numbers, every time. After a chunk of at least an
+budget (``examples/benchmarks/results/memory.md``). A chunk is measured with the
+garbage collector paused (:func:`measure_peak`), so its peak holds every tensor that
+reference cycles keep, whenever the collector would have run: sizes depend only on the
+operations run, not on their values or the collector's timing, so a seeded check gives
+the same chunks, hence the same numbers, every time. Bytes a check keeps until it ends
+(an output filled chunk by chunk, draws shared by later checks) come off the budget of
+its chunks (:func:`remaining_budget`). After a chunk of at least an
 eighth of the budget and :data:`COLLECT_BYTES`, the garbage collector runs on the young
 generations: a zuko flow's distribution holds its intermediate tensors in reference
 cycles, which would otherwise outlive the chunk
@@ -54,6 +59,7 @@ from torch.utils._pytree import tree_flatten
 __all__ = [
     "COLLECT_BYTES",
     "DEFAULT_MEMORY_BUDGET",
+    "LATENT_PROBE_UNITS",
     "PROBE_MARGIN",
     "PROBE_UNITS",
     "ChunkSizer",
@@ -69,6 +75,9 @@ __all__ = [
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
 #: units (draws at a pair, ODE solves) in the first, probing chunk
 PROBE_UNITS = 256
+#: pairs in the probe of a latent pass: an ODE solve (sbi's FMPE and NPSE) takes as many
+#: steps for 32 pairs as for 1,000, so a small probe halves its extra cost
+LATENT_PROBE_UNITS = 32
 #: on the CPU, where only the probe is measured, its peak per unit times this sizes chunks
 #: (resident memory: about 1.8x the tensors' peak, and up to 1.3x between chunks)
 PROBE_MARGIN = 2.5
@@ -136,21 +145,30 @@ class TensorPeak(TorchFunctionMode):
         self.now = self.peak = 0
         self._live: dict[int, Any] = {}
 
-    def _free(self, key: int, nbytes: int) -> None:
+    def _free(self, key: int, nbytes: int, *_: object) -> None:
         if self._live.pop(key, None) is not None:
             self.now -= nbytes
 
+    def _track(self, value: torch.Tensor) -> None:
+        if value.device.type == "meta":
+            return
+        storage = value.untyped_storage()
+        key, nbytes = storage.data_ptr(), storage.nbytes()
+        if nbytes and key not in self._live:
+            # a weak reference whose callback forgets the storage: cheaper than finalize
+            self._live[key] = weakref.ref(storage, functools.partial(self._free, key, nbytes))
+            self.now += nbytes
+            self.peak = max(self.peak, self.now)
+
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        for value in tree_flatten(out)[0]:
-            if not isinstance(value, torch.Tensor) or value.device.type == "meta":
-                continue
-            storage = value.untyped_storage()
-            key, nbytes = storage.data_ptr(), storage.nbytes()
-            if nbytes and key not in self._live:
-                self._live[key] = weakref.finalize(storage, self._free, key, nbytes)
-                self.now += nbytes
-                self.peak = max(self.peak, self.now)
+        # most calls return one tensor or no container (a shape, a number): no tree walk
+        if isinstance(out, torch.Tensor):
+            self._track(out)
+        elif isinstance(out, (tuple, list, dict)) and not isinstance(out, torch.Size):
+            for value in tree_flatten(out)[0]:
+                if isinstance(value, torch.Tensor):
+                    self._track(value)
         return out
 
 
@@ -200,13 +218,14 @@ class ChunkSizer:
         budget: bytes per chunk; ``None``: :func:`get_memory_budget`.
         fixed_units: instead of a budget, this many units per chunk, unmeasured (the
             checks' explicit ``max_chunk_elements`` / ``chunk_size`` arguments).
+        probe_units: units in the first, measured chunk.
     """
 
     def __init__(
         self, device: torch.device | None = None, budget: int | None = None, *,
-        fixed_units: int | None = None,
+        fixed_units: int | None = None, probe_units: int = PROBE_UNITS,
     ) -> None:  # fmt: skip
-        self.device, self.fixed_units = device, fixed_units
+        self.device, self.fixed_units, self.probe_units = device, fixed_units, probe_units
         self.budget = get_memory_budget() if budget is None else check_budget(budget)
         self.per_unit: float | None = None
         self.measured = 0
@@ -219,8 +238,8 @@ class ChunkSizer:
         if self.fixed_units is not None:
             return max(1, min(limit, self.fixed_units))
         if self.per_unit is None:
-            self.last = limit <= PROBE_UNITS  # what is left fits the probe: nothing to size
-            return max(1, min(limit, PROBE_UNITS))
+            self.last = limit <= self.probe_units  # what is left fits the probe: nothing to size
+            return max(1, min(limit, self.probe_units))
         return max(1, min(limit, int(self.budget // max(self.per_unit, 1.0))))
 
     def run(self, units: int, chunk: Callable[[], T]) -> T:

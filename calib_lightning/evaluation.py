@@ -46,7 +46,7 @@ from calib_lightning._checks import (
 from calib_lightning._draw_cache import SharedDraws
 from calib_lightning._event_size import check_event_size
 from calib_lightning._features import embed
-from calib_lightning._memory import ChunkSizer, draw_blocks, remaining_budget
+from calib_lightning._memory import LATENT_PROBE_UNITS, ChunkSizer, draw_blocks, remaining_budget
 from calib_lightning.posteriors import DistributionPosterior, Posterior, as_posterior, check_width
 from calib_lightning.posteriors.base import density_draws, supports, unsupported
 
@@ -84,15 +84,16 @@ def scores(
     if create_graph or theta.shape[0] == 0:  # the graph is kept whole: one call
         score = post.score(theta, x, create_graph=create_graph)
     else:  # autograd through the model, by blocks of pairs
-        score = _by_pairs(lambda rows: post.score(theta[rows], x[rows]), theta.shape[0], x)
+        score = _by_pairs(lambda rows: post.score(theta[rows], x[rows]), theta.shape[0],
+                          ChunkSizer(x.device))  # fmt: skip
     check_finite("posterior score at theta", score)
     return score
 
 
-def _by_pairs(run: Callable[[slice], Tensor], num_pairs: int, x: Tensor) -> Tensor:
-    """``run(rows)`` on blocks of pairs sized from the memory budget, concatenated."""
-    sizer, parts = ChunkSizer(x.device), []
-    for rows, _, _ in draw_blocks(num_pairs, 1, sizer):
+def _by_pairs(run: Callable[[slice], Tensor], n: int, sizer: ChunkSizer) -> Tensor:
+    """``run(rows)`` on blocks of ``n`` pairs sized by ``sizer``, concatenated."""
+    parts = []
+    for rows, _, _ in draw_blocks(n, 1, sizer):
         parts.append(sizer.run(rows.stop - rows.start, lambda rows=rows: run(rows)))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
@@ -173,9 +174,10 @@ def latents(
     if create_graph or theta.shape[0] == 0:
         with contextlib.nullcontext() if create_graph else torch.no_grad():
             z = post.to_latent(theta, x)
-    else:  # by blocks of pairs (ODE solves for vector fields)
+    else:  # by blocks of pairs (ODE solves for vector fields: a small probe)
         with torch.no_grad():
-            z = _by_pairs(lambda rows: post.to_latent(theta[rows], x[rows]), theta.shape[0], x)
+            z = _by_pairs(lambda rows: post.to_latent(theta[rows], x[rows]), theta.shape[0],
+                          ChunkSizer(x.device, probe_units=LATENT_PROBE_UNITS))  # fmt: skip
     check_finite("posterior latents", z)
     return z
 

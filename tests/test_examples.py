@@ -40,6 +40,7 @@ EXPECTED = {
     "callback_overhead.py": ["| npe_two_moons |", "| npe_slcp_nflows |", "wrote "],
     "kccsd_rejection.py": ["| MGM (calibrated) | 32 |", "wrote "],
     "kccsd_speed.py": ["| 64 |", "wrote "],
+    "lc2st_speed.py": ["sbi FMPE D=2: latents", "sbi NPSE D=2: latents", "wrote "],
     "lc2st_vs_sbi.py": ["wrote "],
     "local_hpd.py": ["| local-HPD |", "wrote "],
     "ranks_vs_sbi.py": ["| 100 | exact |", "wrote "],

@@ -171,7 +171,8 @@ def write(results: Path, rows: list, args: Any) -> None:
         "so on a shared machine a single time moves by up to 3x with the load (the same "
         "sampling pass took 11.6 s inside `diagnose` and 33.9 s in `RankCalibration` on "
         "FMPE at D = 10 in one run): `sampling_parity.py` times the sampling checks "
-        "against sbi's in turn, fastest of three.",
+        "against sbi's in turn, fastest of three, and `lc2st_speed.py` L-C2ST-NF against "
+        "sbi's `LC2ST` (`lc2st_speed.md`).",
         "",
         "| estimator | D | ranks | TARP | latent | LC2STNF | KCCSD | diagnose | sbi run_sbc | "
         "sbi run_tarp | sbi LC2ST | ranks / run_sbc | TARP / run_tarp | diagnose / (sbc + "
