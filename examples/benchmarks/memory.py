@@ -1,7 +1,8 @@
 """Peak memory and time of the sampling checks on a spline flow, under the memory budget.
 
-``RankCalibration``, ``TARP`` and ``cl.diagnose`` (ranks, TARP, recovery and KCCSD; 1,000
-draws per pair) on an untrained ``zuko.flows.NSF(5, 5)``, each case in a fresh Python
+``RankCalibration``, ``TARP`` and ``cl.diagnose`` (KCCSD, ranks, TARP, the joint
+classifier test and recovery; 1,000 draws per pair) on an untrained
+``zuko.flows.NSF(5, 5)``, each case in a fresh Python
 process whose peak resident memory (``resource.getrusage(...).ru_maxrss``) is read after
 the check, minus the peak after importing and building the flow. Three chunkings:
 
