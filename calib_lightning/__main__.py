@@ -10,6 +10,10 @@ Example::
 and ``x`` ``(N, *X)`` (held-out calibration pairs) and optionally ``observations``
 ``(O, *X)``; it is read with ``weights_only=True``. ``--seed`` (default 0) seeds every
 check (:func:`calib_lightning.diagnose`): the same seed gives the same report.
+
+``--recalibrated`` diagnoses the recalibrated posterior that a
+:class:`~calib_lightning.callbacks.RecalibrationCallback` saved in the checkpoint, beside
+the estimator before it (one report, before and after side by side).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -44,6 +49,24 @@ def _load_data(path: str) -> dict[str, torch.Tensor]:
     return data
 
 
+def _recalibrated(checkpoint: str, estimator: Any, theta: torch.Tensor, x: torch.Tensor) -> Any:
+    """The recalibrated posterior of ``estimator`` from the one RecalibrationCallback state
+    in ``checkpoint`` (a ValueError naming ``--recalibrated`` if there is none or several)."""
+    from calib_lightning.callbacks import RecalibrationCallback
+
+    states = torch.load(checkpoint, map_location="cpu", weights_only=False).get("callbacks", {})
+    found = [state for key, state in states.items() if str(key).startswith("RecalibrationCallback")
+             and isinstance(state, dict) and state.get("recalibration")]  # fmt: skip
+    if len(found) != 1:
+        raise ValueError(
+            "--recalibrated needs the checkpoint to hold one fitted RecalibrationCallback "
+            f"(saved after Trainer.fit), got {len(found)}"
+        )
+    callback = RecalibrationCallback(theta, x)
+    callback.load_state_dict(found[0])
+    return callback.posterior(estimator)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m calib_lightning")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -59,6 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--level", type=float, default=0.05)
     run.add_argument("--seed", type=int, default=0,
                      help="seeds every check's randomness: one seed, the same report (default: 0)")
+    run.add_argument("--recalibrated", action="store_true",
+                     help="diagnose the RecalibrationCallback's posterior in the checkpoint, "
+                     "beside the estimator before it")
     args = parser.parse_args(argv)
 
     from calib_lightning.callbacks._plumbing import find_estimator
@@ -67,14 +93,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     module = _load_class(args.module).load_from_checkpoint(args.checkpoint, map_location="cpu")
     module.eval()
     data = _load_data(args.data)
+    estimator, before = find_estimator(module, args.estimator), None
+    if args.recalibrated:
+        before = estimator
+        estimator = _recalibrated(args.checkpoint, estimator, data["theta"], data["x"])
     with torch.no_grad():
         diagnosis = diagnose(
-            find_estimator(module, args.estimator), data["theta"], data["x"],
+            estimator, data["theta"], data["x"],
             observations=data.get("observations"),
             checks=args.checks.split(",") if args.checks else None,
             labels=args.labels.split(",") if args.labels else None,
             num_posterior_samples=args.num_posterior_samples, level=args.level,
-            seed=args.seed,
+            seed=args.seed, before=before,
         )  # fmt: skip
     page = diagnosis.save(args.out)
     print(diagnosis.verdict[0].upper() + diagnosis.verdict[1:])

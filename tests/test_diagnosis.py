@@ -290,6 +290,52 @@ def test_command_line_diagnoses_a_checkpoint(tmp_path, monkeypatch, capsys):
         main(["diagnose", "--module", "toy_npe", "--checkpoint", "x", "--data", "y"])
 
 
+def test_command_line_diagnoses_the_recalibrated_posterior_beside_the_flow(
+    tmp_path, monkeypatch, capsys
+):
+    """Issue 25: ``--recalibrated`` reads the map a RecalibrationCallback saved in the
+    checkpoint and writes one report of the posterior before and after it."""
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    (tmp_path / "toy_npe_recal.py").write_text(textwrap.dedent(MODULE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from toy_npe_recal import ToyNPE
+
+    theta, x = pairs(512, seed=1)
+    theta_val, x_val = pairs(200, seed=3)
+    callback = cl.RecalibrationCallback(theta_val, x_val, method="scale")
+    trainer = L.Trainer(max_epochs=2, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path,
+                        callbacks=[callback])  # fmt: skip
+    trainer.fit(ToyNPE(), DataLoader(TensorDataset(theta, x), batch_size=128))
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
+    cal_theta, cal_x = pairs(200, seed=2)
+    torch.save({"theta": cal_theta, "x": cal_x}, tmp_path / "cal.pt")
+    command = ["diagnose", "--module", "toy_npe_recal:ToyNPE", "--data",
+               str(tmp_path / "cal.pt"), "--num-posterior-samples", "50",
+               "--checks", "ranks,tarp", "--recalibrated"]  # fmt: skip
+    code = main([*command, "--checkpoint", str(tmp_path / "last.ckpt"),
+                 "--out", str(tmp_path / "out")])  # fmt: skip
+    assert code == 0
+    assert "report:" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert set(summary) >= {"before", "after", "checks"}
+    assert (tmp_path / "out" / "before" / "report.html").exists()
+    # the after column is the callback's posterior: its own diagnosis gives the same table
+    with torch.no_grad():
+        fixed = cl.diagnose(callback.posterior(trainer.lightning_module.flow), cal_theta, cal_x,
+                            checks=("ranks", "tarp"), num_posterior_samples=50)  # fmt: skip
+    assert summary["after"]["verdict"] == fixed.verdict
+    # a checkpoint without the callback's map: a ValueError naming the option
+    plain = L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
+    plain.fit(ToyNPE(), DataLoader(TensorDataset(theta, x), batch_size=128))
+    plain.save_checkpoint(tmp_path / "plain.ckpt")
+    with pytest.raises(ValueError, match="--recalibrated needs the checkpoint"):
+        main([*command, "--checkpoint", str(tmp_path / "plain.ckpt")])
+
+
 def test_diagnose_gives_the_local_test_enough_null_classifiers_to_name_an_observation():
     from calib_lightning.diagnosis._run import local_num_null
 
