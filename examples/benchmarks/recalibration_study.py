@@ -34,9 +34,13 @@ and each method is fitted on its validation split only (100 pairs at 1,000 simul
   start's, stopped after ``FINE_TUNE_PATIENCE`` steps without a better one or at
   ``FINE_TUNE_STEPS``. ``steps`` in the cache: the step kept (0: the plain flow).
 
-Plain NPE is the same flow as ``regularizer_study.py``'s (same seed, same simulations,
-same initialization, deterministic training): its row is copied from that study's cache
-when it holds the run, else evaluated here.
+Plain NPE is trained as in ``regularizer_study.py`` (same seed, simulations,
+initialization and training): its row is copied from that study's cache when the cached
+run is the same flow (same number of epochs and best validation NLL), else evaluated
+here. Retraining did not always reproduce a cached flow (on 12 of the 15 (task, seed)
+pairs at 1,000 simulations it ended at another epoch or validation NLL), so every row
+keeps its flow's epochs and validation NLL, and rows of another flow are redone: all rows
+of a (task, budget, seed) come from one flow.
 
 Columns: the held-out expected-coverage error of the HPD regions (``cl.RankCalibration``,
 200 draws per pair; absolute and signed, negative = over-confident; the mean over seeds
@@ -172,6 +176,14 @@ def evaluate_regions(regions: dict[str, cl.ConformalRegion], task: object, seed:
             for name, region in regions.items()}  # fmt: skip
 
 
+def _same_flow(row: dict, stats: dict) -> bool:
+    """Whether a cached row was made with the flow of ``stats`` (same number of epochs and,
+    where the row kept it, the same best validation NLL)."""
+    if row.get("epochs") != stats["epochs"]:
+        return False
+    return "val_nll" not in row or abs(row["val_nll"] - stats["val_nll"]) < 1e-6
+
+
 def _row_of(picked: str) -> str:
     """The study's row of a method ``auto`` picked; ``auto`` fits its scales to HPD
     coverage, so a pick with scales has no row of its own (a key no run has: evaluated)."""
@@ -187,16 +199,24 @@ def run(tasks: list[str], budgets: list[int], seeds: list[int], methods: list[st
     for budget in budgets:
         for seed in seeds:
             for task_name in tasks:
-                todo = [
-                    m for m in methods if study.run_key(task_name, budget, seed, m) not in cache
-                ]
-                if not todo:
-                    continue
+                keys = {m: study.run_key(task_name, budget, seed, m) for m in METHODS}
+                flows = {cache[keys[m]]["epochs"] for m in methods if keys[m] in cache}
+                if cache.get(keys["npe"], {}).get("copied"):  # and the flow it was copied from
+                    flows.add(plain_cache[keys["npe"]]["epochs"])
+                if all(keys[m] in cache for m in methods) and len(flows) == 1:
+                    continue  # every row from one flow
                 task = study.TASKS[task_name]()
                 theta, x = task.sample(budget, torch.Generator().manual_seed(seed))
                 study._PLAIN.clear()
                 flow, stats = study.fit(theta, x, "npe", seed, task, max_epochs)
                 val = next(iter(study._PLAIN.values()))[2]
+                # rows of another training of this flow (a retraining of the same seed ended
+                # at another epoch once) are redone: every row of a seed is one flow's
+                todo = [m for m in methods if keys[m] not in cache or not _same_flow(
+                    plain_cache[keys[m]] if cache[keys[m]].get("copied") else cache[keys[m]],
+                    stats)]  # fmt: skip
+                print(f"{task_name} n={budget} seed={seed}: {stats['epochs']} epochs, "
+                      f"redo {todo}", flush=True)  # fmt: skip
                 done: dict[str, dict] = {}
                 regions: dict[str, tuple[cl.ConformalRegion, float]] = {}
                 for method in todo:
@@ -210,13 +230,13 @@ def run(tasks: list[str], budgets: list[int], seeds: list[int], methods: list[st
                         regions[method] = (posterior, seconds)
                         continue
                     row = {"fit_seconds": seconds, "epochs": stats["epochs"],
-                           "num_val": len(val)}  # fmt: skip
+                           "val_nll": stats["val_nll"], "num_val": len(val)}  # fmt: skip
                     if method == "kccsd fine-tune":
                         row["steps"] = kept
                     plain = plain_cache.get(study.run_key(task_name, budget, seed, "npe"))
                     if isinstance(posterior, cl.RecalibratedPosterior):
                         row["picked"] = posterior.method
-                    if method == "npe" and plain is not None:
+                    if method == "npe" and plain is not None and _same_flow(plain, stats):
                         row.update({k: plain[k] for k in EVALUATED}, copied="regularizer_study")
                     elif method == "auto" and _row_of(posterior.method) in done:
                         row.update({k: done[_row_of(posterior.method)][k] for k in EVALUATED})
@@ -226,6 +246,7 @@ def run(tasks: list[str], budgets: list[int], seeds: list[int], methods: list[st
                             key := study.run_key(task_name, budget, seed, _row_of(posterior.method))
                         )
                         in cache
+                        and _same_flow(cache[key], stats)
                     ):
                         row.update({k: cache[key][k] for k in EVALUATED})
                     else:
@@ -237,7 +258,7 @@ def run(tasks: list[str], budgets: list[int], seeds: list[int], methods: list[st
                     errors = evaluate_regions({m: r for m, (r, _) in regions.items()}, task, seed)
                     for method, (_, seconds) in regions.items():
                         row = dict(errors[method], fit_seconds=seconds, epochs=stats["epochs"],
-                                   num_val=len(val))  # fmt: skip
+                                   val_nll=stats["val_nll"], num_val=len(val))  # fmt: skip
                         _save(study.run_key(task_name, budget, seed, method), row)
                         _print(task_name, budget, seed, method, row)
 
