@@ -12,6 +12,7 @@ from torch.distributions import Independent, Normal
 
 import calib_lightning as cl
 from calib_lightning.functional import (
+    conformal_coverage_error,
     conformal_quantile,
     credibility,
     density_threshold,
@@ -249,6 +250,64 @@ def test_bad_input_raises_value_errors() -> None:
         local.fit(theta, x)  # 15 pairs for the tree
     with pytest.raises(ValueError, match="needs x"):
         cl.ConformalRegion(post, local=True, min_leaf_size=5).fit(theta, x).calibrated_level()
+
+
+@pytest.mark.parametrize("local", [False, True])
+def test_coverage_error_is_the_area_between_the_coverage_curve_and_the_diagonal(
+    local: bool,
+) -> None:
+    toy = GaussianToy(dim=2)
+    g = torch.Generator().manual_seed(15)
+    torch.manual_seed(15)
+    theta, x = toy.sample(120, g)
+    region = cl.ConformalRegion(
+        _heteroscedastic, local=local, num_posterior_samples=100, min_leaf_size=20
+    ).fit(theta, x)
+    theta_new, x_new = toy.sample(300, g)
+    cred = region.credibility(theta_new, x_new)
+    leaves = region._leaf_of(region._features(x_new)) if local else torch.zeros(300).long()
+    cells = region.leaves if local else torch.zeros(len(region.scores)).long()
+    grid = (torch.arange(4000, dtype=torch.float64) + 0.5) / 4000  # midpoint rule
+    curve = []
+    for level in grid.tolist():  # the region's level at t, "everything" past the last score
+        per_cell, _ = leaf_quantiles(region.scores, cells, int(cells.max()) + 1, level, fill=1.0)
+        curve.append((cred < per_cell[leaves]).double().mean())
+    area = float((torch.stack(curve) - grid).mean())
+    closed = region.coverage_error(theta_new, x_new, credibility=cred)
+    assert abs(float(closed) - area) < 1e-3  # steps of the curve: at most 1 / (2 * 4000) off
+    if local:
+        assert int(cells.max()) >= 1  # a real partition was tested
+
+
+@pytest.mark.parametrize("variance_scale", [0.5, 1.0])
+def test_coverage_error_of_calibrated_regions_is_near_zero_from_above(
+    variance_scale: float,
+) -> None:
+    """Over repetitions on fresh pairs, the calibrated regions' signed error lies within
+    [0, 1 / (2 (n + 1)) + 1 / (S + 1)] up to 3 standard errors, whether the posterior is
+    exact or over-confident; the over-confident posterior's own regions are far below."""
+    toy = GaussianToy(dim=2)
+    post = toy.posterior(variance_scale=variance_scale)
+    g = torch.Generator().manual_seed(16)
+    torch.manual_seed(16)
+    n, draws, errors, nominal = 40, 200, [], []
+    for rep in range(80):
+        theta, x = toy.sample(n, g)
+        region = cl.ConformalRegion(post, num_posterior_samples=draws, seed=rep).fit(theta, x)
+        theta_new, x_new = toy.sample(200, g)
+        cred = region.credibility(theta_new, x_new)
+        errors.append(region.coverage_error(theta_new, x_new, credibility=cred))
+        nominal.append(0.5 - cred.double().mean())  # the posterior's own HPD regions
+    errors_t = torch.stack(errors)
+    se = float(errors_t.std()) / math.sqrt(len(errors_t))
+    mean = float(errors_t.mean())
+    assert -3 * se <= mean <= 1 / (2 * (n + 1)) + 1 / (draws + 1) + 3 * se, (mean, se)
+    if variance_scale < 1:
+        assert float(torch.stack(nominal).mean()) < -0.1
+    with pytest.raises(ValueError, match="credibility"):
+        region.coverage_error(theta_new, x_new, credibility=cred[:5])
+    with pytest.raises(ValueError, match="together"):
+        conformal_coverage_error(region.scores, cred.double(), leaves=torch.zeros(n).long())
 
 
 @pytest.mark.parametrize("dim", [2, 3])

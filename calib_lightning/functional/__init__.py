@@ -17,6 +17,7 @@ from calib_lightning.functional.bootstrap import (
 )
 from calib_lightning.functional.combine import combine_p_values, holm_adjust, monte_carlo_p_value
 from calib_lightning.functional.conformal import (
+    conformal_coverage_error,
     conformal_quantile,
     credibility,
     density_threshold,
@@ -124,6 +125,7 @@ __all__ = [
     "calibrated_z_score_std",
     "combine_p_values",
     "compare_to_reference",
+    "conformal_coverage_error",
     "conformal_p_value",
     "conformal_quantile",
     "conformal_ranks",

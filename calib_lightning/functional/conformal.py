@@ -31,6 +31,11 @@ least :math:`1 - \alpha` too (and at most the upper bound plus :math:`P(r = \lce
 (S + 1) \rceil - 1)`, about :math:`1 / (S + 1)` unless the truth often lies beyond all
 the draws).
 
+**Coverage error.** Over all nominal levels at once, the signed area between the
+coverage curve of the calibrated regions on new pairs and the diagonal has a closed form
+(:func:`conformal_coverage_error`), the conformal counterpart of the rank-based
+``coverage_error`` of :mod:`calib_lightning.functional.sbc`.
+
 **Local.** With a partition of the ``x`` space built without the calibration pairs (a
 regression tree fitted on other pairs), :func:`leaf_quantiles` takes one conformal
 quantile per cell: the coverage bound then holds within every cell (with the cell's
@@ -55,6 +60,7 @@ from torch import Tensor
 from calib_lightning._checks import check_probability
 
 __all__ = [
+    "conformal_coverage_error",
     "conformal_quantile",
     "credibility",
     "density_threshold",
@@ -154,6 +160,67 @@ def leaf_quantiles(
     if scores.numel():
         out = torch.where(enough, ranked[index], out)
     return out, counts
+
+
+def conformal_coverage_error(
+    scores: Tensor,
+    credibility_new: Tensor,
+    leaves: Tensor | None = None,
+    leaves_new: Tensor | None = None,
+) -> Tensor:
+    r"""Signed area between the coverage curve of calibrated regions and the diagonal.
+
+    For new pairs with (non-randomized) credibilities :math:`c_i`, the calibrated region
+    at nominal level :math:`t` contains :math:`\theta^*_i` iff :math:`c_i < \hat a(t)`,
+    with :math:`\hat a(t)` the :math:`\lceil (n + 1) t \rceil`-th smallest held-out score
+    (of :math:`c_i`'s cell when local; everything when that rank exceeds :math:`n`). The
+    coverage curve :math:`C(t)` is the share of new pairs inside; integrating the step
+    function exactly,
+
+    .. math::
+        \int_0^1 \big(C(t) - t\big)\, dt
+        = \frac{1}{2} - \frac{1}{N} \sum_i \frac{\#\{j : s_j \le c_i\}}{n + 1},
+
+    with :math:`s_j` and :math:`n` the held-out scores of :math:`c_i`'s cell. Same
+    convention as the rank-based ``coverage_error`` (negative = over-confident); under the
+    guarantee it is :math:`\frac{1}{2(n + 1)}` in expectation for randomized
+    :math:`c_i` and up to about :math:`\frac{1}{S + 1}` more for the deterministic ones.
+
+    Arguments:
+        scores: held-out scores ``(n,)`` (the region's calibration scores).
+        credibility_new: credibilities of the new pairs ``(N,)``.
+        leaves: cell of each held-out score ``(n,)`` (local); ``None``: one cell.
+        leaves_new: cell of each new pair ``(N,)``, with ``leaves``.
+
+    Returns:
+        ``()`` float64, in :math:`[-\frac12, \frac12]`.
+
+    Example:
+        >>> scores = torch.tensor([0.1, 0.3, 0.5, 0.7, 0.9], dtype=torch.float64)
+        >>> conformal_coverage_error(scores, scores.clone())  # 1/2 - mean(1..5) / 6
+        tensor(0., dtype=torch.float64)
+    """
+    _check_scores(scores)
+    if scores.ndim != 1 or credibility_new.ndim != 1:
+        raise ValueError(
+            f"scores must have shape (n,) and credibility_new (N,), got "
+            f"{tuple(scores.shape)} and {tuple(credibility_new.shape)}"
+        )
+    if (leaves is None) != (leaves_new is None):
+        raise ValueError("leaves and leaves_new must be given together (local) or not at all")
+    if leaves is None or leaves_new is None:
+        leaves = torch.zeros(len(scores), dtype=torch.long, device=scores.device)
+        leaves_new = torch.zeros(len(credibility_new), dtype=torch.long, device=scores.device)
+    if leaves.shape != scores.shape or leaves_new.shape != credibility_new.shape:
+        raise ValueError(
+            f"leaves must have shape {tuple(scores.shape)} and leaves_new "
+            f"{tuple(credibility_new.shape)}, got {tuple(leaves.shape)} and "
+            f"{tuple(leaves_new.shape)}"
+        )
+    same_cell = leaves_new[:, None] == leaves[None, :]  # (N, n)
+    below = (same_cell & (scores[None, :] <= credibility_new[:, None])).sum(1)
+    rank = below.double() / (same_cell.sum(1).double() + 1)
+    return 0.5 - rank.mean()
 
 
 def credibility(

@@ -26,6 +26,7 @@ from calib_lightning import evaluation
 from calib_lightning._checks import check_choice, check_finite, check_pairs, check_positive
 from calib_lightning._checks import check_probability as _check_probability
 from calib_lightning.functional.conformal import (
+    conformal_coverage_error,
     conformal_quantile,
     credibility,
     density_threshold,
@@ -322,6 +323,39 @@ class ConformalRegion:
         theta, x = self._check(theta, x)
         target = self.calibrated_level(level, x if self.local else None)
         return self.credibility(theta, x) < target.to(theta.dtype)
+
+    def coverage_error(
+        self, theta: Tensor, x: Tensor, *, credibility: Tensor | None = None
+    ) -> Tensor:
+        r"""Signed coverage error of the calibrated regions on new pairs, over all levels.
+
+        The area between their coverage curve (share of ``theta`` inside the calibrated
+        region at each nominal level) and the diagonal
+        (:func:`~calib_lightning.functional.conformal_coverage_error`): comparable with the
+        ``coverage_error`` of :class:`~calib_lightning.RankCalibration`; negative =
+        over-confident. The guarantee keeps it at or above 0 up to sampling noise.
+
+        Arguments:
+            theta: new true parameters ``(N, D)``, never used to fit the region.
+            x: their observations ``(N, *X)``.
+            credibility: their credibilities from :meth:`credibility` (non-randomized,
+                ``(N,)``), to skip the draws (e.g. a local and a global region of the same
+                posterior and ``num_posterior_samples``).
+
+        Returns:
+            ``()`` float64.
+        """
+        scores = self._fitted()
+        if credibility is None:
+            credibility = self.credibility(theta, x)
+        elif credibility.shape != (len(x),):
+            raise ValueError(
+                f"credibility must have shape (N,) = ({len(x)},), got {tuple(credibility.shape)}"
+            )
+        if not self.local:
+            return conformal_coverage_error(scores, credibility.double().cpu())
+        leaves_new = self._leaf_of(self._features(x))
+        return conformal_coverage_error(scores, credibility.double().cpu(), self.leaves, leaves_new)
 
     def threshold(self, x: Tensor, level: float = 0.9, *, calibrated: bool = True) -> Tensor:
         r"""Log-density threshold of the region at each ``x``: the region is
