@@ -2,7 +2,9 @@
 
 :func:`run_distributed` forks ``world_size`` processes that join one gloo process
 group and run a function; it returns what each rank returned. Forking (rather than
-spawning) lets tests pass local closures.
+spawning) lets tests pass local closures; it is unsafe once CUDA is initialised in the
+process (a forked rank cannot use CUDA, nor autograd after CUDA work), so
+:func:`fork_is_safe` says whether it may run and :func:`run_distributed` refuses otherwise.
 """
 
 from __future__ import annotations
@@ -20,7 +22,13 @@ import torch.distributed as dist
 
 from calib_lightning._checks import check_positive
 
-__all__ = ["run_distributed"]
+__all__ = ["fork_is_safe", "run_distributed"]
+
+
+def fork_is_safe() -> bool:
+    """Whether this process may fork ranks: CUDA is not initialised in it (a test run on a
+    GPU machine after CUDA tests in the same worker cannot)."""
+    return not torch.cuda.is_initialized()
 
 
 def _worker(
@@ -67,10 +75,16 @@ def run_distributed(
         The return values, indexed by rank.
 
     Raises:
-        RuntimeError: with the rank's traceback if any rank failed or timed out.
+        RuntimeError: with the rank's traceback if any rank failed or timed out; before
+            forking, if CUDA is initialised in this process (:func:`fork_is_safe`).
     """
     check_positive("world_size", world_size, integer=True)
     check_positive("timeout", timeout)
+    if not fork_is_safe():
+        raise RuntimeError(
+            "run_distributed forks its ranks, and CUDA is initialised in this process: a "
+            "forked rank could not use CUDA or autograd; run it in a fresh process"
+        )
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:

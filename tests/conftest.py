@@ -3,7 +3,10 @@
 import os
 
 import matplotlib
+import pytest
 import torch
+
+from calib_lightning.testing import fork_is_safe
 
 matplotlib.use("Agg")
 
@@ -11,3 +14,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest -n K runs K workers: one thread each, so the workers do not oversubscribe
     # the cores (BLAS and eigendecompositions slow down badly when they do)
     torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _forks_need_a_process_without_cuda(request):
+    """Tests marked ``forks`` (DDP ranks by fork) skip in a worker where CUDA is already
+    initialised (on a GPU machine, after the CUDA tests): a forked rank cannot use it."""
+    if request.node.get_closest_marker("forks") is not None and not fork_is_safe():
+        pytest.skip("forks DDP ranks, and CUDA is initialised in this test worker")

@@ -494,6 +494,7 @@ class DrawCounter(KCCSDCallback):
         return super().figures(result)
 
 
+@pytest.mark.forks
 def test_ddp_two_processes_log_figures_once_and_match_one_process(tmp_path):
     # the exact posterior of the Gaussian toy: p-values away from their floor 1 / 101
     theta_cal, x_cal = GaussianToy(dim=2).sample(80, torch.Generator().manual_seed(1))

@@ -5,6 +5,7 @@
 its result equals one process fed all the batches.
 """
 
+import pytest
 import torch
 
 import calib_lightning as cl
@@ -19,6 +20,7 @@ def gen(seed):
     return torch.Generator().manual_seed(seed)
 
 
+@pytest.mark.forks
 def test_a_process_without_batches_neither_hangs_nor_changes_the_result():
     toy = GaussianToy(dim=2)
     theta, x = toy.sample(300, gen(0))
@@ -90,3 +92,15 @@ def _shifted(toy):
         )
 
     return posterior
+
+
+def test_run_distributed_refuses_to_fork_once_cuda_is_initialised(monkeypatch):
+    """On a GPU machine, a worker that ran CUDA tests cannot fork ranks: run_distributed
+    says so before forking (and the ``forks`` tests skip there, tests/conftest.py)."""
+    import calib_lightning.testing as testing
+
+    assert testing.fork_is_safe() == (not torch.cuda.is_initialized())
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert not testing.fork_is_safe()
+    with pytest.raises(RuntimeError, match="CUDA is initialised in this process"):
+        run_distributed(lambda rank, world_size: rank)

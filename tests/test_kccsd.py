@@ -269,6 +269,7 @@ def test_metric_result_does_not_depend_on_data_order():
     torch.testing.assert_close(a.compute().statistic, b.compute().statistic)
 
 
+@pytest.mark.forks
 def test_metric_two_process_ddp_equals_one_process():
     from calib_lightning.testing import run_distributed
 

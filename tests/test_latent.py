@@ -298,6 +298,7 @@ def test_many_small_updates_equal_one_big_update():
     assert big.histogram.numel() == 0
 
 
+@pytest.mark.forks
 def test_ddp_equals_one_process_also_with_a_rank_without_data():
     toy = GaussianToy(dim=2, dtype=F64)
     theta, x = toy.sample(400, gen(12))

@@ -300,6 +300,7 @@ def test_set_observations_reuses_the_null_classifiers(fit_log):
     torch.testing.assert_close(second.null_statistics, first.null_statistics[:, [1, 0]])
 
 
+@pytest.mark.forks
 def test_nf_metric_under_ddp_equals_one_process():
     theta, x, _, x_o = _data()
     single = cl.LC2STNF(observations=x_o, **FAST)
@@ -351,6 +352,7 @@ def test_permutation_metric_fits_null_and_check_together(fit_log):
     assert (results["shifted"].statistic > 5 * results["exact"].statistic).all()
 
 
+@pytest.mark.forks
 def test_permutation_metric_ranks_agree_under_ddp():
     theta, x, _, x_o = _data(n=200)
 

@@ -276,6 +276,7 @@ def test_many_small_updates_equal_one_big_update():
     assert big.histogram.numel() == 0
 
 
+@pytest.mark.forks
 def test_two_process_ddp_equals_one_process():
     toy = GaussianToy(dim=2)
     theta, x = toy.sample(400, torch.Generator().manual_seed(17))

@@ -302,6 +302,7 @@ def test_density_coverage_metric_streams_exactly():
         assert float(getattr(out, key)) == pytest.approx(float(expected[key]))
 
 
+@pytest.mark.forks
 def test_sample_metrics_under_ddp_equal_one_process():
     g = gen(15)
     real, fake = torch.randn(200, 2, generator=g), 1.3 * torch.randn(400, 2, generator=g)

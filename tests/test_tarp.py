@@ -260,6 +260,7 @@ def test_metric_streams_exactly_and_equals_the_functional_core():
     assert int(fitted.counts.sum()) == 0
 
 
+@pytest.mark.forks
 def test_metric_under_ddp_equals_one_process():
     toy = GaussianToy(dim=2)
     theta, x = toy.sample(600, gen(8))
