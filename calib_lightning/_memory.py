@@ -34,7 +34,7 @@ reference cycles keep, whenever the collector would have run: sizes depend only 
 operations run, not on their values or the collector's timing, so a seeded check gives
 the same chunks, hence the same numbers, every time. Bytes a check keeps until it ends
 (an output filled chunk by chunk, draws shared by later checks) come off the budget of
-its chunks (:func:`remaining_budget`). After a chunk of at least an
+its chunks (:meth:`ChunkSizer.keep`). After a chunk of at least an
 eighth of the budget and :data:`COLLECT_BYTES`, the garbage collector runs on the young
 generations: a zuko flow's distribution holds its intermediate tensors in reference
 cycles, which would otherwise outlive the chunk
@@ -67,7 +67,6 @@ __all__ = [
     "draw_blocks",
     "get_memory_budget",
     "measure_peak",
-    "remaining_budget",
     "set_memory_budget",
 ]
 
@@ -172,13 +171,6 @@ class TensorPeak(TorchFunctionMode):
         return out
 
 
-def remaining_budget(budget: int, held: int) -> int:
-    """The bytes a chunk may use when a check keeps ``held`` bytes until it ends (draws
-    kept for later, an output filled chunk by chunk): the rest of ``budget``, at least a
-    quarter of it."""
-    return max(budget // 4, budget - held, 2**20)
-
-
 def measure_peak(run: Callable[[], T], device: torch.device | None = None) -> tuple[T, int]:
     """``run()`` and the peak bytes it allocated above what was allocated before: on a
     CUDA ``device`` from the caching allocator's statistics, else by :class:`TensorPeak`.
@@ -227,6 +219,7 @@ class ChunkSizer:
     ) -> None:  # fmt: skip
         self.device, self.fixed_units, self.probe_units = device, fixed_units, probe_units
         self.budget = get_memory_budget() if budget is None else check_budget(budget)
+        self.kept = 0  # bytes the check keeps until it ends (keep)
         self.per_unit: float | None = None
         self.measured = 0
         self.chunks = 0
@@ -240,7 +233,14 @@ class ChunkSizer:
         if self.per_unit is None:
             self.last = limit <= self.probe_units  # what is left fits the probe: nothing to size
             return max(1, min(limit, self.probe_units))
-        return max(1, min(limit, int(self.budget // max(self.per_unit, 1.0))))
+        available = max(self.budget // 4, self.budget - self.kept, 2**20)
+        return max(1, min(limit, int(available // max(self.per_unit, 1.0))))
+
+    def keep(self, nbytes: int) -> None:
+        """Count ``nbytes`` the check keeps until it ends (an output filled chunk by chunk,
+        draws shared by later checks) against the budget: the later chunks get the rest,
+        at least a quarter of it."""
+        self.kept += nbytes
 
     def run(self, units: int, chunk: Callable[[], T]) -> T:
         """``chunk()`` (of ``units`` units), measured while the sizes are being learnt."""

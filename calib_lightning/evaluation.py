@@ -11,12 +11,11 @@ The rules, in one place:
   gradient (``torch.no_grad``). Scores switch gradients on locally (they are
   gradients); with ``create_graph=True`` they stay differentiable in the estimator's
   parameters, which the calibration losses need.
-* **Memory.** Large evaluations are chunked: base points ``chunk_size`` at a time
-  (:func:`base_scores`); draws (:func:`draws`, :func:`draw_chunks`) and latents
-  (:func:`latents`, one ODE solve per pair for sbi's vector-field estimators) in chunks
-  sized from the memory budget (:func:`calib_lightning.set_memory_budget`) by the
-  measured peak of the first chunks (:mod:`calib_lightning._memory`), unless an explicit
-  ``chunk_size`` / ``max_chunk_elements`` is given.
+* **Memory.** Scores, draws and latents (one ODE solve per pair for sbi's vector-field
+  estimators) come in chunks sized from the memory budget
+  (:func:`calib_lightning.set_memory_budget`) by the measured peak of the first chunks
+  (:mod:`calib_lightning._memory`), unless a ``chunk_size`` / ``max_chunk_elements`` is
+  given; what a caller keeps meanwhile counts against it.
 * **Sharing.** Handed a :class:`~calib_lightning._draw_cache.SharedDraws` (what the
   callbacks pass when several check in one epoch), :func:`draws` and :func:`draw_chunks`
   serve the draws it already holds at the same ``x`` (the first ``n``) and keep new ones.
@@ -46,7 +45,7 @@ from calib_lightning._checks import (
 from calib_lightning._draw_cache import SharedDraws
 from calib_lightning._event_size import check_event_size
 from calib_lightning._features import embed
-from calib_lightning._memory import LATENT_PROBE_UNITS, ChunkSizer, draw_blocks, remaining_budget
+from calib_lightning._memory import LATENT_PROBE_UNITS, ChunkSizer, draw_blocks
 from calib_lightning.posteriors import DistributionPosterior, Posterior, as_posterior, check_width
 from calib_lightning.posteriors.base import density_draws, supports, unsupported
 
@@ -92,9 +91,8 @@ def scores(
 
 def _by_pairs(run: Callable[[slice], Tensor], n: int, sizer: ChunkSizer) -> Tensor:
     """``run(rows)`` on blocks of ``n`` pairs sized by ``sizer``, concatenated."""
-    parts = []
-    for rows, _, _ in draw_blocks(n, 1, sizer):
-        parts.append(sizer.run(rows.stop - rows.start, lambda rows=rows: run(rows)))
+    parts = [sizer.run(rows.stop - rows.start, lambda rows=rows: run(rows))
+             for rows, _, _ in draw_blocks(n, 1, sizer)]  # fmt: skip
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -130,7 +128,7 @@ def base_scores(
                  for s in range(0, m, step)]  # fmt: skip
         out = torch.cat(parts, 0).transpose(0, 1)
     else:
-        sizer = ChunkSizer(x.device, fixed_units=chunk_size and chunk_size * max(n, 1))
+        sizer = ChunkSizer(x.device, fixed_units=None if chunk_size is None else chunk_size * n)
         out = base_points.new_empty(n, m, d)
         for rows, first, count in draw_blocks(n, m, sizer):
             z = base_points[first : first + count, None].expand(-1, rows.stop - rows.start, d)
@@ -222,11 +220,9 @@ def draws(
             checked_samples(held)
             return held
         post = post.posterior
-    s, whole = num_posterior_samples, not supports(post, "log_prob")
-    if chunk_size is not None:  # whole pairs, chunk_size at a time
-        sizer, whole = ChunkSizer(x.device, fixed_units=chunk_size * s), True
-    else:
-        sizer = ChunkSizer(x.device)
+    s = num_posterior_samples
+    whole = chunk_size is not None or not supports(post, "log_prob")  # whole pairs a call
+    sizer = ChunkSizer(x.device, fixed_units=None if chunk_size is None else chunk_size * s)
     samples: Tensor | None = None
     with torch.no_grad():
         for rows, done, take in draw_blocks(x.shape[0], s, sizer, whole_pairs=whole):
@@ -237,8 +233,7 @@ def draws(
                     samples = part  # one call: no copy
                     break
                 samples = part.new_empty(s, x.shape[0], *part.shape[2:])
-                # the output is kept while the rest is drawn: the chunks get what is left
-                sizer.budget = remaining_budget(sizer.budget, samples.numel() * part.element_size())
+                sizer.keep(samples.numel() * part.element_size())  # kept while the rest is drawn
             samples[done : done + take, rows] = part
     if samples is None:  # no observations
         with torch.no_grad():
@@ -276,6 +271,7 @@ def draw_chunks(
     *,
     max_chunk_elements: int | None = None,
     log_densities: bool | None = None,
+    kept_bytes: int = 0,
 ) -> Iterator[DrawChunk]:
     """Draw ``M`` samples per pair with their log-densities, in bounded chunks, no gradient.
 
@@ -298,6 +294,8 @@ def draw_chunks(
         log_densities: whether the chunks carry log-densities; ``None`` (default): when
             the posterior computes them cheaply
             (:func:`~calib_lightning.posteriors.density_draws`: not for an ODE's trace).
+        kept_bytes: what the caller keeps while the chunks come (e.g. one output the
+            chunks are copied into), counted against the budget.
 
     Raises:
         UnsupportedError: ``log_densities=True`` for a posterior without ``log_prob``.
@@ -315,24 +313,27 @@ def draw_chunks(
     if isinstance(post, SharedDraws):
         with torch.no_grad():
             served = post.serve_chunks(theta, x, num_posterior_samples, max_chunk_elements,
-                                       functools.partial(_draw_fresh, post.posterior))  # fmt: skip
+                                       functools.partial(_draw_fresh, post.posterior,
+                                                         kept_bytes=kept_bytes))  # fmt: skip
             if served is not None:
                 for chunk in served:
                     yield DrawChunk(*chunk)
                 return
         post = post.posterior
-    yield from _draw_fresh(post, theta, x, num_posterior_samples, max_chunk_elements, dense)
+    yield from _draw_fresh(post, theta, x, num_posterior_samples, max_chunk_elements, dense,
+                           kept_bytes)  # fmt: skip
 
 
 def _draw_fresh(
     post: Posterior, theta: Tensor, x: Tensor, num_posterior_samples: int,
-    max_chunk_elements: int | None, dense: bool | None = None,
+    max_chunk_elements: int | None, dense: bool | None = None, kept_bytes: int = 0,
 ) -> Iterator[DrawChunk]:
     """:func:`draw_chunks` without sharing (``dense``: with log-densities; ``None``: when
     cheap)."""
     (n, d), m = theta.shape, num_posterior_samples
     dense = density_draws(post) if dense is None else dense
     sizer = chunk_sizer(x, d, max_chunk_elements)
+    sizer.keep(kept_bytes)
     theta = theta.detach()
     log_prob_theta: Tensor | None = None
     with torch.no_grad():

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Diagnosis"]
 
+
 def _number(value: Any) -> float | None:
     if isinstance(value, Tensor) and value.numel() == 1:
         return float(value)

@@ -21,7 +21,6 @@ from torch import Tensor
 
 from calib_lightning._checks import check_pairs, check_positive, check_probability
 from calib_lightning._fit_check import check_fits
-from calib_lightning._memory import get_memory_budget, remaining_budget, set_memory_budget
 from calib_lightning._random import cuda_devices, seeded
 from calib_lightning.diagnosis._regions import summarize_region
 from calib_lightning.diagnosis._report import Diagnosis
@@ -64,15 +63,15 @@ def _shared_draws(
     dense = density_draws(posterior)
     log_prob = torch.empty(num_posterior_samples, theta.shape[0], **like)
     log_prob_theta = torch.empty(theta.shape[0], **like)
+    # the draws kept for every check count against the budget of the sampling chunks
     held = sum(t.numel() * t.element_size() for t in (samples, log_prob, log_prob_theta))
-    with set_memory_budget(remaining_budget(get_memory_budget(), held)):
-        for chunk in draw_chunks(posterior, theta, x, num_posterior_samples):
-            rows = slice(chunk.start, chunk.start + chunk.theta.shape[0])
-            draws = slice(chunk.first_draw, chunk.first_draw + chunk.samples.shape[0])
-            samples[draws, rows] = chunk.samples.to(samples)
-            if chunk.log_prob is not None and chunk.log_prob_theta is not None:
-                log_prob[draws, rows] = chunk.log_prob.to(log_prob)
-                log_prob_theta[rows] = chunk.log_prob_theta.to(log_prob_theta)
+    for chunk in draw_chunks(posterior, theta, x, num_posterior_samples, kept_bytes=held):
+        rows = slice(chunk.start, chunk.start + chunk.theta.shape[0])
+        draws = slice(chunk.first_draw, chunk.first_draw + chunk.samples.shape[0])
+        samples[draws, rows] = chunk.samples.to(samples)
+        if chunk.log_prob is not None and chunk.log_prob_theta is not None:
+            log_prob[draws, rows] = chunk.log_prob.to(log_prob)
+            log_prob_theta[rows] = chunk.log_prob_theta.to(log_prob_theta)
     return (samples, log_prob, log_prob_theta) if dense else (samples, None, None)
 
 
@@ -228,13 +227,13 @@ def diagnose(
             f"D = {theta.shape[1]} parameters, got {tuple(reference_samples.shape)} with "
             f"observations={None if observations is None else tuple(observations.shape)}"
         )
+    devices = cuda_devices(post, theta, x, observations)
     regions = None
     if region is not None:
-        with seeded(seed, _STREAMS["region"], devices=cuda_devices(post, theta, x, observations)):
+        with seeded(seed, _STREAMS["region"], devices=devices):
             regions = summarize_region(region, observations, reference_samples, theta.shape[1])
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
-    devices = cuda_devices(post, theta, x, observations)
 
     def timed(name: str, run: Any) -> None:
         start = time.perf_counter()

@@ -67,18 +67,23 @@ def latent_draws(
     num_posterior_samples: int = 100,
     proposal_scales: tuple[float, ...] = (0.5, 1.0, 2.0),
     seed: int = 0,
+    truth: tuple[Tensor, Tensor] | None = None,
 ) -> LatentDraws:
     r"""``num_posterior_samples`` draws per pair at each of the ``proposal_scales``
     (latent :math:`s_j u`, :math:`u \sim N(0, I)`, pushed through the flow), with their
     latents and log-densities; seeded by ``seed`` without touching the caller's random
-    state. Needs ``to_latent`` and ``from_latent``."""
+    state. Needs ``to_latent`` and ``from_latent``. ``truth``: the latents ``(n, D)``
+    and log-densities ``(n,)`` at the pairs when the caller has them (one ODE solve
+    each for sbi's vector-field estimators), else computed here."""
     post = as_posterior(posterior)
     n, dim = theta.shape
     proposals = torch.tensor(proposal_scales, dtype=torch.float64).log()
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # common random numbers: the same draws for every map
-        z_true = post.to_latent(theta, x).double()
-        base_true = post.log_prob(theta, x).double() + 0.5 * z_true.pow(2).sum(-1)
+        if truth is None:
+            truth = (post.to_latent(theta, x), post.log_prob(theta, x))
+        z_true = truth[0].double()
+        base_true = truth[1].double() + 0.5 * z_true.pow(2).sum(-1)
         latents, bases = [], []
         for log_s in proposals:
             u = torch.randn(num_posterior_samples, n, dim, dtype=theta.dtype, device=theta.device)

@@ -335,7 +335,8 @@ def recalibrate(
             return METHODS[method](post, theta_val, x_val, z, band=band,
                                    scale_target=scale_target, **options)  # fmt: skip
         log_prob = post.log_prob(theta_val, x_val)
-        draws = latent_draws(post, theta_val, x_val, AUTO_NUM_POSTERIOR_SAMPLES, seed=seed)
+        draws = latent_draws(post, theta_val, x_val, AUTO_NUM_POSTERIOR_SAMPLES, seed=seed,
+                             truth=(z, log_prob))  # fmt: skip
         chosen, scores = select_method(z, log_prob, draws, band=band, seed=seed,
                                        scale_target=scale_target)  # fmt: skip
         fixed = METHODS[chosen](post, theta_val, x_val, z, band=band, scale_target=scale_target,

@@ -138,6 +138,16 @@ def measure(name: str, posterior: Any, sbi_posterior: Any, dim: int, args: Any) 
     return row
 
 
+def record(rows: list, name: str, dim: int, seconds: dict[str, float],
+           write_table: Callable[[], None]) -> None:  # fmt: skip
+    """Print one estimator's seconds, keep its row and rewrite the table at once (a long
+    run keeps the rows it has)."""
+    print(f"  {name} D={dim}: " + ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()),
+          flush=True)  # fmt: skip
+    rows.append((name, dim, seconds))
+    write_table()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=200)

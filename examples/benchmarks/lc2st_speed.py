@@ -41,7 +41,7 @@ import torch
 import calib_lightning as cl
 from calib_lightning.tasks import GaussianToy
 from examples._smoke import add_smoke_argument, output_folder
-from examples.benchmarks.estimator_cost import estimators, sbi_lc2st
+from examples.benchmarks.estimator_cost import estimators, record, sbi_lc2st
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PARTS = ("latents", "null", "check", "LC2STNF", "later check", "sbi LC2ST")
@@ -104,10 +104,7 @@ def main() -> None:
                 sbi_lc2st(sbi_posterior, theta, x, args.draws)
                 times["sbi LC2ST"] = time.perf_counter() - start
                 best = {part: min(best[part], times[part]) for part in PARTS}
-            print(f"  {name} D={dim}: " + ", ".join(f"{k} {v:.2f} s" for k, v in best.items()),
-                  flush=True)  # fmt: skip
-            rows.append((name, dim, best))
-            write(results, rows, args)
+            record(rows, name, dim, best, lambda: write(results, rows, args))
     print("wrote", results)
 
 

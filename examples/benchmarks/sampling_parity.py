@@ -30,7 +30,7 @@ import torch
 import calib_lightning as cl
 from calib_lightning.tasks import GaussianToy
 from examples._smoke import add_smoke_argument, output_folder
-from examples.benchmarks.estimator_cost import estimators
+from examples.benchmarks.estimator_cost import estimators, record
 
 RESULTS = Path(__file__).resolve().parent / "results"
 warnings.filterwarnings("ignore")
@@ -78,10 +78,7 @@ def main() -> None:
                     start = time.perf_counter()
                     run()
                     best[check] = min(best[check], time.perf_counter() - start)
-            print(f"  {name} D={dim}: " + ", ".join(f"{k} {v:.2f} s" for k, v in best.items()),
-                  flush=True)  # fmt: skip
-            rows.append((name, dim, best))
-            write(results, rows, args)
+            record(rows, name, dim, best, lambda: write(results, rows, args))
     print("wrote", results)
 
 
