@@ -361,3 +361,19 @@ def test_diagnose_reports_the_calibrated_region_at_each_observation(tmp_path) ->
     with pytest.raises(ValueError, match=r"region must be a fitted cl\.ConformalRegion"):
         cl.diagnose(narrow, theta, x, observations=observations, checks=("ranks",),
                     region=narrow)
+
+
+def test_region_figure_names_its_axes_and_its_draws_in_the_legend() -> None:
+    from calib_lightning.plots import plot_conformal_region
+
+    toy = GaussianToy(dim=3)
+    theta, x = toy.sample(200, torch.Generator().manual_seed(13))
+    region = cl.ConformalRegion(toy.posterior(variance_scale=0.5), num_posterior_samples=300)
+    region.fit(theta, x)
+    fig = plot_conformal_region(region, x[:1], labels=["mass", "spin", "tilt"], parameters=(1, 2))
+    ax = fig.axes[0]
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("spin", "tilt")
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(text.endswith("draws inside") and text.startswith("nominal") for text in legend)
+    with pytest.raises(ValueError, match="labels must name the D = 3 parameters, got 2"):
+        plot_conformal_region(region, x[:1], labels=["mass", "spin"])

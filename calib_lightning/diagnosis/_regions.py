@@ -88,9 +88,11 @@ Above {REGION_LEVEL:g}: the posterior is over-confident there; below: under-conf
  f'at the observation ({REGION_LEVEL:g} is right).' if reference else ''}</p>
 {table(header, cells)}"""
 
-    def figures(self, parameters: Sequence[int] | None = None) -> dict[str, Figure]:
+    def figures(
+        self, parameters: Sequence[int] | None = None, labels: Sequence[str] | None = None
+    ) -> dict[str, Figure]:
         """``conformal_region_<o>``: both regions at each observation (the first two of
-        ``parameters`` when ``D > 2``); none when ``D = 1``."""
+        ``parameters`` when ``D > 2``, axes named by ``labels``); none when ``D = 1``."""
         from calib_lightning.plots.conformal import plot_conformal_region
 
         if self.dim < 2:
@@ -101,7 +103,7 @@ Above {REGION_LEVEL:g}: the posterior is over-confident there; below: under-conf
             reference = None if self.reference_samples is None else self.reference_samples[:, o]
             out[f"conformal_region_{o}"] = plot_conformal_region(
                 self.region, self.observations[o : o + 1], level=REGION_LEVEL,
-                reference=reference, parameters=chosen,
+                reference=reference, parameters=chosen, labels=labels,
             )  # fmt: skip
         return out
 

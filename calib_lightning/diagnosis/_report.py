@@ -178,7 +178,7 @@ class Diagnosis:
                 None if local is None else local.adjusted_p_value,
             )  # fmt: skip
             if self.regions is not None:
-                self._figures.update(self.regions.figures(self.parameters))
+                self._figures.update(self.regions.figures(self.parameters, self.labels))
         return self._figures
 
     # -- saving ----------------------------------------------------------------------

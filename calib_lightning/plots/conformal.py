@@ -10,6 +10,7 @@ coordinates, those inside the calibrated region and those inside the nominal one
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ def plot_conformal_region(
     grid_size: int = 200,
     bounds: tuple[tuple[float, float], tuple[float, float]] | None = None,
     num_shown: int = 500,
+    labels: Sequence[str] | None = None,
     figsize: tuple[float, float] = (4.2, 4.0),
 ) -> Figure:
     r"""The calibrated ``level`` region at ``x_o`` beside the nominal HPD region.
@@ -48,6 +50,7 @@ def plot_conformal_region(
         bounds: ``((low, high), (low, high))`` of the two axes (a zoom); ``None``: the
             draws' range.
         num_shown: posterior draws shown.
+        labels: names of all ``D`` parameters for the axes; ``None``: :math:`\theta_i`.
         figsize: figure size in inches.
 
     Returns:
@@ -64,6 +67,8 @@ def plot_conformal_region(
         raise ValueError(
             f"parameters must be two distinct coordinates below D = {d}, got {parameters}"
         )
+    if labels is not None and len(labels) != d:
+        raise ValueError(f"labels must name the D = {d} parameters, got {len(labels)} labels")
     fig = Figure(figsize=figsize, layout="constrained")
     ax = fig.add_subplot()
     shown = draws[:num_shown].double().cpu().numpy()
@@ -90,22 +95,26 @@ def plot_conformal_region(
     else:
         cred = region.credibility(draws[:num_shown, None], x_o)[:, 0].double().cpu().numpy()
         inside = cred < level_hat
-        ax.scatter(shown[~inside, i], shown[~inside, j], s=3, c="0.2", alpha=0.3)
-        ax.scatter(shown[inside, i], shown[inside, j], s=4, c=_CALIBRATED, alpha=0.6)
+        ax.scatter(shown[~inside, i], shown[~inside, j], s=3, c="0.2", alpha=0.3,
+                   label="draws outside")  # fmt: skip
+        ax.scatter(shown[inside, i], shown[inside, j], s=4, c=_CALIBRATED, alpha=0.6,
+                   label=f"calibrated ({level_hat:.3f} HPD): draws inside")  # fmt: skip
         nominal = cred < level
         ax.scatter(shown[nominal, i], shown[nominal, j], s=14, facecolors="none",
-                   edgecolors=_NOMINAL, linewidths=0.5, alpha=0.6)  # fmt: skip
+                   edgecolors=_NOMINAL, linewidths=0.5, alpha=0.6,
+                   label=f"nominal ({level:.2f} HPD): draws inside")  # fmt: skip
     if bounds is not None:
         ax.set_xlim(*bounds[0])
         ax.set_ylim(*bounds[1])
     if truth is not None:
         t = truth.reshape(-1).double().cpu().numpy()
         ax.scatter([t[i]], [t[j]], marker="*", s=120, c="k", zorder=5, label="truth")
-    ax.plot([], [], color=_CALIBRATED, label=f"calibrated ({level_hat:.3f} HPD)")
-    ax.plot([], [], color=_NOMINAL, ls="--", label=f"nominal ({level:.2f} HPD)")
+    if d == 2:  # the contours' legend entries
+        ax.plot([], [], color=_CALIBRATED, label=f"calibrated ({level_hat:.3f} HPD)")
+        ax.plot([], [], color=_NOMINAL, ls="--", label=f"nominal ({level:.2f} HPD)")
     ax.legend(loc="upper right", fontsize=7, framealpha=0.8)
-    ax.set_xlabel(f"$\\theta_{{{i + 1}}}$")
-    ax.set_ylabel(f"$\\theta_{{{j + 1}}}$")
+    ax.set_xlabel(f"$\\theta_{{{i + 1}}}$" if labels is None else labels[i])
+    ax.set_ylabel(f"$\\theta_{{{j + 1}}}$" if labels is None else labels[j])
     kind = "local" if region.local else "global"
     ax.set_title(f"{level:.0%} conformal region ({kind})", fontsize=9)
     return fig
