@@ -379,3 +379,20 @@ def test_region_figure_names_its_axes_and_its_draws_in_the_legend() -> None:
     assert any(text.endswith("draws inside") and text.startswith("nominal") for text in legend)
     with pytest.raises(ValueError, match="labels must name the D = 3 parameters, got 2"):
         plot_conformal_region(region, x[:1], labels=["mass", "spin"])
+
+
+def test_the_recalibration_studys_noise_floor_is_the_area_of_exact_scores() -> None:
+    """The study's floor (vectorized) is ``conformal_coverage_error`` of uniform scores,
+    and its size is the normal approximation ``sqrt((1/n + 1/N) / 12) * sqrt(2 / pi)``."""
+    from examples.benchmarks.recalibration_study import conformal_floor
+
+    n, num_test, repeats = 100, 1000, 4000
+    floor, chance = conformal_floor(n, num_test, seeds=5, repeats=repeats)
+    g = torch.Generator().manual_seed(0)  # the draws conformal_floor makes, one by one
+    cal = torch.rand(repeats, n, generator=g, dtype=torch.float64)
+    new = torch.rand(repeats, num_test, generator=g, dtype=torch.float64)
+    looped = [abs(float(conformal_coverage_error(cal[i], new[i]))) for i in range(repeats)]
+    assert floor == pytest.approx(sum(looped) / repeats, rel=1e-9)
+    normal = math.sqrt((1 / n + 1 / num_test) / 12 * 2 / math.pi)
+    assert floor == pytest.approx(normal, rel=0.05)
+    assert 0.1 < chance < 0.6  # the mean of 5 such errors at or below 0.02
