@@ -78,6 +78,60 @@ def x():
     return torch.randn(7, X, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
 
 
+def _standardized(dist):
+    """``dist`` behind an affine map, as a standardizing flow composes it (nested)."""
+    from torch.distributions import AffineTransform
+    from zuko.distributions import NormalizingFlow
+    from zuko.transforms import ComposedTransform
+
+    scale = AffineTransform(torch.tensor([0.5, -1.0]), torch.tensor([2.0, 3.0]))
+    return NormalizingFlow(ComposedTransform(scale, dist.transform), dist.base)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [lambda: zuko.flows.NSF(2, 3)(torch.randn(7, 3)),
+     lambda: zuko.flows.MAF(6, 3, passes=2)(torch.randn(7, 3)),
+     lambda: zuko.flows.NAF(2, 3, transforms=1)(torch.randn(7, 3)),
+     lambda: zuko.flows.NSF(10, 3)(torch.randn(7, 3)),
+     lambda: zuko.flows.NSF(3)(),
+     lambda: _standardized(zuko.flows.NSF(2, 3)(torch.randn(7, 3)))],
+    ids=["nsf-2", "maf-coupling-6", "naf-2", "nsf-10", "nsf-unconditional", "standardized"],
+)
+def test_autoregressive_flows_draw_with_one_pass_fewer_and_the_same_numbers(build):
+    """The adapter's sample_and_log_prob skips zuko's extra network pass per autoregressive
+    transform: the same draws and the same log-densities, to the bit."""
+    from calib_lightning.posteriors.distributions import (
+        _autoregressive_flow,
+        _flow_sample_and_log_prob,
+    )
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        dist = build()
+        assert _autoregressive_flow(dist)
+        torch.manual_seed(1)
+        theta, log_prob = dist.rsample_and_log_prob((11,))
+        torch.manual_seed(1)
+        fast_theta, fast_log_prob = _flow_sample_and_log_prob(dist, 11)
+        again = dist.log_prob(fast_theta)
+    assert torch.equal(theta, fast_theta)
+    assert torch.equal(log_prob, fast_log_prob)
+    assert fast_log_prob.shape == theta.shape[:-1]
+    torch.testing.assert_close(fast_log_prob, again, atol=1e-4, rtol=1e-5)
+
+
+def test_the_adapter_draws_and_densities_of_a_zuko_flow_agree_with_its_log_prob():
+    torch.manual_seed(0)
+    flow = zuko.flows.NSF(2, 3)
+    x = torch.randn(5, 3)
+    theta, log_prob = cl.as_posterior(flow).sample_and_log_prob(x, 9)
+    assert theta.shape == (9, 5, 2)
+    assert log_prob.shape == (9, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(log_prob, flow(x).log_prob(theta), atol=1e-4, rtol=1e-5)
+
+
 def test_as_posterior_dispatch():
     assert isinstance(cl.as_posterior(zuko_flow()), DistributionPosterior)
     assert isinstance(cl.as_posterior(nflows_flow()), NflowsPosterior)

@@ -91,7 +91,9 @@ class DistributionPosterior(Posterior):
             dist = self.distribution(x)
             with self._errors(None, x):
                 joint = getattr(dist, "rsample_and_log_prob", None)
-                if joint is not None:
+                if _autoregressive_flow(dist):
+                    theta, log_prob = _flow_sample_and_log_prob(dist, num_posterior_samples)
+                elif joint is not None:
                     theta, log_prob = joint((num_posterior_samples,))
                 else:
                     theta = dist.sample((num_posterior_samples,))
@@ -120,6 +122,66 @@ class DistributionPosterior(Posterior):
     def log_prob_and_latent(self, theta: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
         both = self._evaluate(theta, x, _log_prob_and_latent)
         return both[..., 0], both[..., 1:]
+
+
+def _autoregressive_flow(dist: Distribution) -> bool:
+    """A zuko ``NormalizingFlow`` with an autoregressive transform (MAF, NSF, NAF, ...),
+    nested compositions (a standardizing affine map in front) included."""
+    try:
+        from zuko.distributions import NormalizingFlow
+        from zuko.transforms import AutoregressiveTransform, ComposedTransform
+    except ImportError:  # pragma: no cover - zuko is a dependency
+        return False
+
+    def has(transform: object) -> bool:
+        if isinstance(transform, ComposedTransform):
+            return any(has(part) for part in transform.transforms)
+        return type(transform) is AutoregressiveTransform
+
+    return type(dist) is NormalizingFlow and has(dist.transform)
+
+
+def _flow_sample_and_log_prob(dist: Distribution, num: int) -> tuple[Tensor, Tensor]:
+    r"""zuko's ``rsample_and_log_prob`` with one network pass fewer per autoregressive
+    transform: the same draws and log-densities.
+
+    Inverting an autoregressive transform takes ``passes`` passes, each building the
+    element-wise transform ``f = meta(x)`` from the current ``x``; zuko then builds
+    ``meta(x)`` once more for the Jacobian. The last pass's ``f`` is that transform
+    already: it was built from an ``x`` whose every coordinate that a parameter depends on
+    (those of earlier passes) is final, and the masked network ignores the others. So
+    its ``log_abs_det_jacobian`` is the transform's, and the extra pass (a third of the
+    work at ``D = 2``, where sampling takes two) is skipped.
+    """
+    from torch.distributions.utils import _sum_rightmost
+
+    base = dist.base
+    z = (base.rsample if base.has_rsample else base.sample)((num,))
+    theta, ladj = _inverse_and_ladj(dist.transform, z)
+    return theta, base.log_prob(z) - _sum_rightmost(ladj, dist.reinterpreted)
+
+
+def _inverse_and_ladj(transform: object, y: Tensor) -> tuple[Tensor, Tensor]:
+    """``transform.inv.call_and_ladj(y)`` as zuko computes it (a composition's event
+    dimensions summed the same way), autoregressive parts without their extra pass."""
+    from torch.distributions.utils import _sum_rightmost
+    from zuko.transforms import AutoregressiveTransform, ComposedTransform
+
+    if isinstance(transform, ComposedTransform):
+        acc, event_dim = 0, transform.codomain_dim
+        for part in reversed(transform.transforms):
+            inverse = part.inv
+            y, ladj = _inverse_and_ladj(part, y)
+            acc = acc + _sum_rightmost(ladj, event_dim - inverse.domain.event_dim)
+            event_dim += inverse.codomain.event_dim - inverse.domain.event_dim
+        return y, acc
+    if type(transform) is AutoregressiveTransform:
+        x = torch.zeros_like(y)
+        for _ in range(transform.passes):
+            step = transform.meta(x)
+            x = step.inv(y)
+        return x, -step.log_abs_det_jacobian(x, y)
+    return transform.inv.call_and_ladj(y)
 
 
 def _ode_costs(module: object) -> frozenset[str]:
