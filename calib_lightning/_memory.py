@@ -8,7 +8,9 @@ measures what the first chunks actually allocate at their peak and sizes the nex
 so that one chunk's peak stays near the budget.
 
 **Measuring.** On CUDA, ``torch.cuda.max_memory_allocated`` above the memory allocated
-before the chunk. On the CPU, :class:`TensorPeak`: a ``TorchFunctionMode`` that adds up
+before the chunk, read again when the next chunk is sized, so that it includes what the
+caller allocated while working on the chunk (ranking draws, scoring them). On the CPU,
+:class:`TensorPeak`: a ``TorchFunctionMode`` that adds up
 the bytes of the tensor storages every torch function returns and drops them when they
 are freed, so its peak is the most tensor memory alive at once between the calls of the
 chunk (a ``TorchDispatchMode`` would see inside composite operations too, but its first
@@ -224,12 +226,28 @@ class ChunkSizer:
         self.measured = 0
         self.chunks = 0
         self.last = False  # the next chunk, sized before any was measured, is the last
+        # CUDA: (bytes allocated before, units) of a measured chunk whose peak is read
+        # again at the next size(), to include what its consumer allocated meanwhile
+        self._open: tuple[int, int] | None = None
+
+    def _settle(self) -> None:
+        """Close an open CUDA measurement: the allocator's peak since the chunk began
+        covers the chunk and the work its caller did on it (ranking the draws, scoring
+        them) until asking for the next chunk, which the chunk's own peak misses."""
+        if self._open is None:
+            return
+        before, units = self._open
+        self._open = None
+        torch.cuda.synchronize(self.device)
+        peak = max(0, torch.cuda.max_memory_allocated(self.device) - before)
+        self.per_unit = max(self.per_unit or 0.0, peak / max(units, 1))
 
     def size(self, limit: int) -> int:
         """Units for the next chunk, at most ``limit``: the probe first, then what the
         budget affords at the measured bytes per unit (at least 1)."""
         if self.fixed_units is not None:
             return max(1, min(limit, self.fixed_units))
+        self._settle()
         if self.per_unit is None:
             self.last = limit <= self.probe_units  # what is left fits the probe: nothing to size
             return max(1, min(limit, self.probe_units))
@@ -251,10 +269,13 @@ class ChunkSizer:
             out = chunk()  # (a last chunk within the probe's size is not measured: on the
             # CPU the tracker's Python time per torch call doubles an ODE solve's)
         else:
+            self._settle()
+            before = torch.cuda.memory_allocated(self.device) if cuda else 0
             out, peak = measure_peak(chunk, self.device)
             per_unit = peak / max(units, 1) * (1.0 if cuda else PROBE_MARGIN)
             self.per_unit = per_unit if self.per_unit is None else max(self.per_unit, per_unit)
             self.measured += 1
+            self._open = (before, units) if cuda else None
         if self.per_unit is not None and self.per_unit * units >= max(
             self.budget / 8, COLLECT_BYTES
         ):

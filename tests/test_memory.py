@@ -67,6 +67,61 @@ def test_draw_blocks_cover_every_draw_of_every_pair_once():
         assert bool((seen == 1).all())
 
 
+class FakeAllocator:
+    """``torch.cuda``'s allocator statistics for a device that is not there: the test
+    allocates and frees bytes by hand."""
+
+    def __init__(self, monkeypatch):
+        self.now = self.peak = 0
+        for name, fn in [("synchronize", lambda device=None: None),
+                         ("memory_allocated", lambda device=None: self.now),
+                         ("max_memory_allocated", lambda device=None: self.peak),
+                         ("reset_peak_memory_stats", self.reset)]:  # fmt: skip
+            monkeypatch.setattr(torch.cuda, name, fn)
+
+    def reset(self, device=None):
+        self.peak = self.now
+
+    def allocate(self, nbytes):
+        self.now += nbytes
+        self.peak = max(self.peak, self.now)
+
+    def free(self, nbytes):
+        self.now -= nbytes
+
+
+def test_on_cuda_a_chunk_is_sized_by_its_peak_with_the_work_done_on_it(monkeypatch):
+    """Sampling peaks at 2 MiB per unit, then the caller scores the chunk with 1 MiB per
+    unit more on top of the 1 MiB per unit of draws it keeps: 2 MiB per unit in all, which
+    the next chunk's size must reflect (it read 1 MiB before: the draws only)."""
+    cuda = FakeAllocator(monkeypatch)
+    sizer = ChunkSizer(torch.device("cuda"), budget=64 * MiB, probe_units=4)
+    sizes = []
+
+    def chunk(units):
+        cuda.allocate(2 * units * MiB)  # the sampler's intermediates
+        cuda.free(units * MiB)  # ... freed, the draws returned
+        return units
+
+    for _ in range(4):
+        units = sizer.size(1000)
+        sizes.append(units)
+        sizer.run(units, lambda u=units: chunk(u))
+        cuda.allocate(units * MiB)  # the caller's work on the draws
+        cuda.free(2 * units * MiB)  # ... and the draws, freed
+    assert sizes[0] == 4
+    assert sizes[1] == 32  # the probe's own peak said 2 MiB per unit
+    assert sizes[2] == 32  # the probe with its caller's work also peaks at 2 MiB per unit
+    assert sizer.per_unit == 2 * MiB
+    cuda.allocate(0)
+    heavy = ChunkSizer(torch.device("cuda"), budget=64 * MiB, probe_units=4)
+    units = heavy.size(1000)
+    heavy.run(units, lambda: chunk(units))
+    cuda.allocate(3 * units * MiB)  # heavier work on the draws: 4 MiB per unit at its peak
+    cuda.free(4 * units * MiB)
+    assert heavy.size(1000) == 16  # 64 MiB / 4 MiB: the chunk's own peak would give 32
+
+
 class Recording(Posterior):
     """A posterior that records the peak tensor memory and the size of each sampling call."""
 
