@@ -219,7 +219,8 @@ class ConformalRegion:
             x: their observations ``(n, *X)``.
             scores: the same pairs' scores from a global region of the same posterior
                 (its :attr:`scores`, ``(n,)``), to skip the draws (e.g. a local region
-                beside a global one).
+                beside a global one); ``embedding="posterior"`` then draws its features
+                anew, apart from the scores' draws (unlike new pairs: a Monte Carlo gap).
         """
         theta, x = check_pairs(theta, x, min_rows=2)
         check_finite("theta", theta)

@@ -3,9 +3,10 @@
 For Two Moons and SLCP: simulate ``--budget`` pairs from sbibm's prior and simulator,
 train a zuko NSF (the package's recipe, ``examples/_npe.py``: standardized NSF, Adam 1e-3,
 batch 128, early stopping on 10 % of the training pairs) on ``1 - --calib`` of them, and
-fit ``cl.ConformalRegion`` (global and local) on the other ``--calib`` share, the held-out
-pairs. This is CP4SBI's amortized set-up (``Results/compare_all_methods.py``: 10,000
-simulations, 20 % calibration, NPE; their ``min_samples_leaf`` is 300 on all 2,000 pairs,
+fit ``cl.ConformalRegion`` (global; local on ``x``; local on the posterior summary,
+``embedding="posterior"``) on the other ``--calib`` share, the held-out pairs. This is
+CP4SBI's amortized set-up (``Results/compare_all_methods.py``: 10,000 simulations, 20 %
+calibration, NPE; their ``min_samples_leaf`` is 300 on all 2,000 pairs,
 ours 100 on the 1,000 pairs that fit the tree).
 
 At each of sbibm's 10 observations the coverage of a 90 % region is the share of the
@@ -27,7 +28,8 @@ Run (sbibm lives in its own venv; calib_lightning from the checkout)::
     PYTHONPATH=. /work/venv-bench/bin/python examples/benchmarks/conformal_sbibm.py --smoke
 
 Writes examples/benchmarks/results/conformal_sbibm.md and conformal_sbibm_runs.json
-(rewritten after every run; ``--resume`` skips runs already in the json), and
+(rewritten after every run; ``--resume`` skips runs already in the json; ``--cache DIR``
+keeps the trained flows, which ``conformal_sbibm_variants.py`` shares), and
 conformal_sbibm.png (and _zoom.png, around the true parameter): the local region of the
 first Two Moons run at observation 1 (``--figure-only`` redoes that run for the figures).
 """
@@ -248,10 +250,11 @@ def table(runs: list[dict], args: argparse.Namespace, folder: Path) -> str:
         "observations (1,000 reference samples each, `Results/save_posterior_data.py`), ours "
         "sbibm's 10 observations (SLCP: sbibm's 10 in both, they keep the first 1,000 "
         "reference samples); their best column is the best of six methods per task, picked "
-        "after the fact, ours are the two forms at their defaults. The issue-25 file comes "
-        "from `Experiments/vagner/compare_all_methods.py`, which trains sequential SNPE-C "
-        "(10 rounds) per observation. Both conformal forms use one budget: the held-out "
-        "20 % is never seen by the flow (early stopping uses 10 % of the training 80 %).",
+        "after the fact, ours are three forms fixed in advance (see Variants tried). The "
+        "issue-25 file comes from `Experiments/vagner/compare_all_methods.py`, which trains "
+        "sequential SNPE-C (10 rounds) per observation. All conformal forms use one budget: "
+        "the held-out 20 % is never seen by the flow (early stopping uses 10 % of the "
+        "training 80 %).",
     ]
     lines += ["", "## Per run", "",
               "| task | seed | epochs | val NLL | train s | fit s (global; local; posterior) | "

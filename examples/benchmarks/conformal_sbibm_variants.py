@@ -27,6 +27,7 @@ Run (sbibm venv)::
 
     PYTHONPATH=. /work/venv-bench/bin/python examples/benchmarks/conformal_sbibm_variants.py \\
         --cache /tmp/aloc/cache
+    PYTHONPATH=. /work/venv-bench/bin/python examples/benchmarks/conformal_sbibm_variants.py --smoke
 
 Writes examples/benchmarks/results/conformal_sbibm_variants.json, which
 ``conformal_sbibm.py`` shows as its "Variants tried" table.
