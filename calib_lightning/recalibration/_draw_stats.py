@@ -1,15 +1,15 @@
 r"""What :class:`~calib_lightning.recalibration.ConformalRegion` computes from a
 posterior's draws at each observation: the statistics its credibility score compares
 (:func:`score_statistics`, checked by :func:`check_log_prob`) and a summary of the
-posterior, the features of its tree with ``embedding="posterior"`` (:func:`posterior_summary`).
+posterior, its tree's features with ``embedding="posterior"`` (:func:`posterior_summary`).
 
-Summary: per observation :math:`x`, from ``S`` draws :math:`\theta_s \sim q(\cdot \mid x)`: the mean
-and the standard deviation of each coordinate, and (when the draws come with
-log-densities) their mean log-density :math:`\frac1S \sum_s \log q(\theta_s \mid x)`,
-minus a Monte Carlo estimate of :math:`q`'s entropy. They say where :math:`q` sits and how
-wide it is, in ``2 D (+ 1)`` numbers whatever the size of ``x``. Sums are accumulated in
-float64, so draws that come in chunks (several per observation) give the same features as
-one block.
+The summary, per observation :math:`x`, from ``S`` draws
+:math:`\theta_s \sim q(\cdot \mid x)`: the mean and the standard deviation of each
+coordinate and (when the draws come with log-densities) their mean log-density
+:math:`\frac1S \sum_s \log q(\theta_s \mid x)`, minus a Monte Carlo estimate of
+:math:`q`'s entropy. They say where :math:`q` sits and how wide it is, in ``2 D (+ 1)``
+numbers whatever the size of ``x``. Sums are accumulated in float64, so draws that come
+in chunks (several per observation) give the same features as one block.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ credibility score, :mod:`calib_lightning.functional.conformal`). The posterior i
 not changed: the region at :math:`x` is the posterior's own HPD region, taken at the
 calibrated credibility :math:`\hat a(1 - \alpha)` instead of the nominal
 :math:`1 - \alpha`, one level for all ``x`` (global, CDF-split) or one per cell of a
-regression tree over ``x`` (local, LOCART on the CDF-split score).
+regression tree over ``x`` or over a summary of the posterior at ``x`` (local, LOCART on
+the CDF-split score).
 
 It needs draws and log-densities, so it works with every estimator
 :func:`calib_lightning.as_posterior` accepts; a samples-only posterior gets the
