@@ -207,6 +207,18 @@ def test_samples_only_posterior_uses_the_distance_score_with_the_guarantee() -> 
     assert float(nominal.mean()) < 0.75
 
 
+def test_a_distance_score_is_fitted_with_the_statistic_it_is_used_with() -> None:
+    toy = GaussianToy(dim=2)  # log_prob available, distance score asked for
+    theta, x = toy.sample(50, torch.Generator().manual_seed(19))
+    region = cl.ConformalRegion(toy.posterior(variance_scale=0.5), score="distance",
+                                num_posterior_samples=64)  # fmt: skip
+    torch.manual_seed(3)
+    region.fit(theta, x)
+    torch.manual_seed(3)  # the same draws
+    ranks = region.credibility(theta, x).double() * 65
+    assert torch.equal(torch.floor(region.scores * 65), torch.round(ranks))
+
+
 def test_contains_agrees_with_the_log_density_threshold() -> None:
     toy = GaussianToy(dim=2)
     theta, x = toy.sample(300, torch.Generator().manual_seed(7))
