@@ -147,6 +147,51 @@ def test_local_region_adapts_where_the_global_one_cannot() -> None:
     assert max(errors[True]) < 0.06  # the tree splits at x_1 = 0 (leaves of ~100 pairs)
 
 
+def test_posterior_summary_features_keep_the_guarantee() -> None:
+    toy = GaussianToy(dim=2)
+    calibrated, _nominal, bound = _coverage_over_repetitions(
+        _heteroscedastic, toy.sample, local=True, reps=60, n=300, draws=100, seed=16,
+        min_leaf_size=30, embedding="posterior",
+    )  # fmt: skip
+    _check_guarantee(calibrated, bound)
+
+
+def test_posterior_summary_features_find_where_the_posterior_is_too_narrow() -> None:
+    toy = GaussianToy(dim=2)
+    g = torch.Generator().manual_seed(17)
+    theta, x = toy.sample(2000, g)
+    theta_new, x_new = toy.sample(4000, g)
+    over = x_new[:, 0] > 0
+    region = cl.ConformalRegion(_heteroscedastic, local=True, num_posterior_samples=300,
+                                embedding="posterior").fit(theta, x)  # fmt: skip
+    inside = region.contains(theta_new, x_new, LEVEL).double()
+    assert max(abs(float(inside[rows].mean()) - LEVEL) for rows in (over, ~over)) < 0.06
+
+
+def test_posterior_summary_features_are_seeded_and_shared_with_the_score() -> None:
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(200, torch.Generator().manual_seed(18))
+    region = cl.ConformalRegion(toy.posterior(variance_scale=0.5), local=True, min_leaf_size=20,
+                                num_posterior_samples=100, embedding="posterior", seed=4)
+    region.fit(theta, x)
+    features = region._features(x[:7])
+    assert features.shape == (7, 5)  # means, standard deviations, mean log-density
+    torch.manual_seed(0)
+    again = region._features(x[:7])
+    assert (features == again).all()  # the global generator does not matter
+    assert torch.equal(region.calibrated_level(LEVEL, x[:7]), region.calibrated_level(LEVEL, x[:7]))
+    inside = region.contains(theta[:7], x[:7], LEVEL)
+    separate = region.credibility(theta[:7], x[:7]) < region.calibrated_level(LEVEL, x[:7])
+    assert torch.equal(inside, separate)  # one set of seeded draws at the same x
+    draws = region._draws(x[:7])
+    expected = torch.cat([draws.mean(0), draws.std(0, unbiased=False)], 1).double()
+    assert torch.allclose(torch.as_tensor(features[:, :4]), expected, atol=1e-5)
+    samples_only = cl.SamplePosterior(lambda x, s: torch.randn(s, *x.shape), num_dims=2)
+    distance = cl.ConformalRegion(samples_only, local=True, min_leaf_size=20,
+                                  num_posterior_samples=50, embedding="posterior").fit(theta, x)
+    assert distance._features(x[:3]).shape == (3, 4)  # no log-density without log_prob
+
+
 def test_samples_only_posterior_uses_the_distance_score_with_the_guarantee() -> None:
     toy = GaussianToy(dim=2)
 
@@ -160,6 +205,18 @@ def test_samples_only_posterior_uses_the_distance_score_with_the_guarantee() -> 
     )
     _check_guarantee(calibrated, bound)
     assert float(nominal.mean()) < 0.75
+
+
+def test_a_distance_score_is_fitted_with_the_statistic_it_is_used_with() -> None:
+    toy = GaussianToy(dim=2)  # log_prob available, distance score asked for
+    theta, x = toy.sample(50, torch.Generator().manual_seed(19))
+    region = cl.ConformalRegion(toy.posterior(variance_scale=0.5), score="distance",
+                                num_posterior_samples=64)  # fmt: skip
+    torch.manual_seed(3)
+    region.fit(theta, x)
+    torch.manual_seed(3)  # the same draws
+    ranks = region.credibility(theta, x).double() * 65
+    assert torch.equal(torch.floor(region.scores * 65), torch.round(ranks))
 
 
 def test_contains_agrees_with_the_log_density_threshold() -> None:
@@ -238,6 +295,8 @@ def test_bad_input_raises_value_errors() -> None:
         region.fit(theta, x).calibrated_level(1.5)
     with pytest.raises(ValueError, match="score"):
         cl.ConformalRegion(post, score="energy")
+    with pytest.raises(ValueError, match="embedding"):
+        cl.ConformalRegion(post, local=True, embedding="posteriors")
     box = torch.distributions.Independent(torch.distributions.Uniform(-torch.ones(2), 1.0), 1)
     outside = cl.ConformalRegion(lambda x: box.expand((x.shape[0],)), num_posterior_samples=50)
     outside.fit(theta.clamp(-0.99, 0.99), x)  # a point outside the support: never inside

@@ -6,7 +6,8 @@ credibility score, :mod:`calib_lightning.functional.conformal`). The posterior i
 not changed: the region at :math:`x` is the posterior's own HPD region, taken at the
 calibrated credibility :math:`\hat a(1 - \alpha)` instead of the nominal
 :math:`1 - \alpha`, one level for all ``x`` (global, CDF-split) or one per cell of a
-regression tree over ``x`` (local, LOCART on the CDF-split score).
+regression tree over ``x`` or over a summary of the posterior at ``x`` (local, LOCART on
+the CDF-split score).
 
 It needs draws and log-densities, so it works with every estimator
 :func:`calib_lightning.as_posterior` accepts; a samples-only posterior gets the
@@ -36,6 +37,12 @@ from calib_lightning.functional.conformal import (
 from calib_lightning.functional.distance_rank import distance_log_prob
 from calib_lightning.posteriors import as_posterior
 from calib_lightning.posteriors.base import supports
+from calib_lightning.recalibration._draw_stats import (
+    SummaryAccumulator,
+    check_log_prob,
+    posterior_summary,
+    score_statistics,
+)
 
 __all__ = ["ConformalRegion"]
 
@@ -85,8 +92,13 @@ class ConformalRegion:
             every region (more draws: a sharper region, the same guarantee).
         min_leaf_size: the tree's minimum number of pairs per leaf (local only).
         tree_fraction: share of the held-out pairs that fits the tree (local only).
-        embedding: features of ``x`` for the tree (a callable ``x -> (N, F)``); ``None``:
-            ``x`` flattened.
+        embedding: the tree's features of ``x`` (local only): a callable ``x -> (N, F)``;
+            ``None``: ``x`` flattened; ``"posterior"``: a summary of ``q(. | x)`` from its
+            ``S`` draws, each coordinate's mean and standard deviation and (density
+            score) the draws' mean log-density: where ``q`` is narrow or wide, i.e. where
+            its over- or under-confidence may change, which a noisy or large ``x`` shows
+            poorly. :meth:`fit` reuses its scoring draws; at new ``x`` the draws are
+            seeded by ``seed`` and shared with the score (as in :meth:`fit`).
         seed: seeds the tie-breaking noise, the split and the tree.
 
     Example:
@@ -130,7 +142,12 @@ class ConformalRegion:
                 "not provide; use score='distance' (or 'auto')"
             )
         self.score = ("density" if dense else "distance") if score == "auto" else score
+        if not (embedding is None or embedding == "posterior" or callable(embedding)):
+            raise ValueError(
+                f"embedding must be None, 'posterior' or a callable x -> (N, F), got {embedding!r}"
+            )
         self.local, self.embedding, self.seed = bool(local), embedding, int(seed)
+        self._summary = self.local and embedding == "posterior"
         self.num_posterior_samples, self.min_leaf_size = num_posterior_samples, min_leaf_size
         self.tree_fraction = float(tree_fraction)
         self.scores: Tensor | None = None
@@ -145,21 +162,12 @@ class ConformalRegion:
 
     # --- scores -------------------------------------------------------------------------
 
-    def _log_prob(self, samples: Tensor, theta: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
-        """``(ell(draws) (S, N), ell(theta) (*, N))`` for draws ``(S, N, D)`` at ``x``."""
-        if self.score == "density":
-            with torch.no_grad():
-                return self.posterior.log_prob(samples, x), self.posterior.log_prob(theta, x)
-        if theta.ndim == 2:
-            return distance_log_prob(samples, theta)
-        flat = theta.reshape(-1, *theta.shape[-2:])  # (K, N, D): one statistic per point
-        out = [distance_log_prob(samples, point) for point in flat]
-        return torch.stack([o[0] for o in out], 1), torch.stack([o[1] for o in out]).reshape(
-            theta.shape[:-1]
-        )
-
     def _draws(self, x: Tensor) -> Tensor:
-        return evaluation.draws(self.posterior, x, self.num_posterior_samples)
+        if not self._summary:
+            return evaluation.draws(self.posterior, x, self.num_posterior_samples)
+        with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
+            torch.manual_seed(self.seed + 2)  # the same draws at the same x, call after call
+            return evaluation.draws(self.posterior, x, self.num_posterior_samples)
 
     def credibility(self, theta: Tensor, x: Tensor, *, randomized: bool = False) -> Tensor:
         r"""Credibility of ``theta`` under :math:`q(\cdot \mid x)`: the share of fresh draws
@@ -175,9 +183,11 @@ class ConformalRegion:
             non-randomized credibility is below ``a``.
         """
         theta, x = self._check(theta, x)
-        samples = self._draws(x)
-        ell_samples, ell_theta = self._log_prob(samples, theta, x)
-        _check_log_prob(ell_theta)
+        return self._credibility(theta, x, self._draws(x), randomized)
+
+    def _credibility(self, theta: Tensor, x: Tensor, samples: Tensor, randomized: bool) -> Tensor:
+        ell_samples, ell_theta = score_statistics(self.posterior, self.score, samples, theta, x)
+        check_log_prob(ell_theta)
         noise = None
         if randomized:
             generator = torch.Generator(device=theta.device).manual_seed(self.seed + 1)
@@ -210,7 +220,8 @@ class ConformalRegion:
             x: their observations ``(n, *X)``.
             scores: the same pairs' scores from a global region of the same posterior
                 (its :attr:`scores`, ``(n,)``), to skip the draws (e.g. a local region
-                beside a global one).
+                beside a global one); ``embedding="posterior"`` then draws its features
+                anew, apart from the scores' draws (unlike new pairs: a Monte Carlo gap).
         """
         theta, x = check_pairs(theta, x, min_rows=2)
         check_finite("theta", theta)
@@ -224,28 +235,41 @@ class ConformalRegion:
             torch.rand(len(theta), generator=generator, dtype=torch.float64)  # same split
             return self._store(scores.double().cpu(), x, generator)
         above = torch.zeros(len(theta), dtype=torch.float64)
-        for chunk in evaluation.draw_chunks(self.posterior, theta, x, self.num_posterior_samples):
+        dense = self.score == "density"
+        summary = SummaryAccumulator(len(theta), theta.shape[1], log_prob=dense)
+        for chunk in evaluation.draw_chunks(self.posterior, theta, x, self.num_posterior_samples,
+                                            log_densities=dense):  # fmt: skip
             rows = slice(chunk.start, chunk.start + chunk.theta.shape[0])
             if chunk.log_prob is None:
                 ell_samples, ell_theta = distance_log_prob(chunk.samples, chunk.theta)
             else:
                 ell_samples, ell_theta = chunk.log_prob, chunk.log_prob_theta
             evaluation.checked_samples(chunk.samples, ell_samples)
-            _check_log_prob(ell_theta)
+            check_log_prob(ell_theta)
             above[rows] += (ell_samples > ell_theta).sum(0).double().cpu()
+            if self._summary:
+                summary.add(rows, chunk.samples, chunk.log_prob)
         noise = torch.rand(len(theta), generator=generator, dtype=torch.float64)
-        return self._store((above + noise) / (self.num_posterior_samples + 1), x, generator)
+        features = summary.features().numpy() if self._summary else None
+        return self._store((above + noise) / (self.num_posterior_samples + 1), x, generator,
+                           features)  # fmt: skip
 
-    def _store(self, scores: Tensor, x: Tensor, generator: torch.Generator) -> ConformalRegion:
+    def _store(self, scores: Tensor, x: Tensor, generator: Any, features: Any = None) -> Any:
         self.scores, self.leaves, self.tree = scores, None, None
         if self.local:
-            self._fit_tree(scores, x, generator)
+            self._fit_tree(scores, self._features(x) if features is None else features, generator)
         return self
 
-    def _features(self, x: Tensor) -> Any:
-        return evaluation.embed(self.embedding, x).detach().cpu().double().numpy()
+    def _features(self, x: Tensor, samples: Tensor | None = None) -> Any:
+        """The tree's features at ``x`` (``samples``: the draws there, for ``"posterior"``)."""
+        if not self._summary:
+            return evaluation.embed(self.embedding, x).detach().cpu().double().numpy()
+        samples = self._draws(x) if samples is None else samples
+        with torch.no_grad():
+            ell = self.posterior.log_prob(samples, x) if self.score == "density" else None
+        return posterior_summary(samples, ell).numpy()
 
-    def _fit_tree(self, scores: Tensor, x: Tensor, generator: torch.Generator) -> None:
+    def _fit_tree(self, scores: Tensor, features: Any, generator: torch.Generator) -> None:
         from sklearn.tree import DecisionTreeRegressor
 
         n = len(scores)
@@ -258,7 +282,6 @@ class ConformalRegion:
             )
         order = torch.randperm(n, generator=generator)
         fit_rows, cal_rows = order[:n_tree], order[n_tree:]
-        features = self._features(x)
         tree = DecisionTreeRegressor(min_samples_leaf=self.min_leaf_size, random_state=self.seed)
         tree.fit(features[fit_rows.numpy()], scores[fit_rows].numpy())
         nodes = sorted(set(tree.apply(features[fit_rows.numpy()]).tolist()))
@@ -294,6 +317,9 @@ class ConformalRegion:
             ValueError: fewer held-out pairs than ``level`` needs (global), or an unfitted
                 region.
         """
+        return self._level(level, x)
+
+    def _level(self, level: float, x: Tensor | None, samples: Tensor | None = None) -> Tensor:
         scores = self._fitted()
         _check_probability("level", level)
         if not self.local:
@@ -307,7 +333,7 @@ class ConformalRegion:
                 f"min_leaf_size = {self.min_leaf_size}"
             )
         per_leaf, _ = leaf_quantiles(scores, self.leaves, len(self._leaf_index), level, fill=1.0)
-        return per_leaf[self._leaf_of(self._features(x))]
+        return per_leaf[self._leaf_of(self._features(x, samples))]
 
     def contains(self, theta: Tensor, x: Tensor, level: float = 0.9) -> Tensor:
         r"""Whether ``theta`` lies in the calibrated ``level`` region at ``x``.
@@ -321,8 +347,9 @@ class ConformalRegion:
             Boolean ``(*, N)``.
         """
         theta, x = self._check(theta, x)
-        target = self.calibrated_level(level, x if self.local else None)
-        return self.credibility(theta, x) < target.to(theta.dtype)
+        samples = self._draws(x)  # one set of draws for the level and the credibility
+        target = self._level(level, x if self.local else None, samples)
+        return self._credibility(theta, x, samples, False) < target.to(theta.dtype)
 
     def coverage_error(
         self, theta: Tensor, x: Tensor, *, credibility: Tensor | None = None
@@ -376,19 +403,9 @@ class ConformalRegion:
                 "log-density contour (use contains)"
             )
         _check_probability("level", level)
-        target = self.calibrated_level(level, x if self.local else None) if calibrated else level
         samples = self._draws(x)
+        target = self._level(level, x if self.local else None, samples) if calibrated else level
         with torch.no_grad():
             ell = self.posterior.log_prob(samples, x)
         return density_threshold(ell, target)
 
-
-def _check_log_prob(ell_theta: Tensor) -> None:
-    """``-inf`` (outside the posterior's support: least credible) passes; NaN and ``+inf``
-    raise, counting the points."""
-    bad = torch.isnan(ell_theta) | (ell_theta == torch.inf)
-    if bool(bad.any()):
-        raise ValueError(
-            f"posterior log_prob at theta must not be NaN or +inf, got {int(bad.sum())} such "
-            f"values out of {ell_theta.numel()}"
-        )

@@ -1,0 +1,213 @@
+"""Partition variants of the local conformal region on sbibm (issue 25), from a cache.
+
+The local region's tree (``cl.ConformalRegion(local=True)``) splits the held-out pairs on
+features of ``x``; this script compares which features and which leaf size, on the flows
+of ``conformal_sbibm.py`` (same simulations, training recipe and seeds):
+
+* ``x``: ``x`` flattened (``embedding=None``);
+* ``summary``: the posterior summary of ``embedding="posterior"``: per-coordinate mean
+  and standard deviation of the flow's 1,000 draws at ``x`` and their mean log-density;
+* ``x+summary``: both; ``scale``: the standard deviations and mean log-density only;
+* ``min_leaf_size`` 50, 100 and 200 for each.
+
+Per (task, seed) the cache keeps the trained flow, the held-out pairs' scores and summary
+features (from the scoring draws, as ``fit`` takes them), per sbibm observation the flow
+credibilities of its 10,000 reference samples and its features (from other draws, as at
+new ``x``), and 2,000 fresh prior-predictive pairs (credibility and features). Every
+variant is then a tree fit (seconds). Two numbers per variant:
+
+* ``error``: mean over sbibm's 10 observations of |coverage(x_o) - 0.9| (reference
+  posteriors: the benchmark's number);
+* ``pinball``: the 0.9-pinball loss of the region's level against the fresh pairs'
+  credibilities, a held-out score of the level as an estimate of the conditional 0.9
+  quantile of the credibility given ``x`` (lower: closer to conditional coverage), which
+  needs no reference posterior; and the fresh pairs' marginal coverage.
+
+Run (sbibm venv)::
+
+    PYTHONPATH=. /work/venv-bench/bin/python examples/benchmarks/conformal_sbibm_variants.py \\
+        --cache /tmp/aloc/cache
+    PYTHONPATH=. /work/venv-bench/bin/python examples/benchmarks/conformal_sbibm_variants.py --smoke
+
+Writes examples/benchmarks/results/conformal_sbibm_variants.json, which
+``conformal_sbibm.py`` shows as its "Variants tried" table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+if not __package__:  # run as a file (python examples/x.py): make `examples` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch
+from torch.distributions import Independent, Normal
+
+import calib_lightning as cl
+from calib_lightning import evaluation
+from examples._smoke import add_smoke_argument, has_sbibm, output_folder
+from examples.benchmarks import conformal_sbibm as cs
+
+LEVEL = 0.9
+KINDS = ("x", "summary", "x+summary", "scale")
+
+
+def _summary(sums: torch.Tensor, count: int) -> torch.Tensor:
+    """``embedding="posterior"``'s features ``(N, 2D + 1)`` from per-pair sums of the draws,
+    of their squares and of their log-densities ``(N, 2D + 1)`` over ``count`` draws."""
+    mean = sums / count
+    d = (sums.shape[1] - 1) // 2
+    std = (mean[:, d : 2 * d] - mean[:, :d].square()).clamp_min(0.0).sqrt()
+    return torch.cat([mean[:, :d], std, mean[:, 2 * d :]], 1)
+
+
+def _score(flow: object, theta: torch.Tensor, x: torch.Tensor, seed: int, draws: int) -> dict:
+    """Draws at each pair: how many beat the truth's density, and the summary features."""
+    post = cl.as_posterior(flow)
+    torch.manual_seed(seed)
+    n, d = theta.shape
+    above = torch.zeros(n, dtype=torch.float64)
+    sums = torch.zeros(n, 2 * d + 1, dtype=torch.float64)
+    for chunk in evaluation.draw_chunks(post, theta, x, draws, log_densities=True):
+        rows = slice(chunk.start, chunk.start + chunk.theta.shape[0])
+        above[rows] += (chunk.log_prob > chunk.log_prob_theta).sum(0).double()
+        samples = chunk.samples.double()
+        sums[rows] += torch.cat([samples.sum(0), samples.square().sum(0),
+                                 chunk.log_prob.double().sum(0)[:, None]], 1)  # fmt: skip
+    return {"above": above, "feats": _summary(sums, draws)}
+
+
+def cache_run(task_name: str, seed: int, args: argparse.Namespace, folder: Path) -> dict:
+    """Train (or load) the seed's flow and score what the variants need; cached."""
+    import sbibm
+
+    path = folder / f"{task_name}_{seed}.pt"
+    if path.exists():
+        return torch.load(path)
+    task = sbibm.get_task(task_name)
+    theta, x = cs.simulate(task, args.budget, seed)
+    n_cal = int(args.calib * args.budget)
+    flow, _ = cs.trained(task_name, seed, theta[n_cal:], x[n_cal:], args.max_epochs, folder)
+    s = args.samples
+    held = _score(flow, theta[:n_cal], x[:n_cal], seed, s)
+    noise = torch.rand(n_cal, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    post = cl.as_posterior(flow)
+    obs = []
+    for k in range(1, args.observations + 1):
+        x_o = task.get_observation(num_observation=k).float()
+        reference = task.get_reference_posterior_samples(num_observation=k).float()
+        torch.manual_seed(seed * 100 + k)
+        draws = evaluation.draws(post, x_o, s)
+        with torch.no_grad():
+            ell, ell_ref = post.log_prob(draws, x_o), post.log_prob(reference[:, None], x_o)
+        cred = (ell[:, None] > ell_ref[None]).sum(0).double()[:, 0] / (s + 1)
+        torch.manual_seed(10_000 + seed * 100 + k)  # features from other draws, as at new x
+        draws = evaluation.draws(post, x_o, s).double()[:, 0]
+        with torch.no_grad():
+            ell = post.log_prob(draws[:, None].float(), x_o).double()[:, 0]
+        sums = torch.cat([draws.sum(0), draws.square().sum(0), ell.sum(0)[None]])
+        feat = _summary(sums[None], s)[0]
+        obs.append({"x": x_o, "cred": cred.float(), "feat": feat})
+    theta_new, x_new = cs.simulate(task, args.fresh, 5000 + seed)
+    fresh = _score(flow, theta_new, x_new, 6000 + seed, s)
+    out = {"theta_cal": theta[:n_cal], "x_cal": x[:n_cal], "feats": held["feats"],
+           "scores": (held["above"] + noise) / (s + 1), "obs": obs,
+           "fresh": {"x": x_new, "cred": fresh["above"] / (s + 1), "feats": fresh["feats"]}}
+    torch.save(out, path)
+    return out
+
+
+def _features(kind: str, x: torch.Tensor, summary: torch.Tensor) -> torch.Tensor:
+    x, summary, d = x.reshape(len(x), -1).double(), summary.double(), (summary.shape[1] - 1) // 2
+    return {"x": x, "summary": summary, "x+summary": torch.cat([x, summary], 1),
+            "scale": summary[:, d:]}[kind]  # fmt: skip
+
+
+def evaluate(run: dict, seed: int, kind: str | None, leaf: int) -> dict:
+    """One variant (``kind=None``: the global region) on one cached run."""
+    obs, fresh = run["obs"], run["fresh"]
+    xs = [run["x_cal"], fresh["x"], *[o["x"] for o in obs]]
+    xs = torch.cat([v.reshape(len(v), -1) for v in xs])
+    feats = torch.cat([run["feats"], fresh["feats"], *[o["feat"][None] for o in obs]])
+    table = dict(zip([r.numpy().tobytes() for r in xs.float()],
+                     _features(kind or "x", xs, feats), strict=True))  # fmt: skip
+
+    def lookup(x: torch.Tensor) -> torch.Tensor:  # the cached features of these x
+        return torch.stack([table[r.numpy().tobytes()] for r in x.reshape(len(x), -1).float()])
+
+    d = run["theta_cal"].shape[1]
+
+    def unused(x: torch.Tensor) -> Independent:  # scores are given: never sampled
+        return Independent(Normal(torch.zeros(len(x), d), 1.0), 1)
+
+    region = cl.ConformalRegion(unused, local=kind is not None, min_leaf_size=leaf,
+                                embedding=lookup, seed=seed)  # fmt: skip
+    region.fit(run["theta_cal"], run["x_cal"], scores=run["scores"])
+    levels = [float(region.calibrated_level(LEVEL, o["x"]).reshape(-1)[0]) for o in obs]
+    error = statistics.fmean(abs(float((o["cred"].double() < a).double().mean()) - LEVEL)
+                             for o, a in zip(obs, levels, strict=True))  # fmt: skip
+    a_new = region.calibrated_level(LEVEL, fresh["x"]).double()
+    u = fresh["cred"].double() - a_new
+    pinball = float(torch.where(u >= 0, LEVEL * u, (LEVEL - 1) * u).mean())
+    coverage = float((fresh["cred"].double() < a_new).double().mean())
+    leaves = len(region._leaf_index) if kind is not None else 1
+    return {"error": error, "pinball": pinball, "fresh_coverage": coverage, "leaves": leaves}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tasks", nargs="+", default=["slcp", "two_moons"])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--cache", type=Path, default=None, help="default: a temporary folder")
+    parser.add_argument("--budget", type=int, default=10_000)
+    parser.add_argument("--calib", type=float, default=0.2)
+    parser.add_argument("--max-epochs", type=int, default=300)
+    parser.add_argument("--observations", type=int, default=10)
+    parser.add_argument("--fresh", type=int, default=2000)
+    parser.add_argument("--samples", type=int, default=cs.NUM_POSTERIOR_SAMPLES)
+    parser.add_argument("--leaves", type=int, nargs="+", default=[50, 100, 200])
+    add_smoke_argument(parser)
+    args = parser.parse_args()
+    if not has_sbibm():
+        return
+    if args.smoke:
+        args.tasks, args.seeds, args.budget, args.max_epochs = ["two_moons"], [0], 1200, 2
+        args.observations, args.fresh, args.cache, args.samples = 2, 200, None, 100
+        args.leaves = [20, 40]
+    torch.set_num_threads(1)
+    cache = args.cache or Path(tempfile.mkdtemp(prefix="conformal_variants_"))
+    cache.mkdir(parents=True, exist_ok=True)
+    variants = [("global", None, 1)]
+    variants += [(f"{k} leaf {m}", k, m) for k in KINDS for m in args.leaves]
+    out: dict = {}
+    for task_name in args.tasks:
+        for seed in args.seeds:
+            run = cache_run(task_name, seed, args, cache)
+            for name, kind, leaf in variants:
+                result = evaluate(run, seed, kind, leaf)
+                out.setdefault(task_name, {}).setdefault(name, []).append({"seed": seed, **result})
+    folder = output_folder(Path(__file__).parent / "results", args.smoke)
+    (folder / "conformal_sbibm_variants.json").write_text(json.dumps(out, indent=1))
+    for task_name, rows in out.items():
+        print(f"## {task_name}")
+        for name, rs in rows.items():
+            print(f"{name:20s} " + "  ".join(f"{key} {_mean_se([r[key] for r in rs])}"
+                                             for key in ("error", "pinball", "fresh_coverage")))
+    print(f"wrote {folder / 'conformal_sbibm_variants.json'}")
+
+
+def _mean_se(values: list[float]) -> str:
+    if len(values) < 2:
+        return f"{values[0]:.4f}"
+    se = statistics.stdev(values) / math.sqrt(len(values))
+    return f"{statistics.fmean(values):.4f} ± {se:.4f}"
+
+
+if __name__ == "__main__":
+    main()
