@@ -48,6 +48,7 @@ from calib_lightning._features import embed
 from calib_lightning._memory import LATENT_PROBE_UNITS, ChunkSizer, draw_blocks
 from calib_lightning.posteriors import DistributionPosterior, Posterior, as_posterior, check_width
 from calib_lightning.posteriors.base import density_draws, supports, unsupported
+from calib_lightning.posteriors.distributions import draws_and_log_prob
 
 __all__ = [
     "DrawChunk",
@@ -381,8 +382,8 @@ def reparameterized_draws(
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     r"""Reparameterized draws and log-densities, differentiable in the model's parameters.
 
-    From one distribution per call (``rsample_and_log_prob`` where it has one, else
-    ``rsample`` then ``log_prob``): draws :math:`\theta_{il} \sim q(\cdot \mid x_i)`
+    From one distribution per call (``draws_and_log_prob`` of the distributions
+    adapter, reparameterized): draws :math:`\theta_{il} \sim q(\cdot \mid x_i)`
     ``(S, N, D)``, their log-densities ``(S, N)`` and, with ``at_theta``,
     :math:`\log q(\theta_i \mid x_i)` ``(N,)`` (else ``None``), all checked finite.
 
@@ -405,12 +406,7 @@ def reparameterized_draws(
         )
     dist = post.distribution(x)
     check_width(theta, dist.event_shape[-1])
-    joint = getattr(dist, "rsample_and_log_prob", None)
-    if joint is not None:
-        samples, log_prob = joint((num_posterior_samples,))
-    else:
-        samples = dist.rsample((num_posterior_samples,))
-        log_prob = dist.log_prob(samples)
+    samples, log_prob = draws_and_log_prob(dist, num_posterior_samples, reparameterized=True)
     log_prob_theta = None
     if at_theta:
         log_prob_theta = dist.log_prob(theta)

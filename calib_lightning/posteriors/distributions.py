@@ -19,7 +19,7 @@ from torch.distributions import (
 from calib_lightning._model_info import distribution_dtype, zuko_context
 from calib_lightning.posteriors.base import Posterior, UnsupportedError
 
-__all__ = ["DistributionPosterior"]
+__all__ = ["DistributionPosterior", "draws_and_log_prob"]
 
 
 class DistributionPosterior(Posterior):
@@ -90,14 +90,7 @@ class DistributionPosterior(Posterior):
         with torch.no_grad():
             dist = self.distribution(x)
             with self._errors(None, x):
-                joint = getattr(dist, "rsample_and_log_prob", None)
-                if _autoregressive_flow(dist):
-                    theta, log_prob = _flow_sample_and_log_prob(dist, num_posterior_samples)
-                elif joint is not None:
-                    theta, log_prob = joint((num_posterior_samples,))
-                else:
-                    theta = dist.sample((num_posterior_samples,))
-                    log_prob = dist.log_prob(theta)
+                theta, log_prob = draws_and_log_prob(dist, num_posterior_samples)
         return theta.to(out), log_prob.to(out)
 
     def _evaluate(self, theta: Tensor, x: Tensor, method: Callable[..., Tensor]) -> Tensor:
@@ -124,6 +117,22 @@ class DistributionPosterior(Posterior):
         return both[..., 0], both[..., 1:]
 
 
+def draws_and_log_prob(
+    dist: Distribution, num: int, *, reparameterized: bool = False
+) -> tuple[Tensor, Tensor]:
+    """``num`` draws of ``dist`` and their log-densities, in one pass where it has one:
+    :func:`_flow_sample_and_log_prob` for an autoregressive zuko flow, else its
+    ``rsample_and_log_prob``, else ``sample`` (``rsample`` if ``reparameterized``) then
+    ``log_prob``."""
+    if _autoregressive_flow(dist):
+        return _flow_sample_and_log_prob(dist, num)
+    joint = getattr(dist, "rsample_and_log_prob", None)
+    if joint is not None:
+        return joint((num,))
+    theta = (dist.rsample if reparameterized else dist.sample)((num,))
+    return theta, dist.log_prob(theta)
+
+
 def _autoregressive_flow(dist: Distribution) -> bool:
     """A zuko ``NormalizingFlow`` with an autoregressive transform (MAF, NSF, NAF, ...),
     nested compositions (a standardizing affine map in front) included."""
@@ -143,7 +152,9 @@ def _autoregressive_flow(dist: Distribution) -> bool:
 
 def _flow_sample_and_log_prob(dist: Distribution, num: int) -> tuple[Tensor, Tensor]:
     r"""zuko's ``rsample_and_log_prob`` with one network pass fewer per autoregressive
-    transform: the same draws and log-densities.
+    transform: the same draws and log-densities, and the same gradients (the coordinates
+    the last pass's transform depends on equal the exact inverse's at every parameter
+    value, so they are the same functions of the parameters).
 
     Inverting an autoregressive transform takes ``passes`` passes, each building the
     element-wise transform ``f = meta(x)`` from the current ``x``; zuko then builds
