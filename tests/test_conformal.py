@@ -183,6 +183,10 @@ def test_posterior_summary_features_are_seeded_and_shared_with_the_score() -> No
     inside = region.contains(theta[:7], x[:7], LEVEL)
     separate = region.credibility(theta[:7], x[:7]) < region.calibrated_level(LEVEL, x[:7])
     assert torch.equal(inside, separate)  # one set of seeded draws at the same x
+    error = region.coverage_error(theta[:7], x[:7])  # one sampling pass for both
+    given = region.coverage_error(theta[:7], x[:7], credibility=region.credibility(theta[:7],
+                                                                                  x[:7]))
+    assert float(error) == float(given)
     draws = region._draws(x[:7])
     expected = torch.cat([draws.mean(0), draws.std(0, unbiased=False)], 1).double()
     assert torch.allclose(torch.as_tensor(features[:, :4]), expected, atol=1e-5)

@@ -372,16 +372,18 @@ class ConformalRegion:
         Returns:
             ``()`` float64.
         """
-        scores = self._fitted()
-        if credibility is None:
-            credibility = self.credibility(theta, x)
+        scores, samples = self._fitted(), None
+        if credibility is None:  # the same draws for the scores and the tree's features
+            theta, x = self._check(theta, x)
+            samples = self._draws(x)
+            credibility = self._credibility(theta, x, samples, False)
         elif credibility.shape != (len(x),):
             raise ValueError(
                 f"credibility must have shape (N,) = ({len(x)},), got {tuple(credibility.shape)}"
             )
         if not self.local:
             return conformal_coverage_error(scores, credibility.double().cpu())
-        leaves_new = self._leaf_of(self._features(x))
+        leaves_new = self._leaf_of(self._features(x, samples))
         return conformal_coverage_error(scores, credibility.double().cpu(), self.leaves, leaves_new)
 
     def threshold(self, x: Tensor, level: float = 0.9, *, calibrated: bool = True) -> Tensor:
