@@ -191,14 +191,19 @@ def measure_peak(run: Callable[[], T], device: torch.device | None = None) -> tu
             before = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
             out = run()
-            torch.cuda.synchronize(device)
-            return out, max(0, torch.cuda.max_memory_allocated(device) - before)
+            return out, _cuda_peak_since(device, before)
         with TensorPeak() as tracker:
             out = run()
         return out, tracker.peak
     finally:
         if paused:
             gc.enable()
+
+
+def _cuda_peak_since(device: torch.device | None, before: int) -> int:
+    """The CUDA allocator's peak since its last reset, above ``before`` bytes."""
+    torch.cuda.synchronize(device)
+    return max(0, torch.cuda.max_memory_allocated(device) - before)
 
 
 class ChunkSizer:
@@ -238,8 +243,7 @@ class ChunkSizer:
             return
         before, units = self._open
         self._open = None
-        torch.cuda.synchronize(self.device)
-        peak = max(0, torch.cuda.max_memory_allocated(self.device) - before)
+        peak = _cuda_peak_since(self.device, before)
         self.per_unit = max(self.per_unit or 0.0, peak / max(units, 1))
 
     def size(self, limit: int) -> int:

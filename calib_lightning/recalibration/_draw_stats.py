@@ -28,17 +28,20 @@ def score_statistics(
     posterior: Any, score: str, samples: Tensor, theta: Tensor, x: Tensor
 ) -> tuple[Tensor, Tensor]:
     """``(ell(draws) (S, N), ell(theta) (*, N))`` for draws ``(S, N, D)`` at ``x``: the
-    log-density (``score="density"``) or the density-free distance statistic."""
+    log-density (``score="density"``) or the density-free distance statistic; the one at
+    ``theta`` checked by :func:`check_log_prob`."""
     if score == "density":
         with torch.no_grad():
-            return posterior.log_prob(samples, x), posterior.log_prob(theta, x)
-    if theta.ndim == 2:
-        return distance_log_prob(samples, theta)
-    flat = theta.reshape(-1, *theta.shape[-2:])  # (K, N, D): one statistic per point
-    out = [distance_log_prob(samples, point) for point in flat]
-    return torch.stack([o[0] for o in out], 1), torch.stack([o[1] for o in out]).reshape(
-        theta.shape[:-1]
-    )
+            ell_samples, ell_theta = posterior.log_prob(samples, x), posterior.log_prob(theta, x)
+    elif theta.ndim == 2:
+        ell_samples, ell_theta = distance_log_prob(samples, theta)
+    else:
+        flat = theta.reshape(-1, *theta.shape[-2:])  # (K, N, D): one statistic per point
+        out = [distance_log_prob(samples, point) for point in flat]
+        ell_samples = torch.stack([o[0] for o in out], 1)
+        ell_theta = torch.stack([o[1] for o in out]).reshape(theta.shape[:-1])
+    check_log_prob(ell_theta)
+    return ell_samples, ell_theta
 
 
 def check_log_prob(ell_theta: Tensor) -> None:

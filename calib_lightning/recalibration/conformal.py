@@ -183,16 +183,15 @@ class ConformalRegion:
             non-randomized credibility is below ``a``.
         """
         theta, x = self._check(theta, x)
-        return self._credibility(theta, x, self._draws(x), randomized)
+        ell = score_statistics(self.posterior, self.score, self._draws(x), theta, x)
+        return self._credibility(*ell, randomized)
 
-    def _credibility(self, theta: Tensor, x: Tensor, samples: Tensor, randomized: bool) -> Tensor:
-        ell_samples, ell_theta = score_statistics(self.posterior, self.score, samples, theta, x)
-        check_log_prob(ell_theta)
+    def _credibility(self, ell_samples: Tensor, ell_theta: Tensor, randomized: bool) -> Tensor:
         noise = None
         if randomized:
-            generator = torch.Generator(device=theta.device).manual_seed(self.seed + 1)
+            generator = torch.Generator(device=ell_theta.device).manual_seed(self.seed + 1)
             noise = torch.rand(ell_theta.shape, generator=generator, dtype=ell_theta.dtype,
-                               device=theta.device)  # fmt: skip
+                               device=ell_theta.device)  # fmt: skip
         return credibility(ell_samples, ell_theta, noise)
 
     def _check(self, theta: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -260,14 +259,18 @@ class ConformalRegion:
             self._fit_tree(scores, self._features(x) if features is None else features, generator)
         return self
 
-    def _features(self, x: Tensor, samples: Tensor | None = None) -> Any:
-        """The tree's features at ``x`` (``samples``: the draws there, for ``"posterior"``)."""
+    def _features(
+        self, x: Tensor, samples: Tensor | None = None, ell: Tensor | None = None
+    ) -> Any:
+        """The tree's features at ``x`` (``"posterior"``: from given draws and statistics)."""
         if not self._summary:
             return evaluation.embed(self.embedding, x).detach().cpu().double().numpy()
         samples = self._draws(x) if samples is None else samples
-        with torch.no_grad():
-            ell = self.posterior.log_prob(samples, x) if self.score == "density" else None
-        return posterior_summary(samples, ell).numpy()
+        dense = self.score == "density"
+        if dense and ell is None:
+            with torch.no_grad():
+                ell = self.posterior.log_prob(samples, x)
+        return posterior_summary(samples, ell if dense else None).numpy()
 
     def _fit_tree(self, scores: Tensor, features: Any, generator: torch.Generator) -> None:
         from sklearn.tree import DecisionTreeRegressor
@@ -319,7 +322,8 @@ class ConformalRegion:
         """
         return self._level(level, x)
 
-    def _level(self, level: float, x: Tensor | None, samples: Tensor | None = None) -> Tensor:
+    def _level(self, level: float, x: Tensor | None, samples: Tensor | None = None,
+               ell: Tensor | None = None) -> Tensor:  # fmt: skip
         scores = self._fitted()
         _check_probability("level", level)
         if not self.local:
@@ -333,7 +337,7 @@ class ConformalRegion:
                 f"min_leaf_size = {self.min_leaf_size}"
             )
         per_leaf, _ = leaf_quantiles(scores, self.leaves, len(self._leaf_index), level, fill=1.0)
-        return per_leaf[self._leaf_of(self._features(x, samples))]
+        return per_leaf[self._leaf_of(self._features(x, samples, ell))]
 
     def contains(self, theta: Tensor, x: Tensor, level: float = 0.9) -> Tensor:
         r"""Whether ``theta`` lies in the calibrated ``level`` region at ``x``.
@@ -348,8 +352,9 @@ class ConformalRegion:
         """
         theta, x = self._check(theta, x)
         samples = self._draws(x)  # one set of draws for the level and the credibility
-        target = self._level(level, x if self.local else None, samples)
-        return self._credibility(theta, x, samples, False) < target.to(theta.dtype)
+        ell_samples, ell_theta = score_statistics(self.posterior, self.score, samples, theta, x)
+        target = self._level(level, x if self.local else None, samples, ell_samples)
+        return self._credibility(ell_samples, ell_theta, False) < target.to(theta.dtype)
 
     def coverage_error(
         self, theta: Tensor, x: Tensor, *, credibility: Tensor | None = None
@@ -372,18 +377,19 @@ class ConformalRegion:
         Returns:
             ``()`` float64.
         """
-        scores, samples = self._fitted(), None
+        scores, samples, ell_samples = self._fitted(), None, None
         if credibility is None:  # the same draws for the scores and the tree's features
             theta, x = self._check(theta, x)
             samples = self._draws(x)
-            credibility = self._credibility(theta, x, samples, False)
+            ell_samples, ell_theta = score_statistics(self.posterior, self.score, samples, theta, x)
+            credibility = self._credibility(ell_samples, ell_theta, False)
         elif credibility.shape != (len(x),):
             raise ValueError(
                 f"credibility must have shape (N,) = ({len(x)},), got {tuple(credibility.shape)}"
             )
         if not self.local:
             return conformal_coverage_error(scores, credibility.double().cpu())
-        leaves_new = self._leaf_of(self._features(x, samples))
+        leaves_new = self._leaf_of(self._features(x, samples, ell_samples))
         return conformal_coverage_error(scores, credibility.double().cpu(), self.leaves, leaves_new)
 
     def threshold(self, x: Tensor, level: float = 0.9, *, calibrated: bool = True) -> Tensor:
@@ -406,8 +412,9 @@ class ConformalRegion:
             )
         _check_probability("level", level)
         samples = self._draws(x)
-        target = self._level(level, x if self.local else None, samples) if calibrated else level
         with torch.no_grad():
             ell = self.posterior.log_prob(samples, x)
+        target = (self._level(level, x if self.local else None, samples, ell) if calibrated
+                  else level)  # fmt: skip
         return density_threshold(ell, target)
 
