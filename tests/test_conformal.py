@@ -66,12 +66,16 @@ def _coverage_over_repetitions(
     bound is about), and the upper bound 0.9 + 1 / (n_leaf + 1)."""
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
+    partition = int(kwargs.pop("partition", 0))  # pairs of fit_partition (none: a split)
     calibrated, nominal, randomized, bound = [], [], [], []
     for rep in range(reps):
         theta, x = sample(n, g)
         region = cl.ConformalRegion(
             posterior, local=local, num_posterior_samples=draws, seed=rep, **kwargs
-        ).fit(theta, x)
+        )
+        if partition:
+            region.fit_partition(*sample(partition, g))
+        region.fit(theta, x)
         theta_new, x_new = sample(100, g)
         cred = region.credibility(theta_new, x_new)
         level = region.calibrated_level(LEVEL, x_new)
@@ -145,6 +149,56 @@ def test_local_region_adapts_where_the_global_one_cannot() -> None:
         errors[local] = [abs(float(inside[rows].mean()) - LEVEL) for rows in (over, ~over)]
     assert min(errors[False]) > 0.08  # one level for both halves misses both by 0.1
     assert max(errors[True]) < 0.06  # the tree splits at x_1 = 0 (leaves of ~100 pairs)
+
+
+@pytest.mark.parametrize("embedding", [None, "posterior"])
+def test_a_tree_from_other_pairs_keeps_the_guarantee_with_every_pair_calibrating(
+    embedding: str | None,
+) -> None:
+    toy = GaussianToy(dim=2)
+    calibrated, _nominal, bound = _coverage_over_repetitions(
+        _heteroscedastic, toy.sample, local=True, reps=60, n=150, draws=100, seed=21,
+        min_leaf_size=30, embedding=embedding, partition=150,
+    )  # fmt: skip
+    _check_guarantee(calibrated, bound)
+
+
+def test_fit_partition_keeps_its_tree_and_calibrates_each_leaf_with_all_held_out_pairs() -> None:
+    toy = GaussianToy(dim=2)
+    g = torch.Generator().manual_seed(22)
+    theta_tree, x_tree = toy.sample(400, g)
+    theta, x = toy.sample(400, g)
+    theta_new, x_new = toy.sample(4000, g)
+    over = x_new[:, 0] > 0
+    region = cl.ConformalRegion(_heteroscedastic, local=True)  # 1,000 draws: its level 0.998
+    region.fit_partition(theta_tree, x_tree)
+    assert region.scores is None  # not calibrated yet
+    tree = region.tree
+    region.fit(theta, x)
+    assert region.tree is tree
+    assert len(region.scores) == len(region.leaves) == 400
+    counts = torch.bincount(region.leaves, minlength=len(region._leaf_index))
+    assert len(counts) >= 2  # the tree splits where q changes
+    assert (counts > 0).all()
+    inside = region.contains(theta_new, x_new, LEVEL).double()
+    assert max(abs(float(inside[rows].mean()) - LEVEL) for rows in (over, ~over)) < 0.06
+    # the same leaves and quantiles from given scores: the draws are skipped, not changed
+    given = cl.ConformalRegion(_heteroscedastic, local=True)
+    given.fit_partition(theta_tree, x_tree, scores=torch.rand(400, generator=g))
+    given.fit(theta, x, scores=region.scores)
+    assert torch.equal(given.scores, region.scores)  # all 400, in the order given
+
+
+def test_fit_partition_rejects_a_global_region_and_too_few_pairs() -> None:
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(30, torch.Generator().manual_seed(23))
+    with pytest.raises(ValueError, match="local=True"):
+        cl.ConformalRegion(toy.posterior()).fit_partition(theta, x)
+    region = cl.ConformalRegion(toy.posterior(), local=True, min_leaf_size=50)
+    with pytest.raises(ValueError, match="min_leaf_size = 50 pairs, got 30"):
+        region.fit_partition(theta, x)
+    with pytest.raises(ValueError, match="scores must have shape"):
+        region.fit_partition(theta, x, scores=torch.rand(29))
 
 
 def test_posterior_summary_features_keep_the_guarantee() -> None:

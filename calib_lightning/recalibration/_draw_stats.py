@@ -19,9 +19,21 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from calib_lightning import evaluation
+from calib_lightning._checks import check_finite, check_pairs
 from calib_lightning.functional.distance_rank import distance_log_prob
 
-__all__ = ["SummaryAccumulator", "check_log_prob", "posterior_summary", "score_statistics"]
+__all__ = [
+    "SummaryAccumulator",
+    "check_log_prob",
+    "check_points",
+    "check_scores",
+    "count_above",
+    "posterior_summary",
+    "score_statistics",
+    "seeded_draws",
+    "tie_noise",
+]
 
 
 def score_statistics(
@@ -103,3 +115,65 @@ def posterior_summary(samples: Tensor, log_prob: Tensor | None = None) -> Tensor
     summary = SummaryAccumulator(samples.shape[1], samples.shape[2], log_prob=log_prob is not None)
     summary.add(slice(None), samples, log_prob)
     return summary.features()
+
+
+def count_above(
+    posterior: Any, score: str, theta: Tensor, x: Tensor, num_samples: int, *, summary: bool
+) -> tuple[Tensor, Tensor | None]:
+    """For each pair, how many of ``num_samples`` draws at ``x`` score above ``theta``
+    ``(n,)`` float64, and (``summary``) the posterior summary ``(n, F)`` of those draws."""
+    above = torch.zeros(len(theta), dtype=torch.float64)
+    dense = score == "density"
+    sums = SummaryAccumulator(len(theta), theta.shape[1], log_prob=dense) if summary else None
+    for chunk in evaluation.draw_chunks(posterior, theta, x, num_samples, log_densities=dense):
+        rows = slice(chunk.start, chunk.start + chunk.theta.shape[0])
+        if chunk.log_prob is None:
+            ell_samples, ell_theta = distance_log_prob(chunk.samples, chunk.theta)
+        else:
+            ell_samples, ell_theta = chunk.log_prob, chunk.log_prob_theta
+        evaluation.checked_samples(chunk.samples, ell_samples)
+        check_log_prob(ell_theta)
+        above[rows] += (ell_samples > ell_theta).sum(0).double().cpu()
+        if sums is not None:
+            sums.add(rows, chunk.samples, chunk.log_prob)
+    return above, None if sums is None else sums.features()
+
+
+def check_points(theta: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+    """``theta`` ``(*, N, D)`` and ``x`` ``(N, *X)`` checked (shapes, finite)."""
+    if not isinstance(theta, Tensor) or theta.ndim < 2 or not isinstance(x, Tensor):
+        raise ValueError(
+            f"theta must be a tensor of shape (*, N, D) and x (N, *X), got {theta!r:.60} "
+            f"and {x!r:.60}"
+        )
+    _, x = check_pairs(theta.reshape(-1, theta.shape[-1])[: x.shape[0]], x)
+    if theta.shape[-2] != x.shape[0]:
+        raise ValueError(
+            f"theta must have shape (*, N, D) with N = {x.shape[0]} (the rows of x), "
+            f"got {tuple(theta.shape)}"
+        )
+    check_finite("theta", theta.reshape(-1, theta.shape[-1]))
+    return theta, x
+
+
+def seeded_draws(posterior: Any, x: Tensor, num_samples: int, seed: int | None) -> Tensor:
+    """``evaluation.draws`` at ``x``; with a ``seed``, from that seed whatever the global
+    generator's state (restored after), so the same ``x`` gets the same draws."""
+    if seed is None:
+        return evaluation.draws(posterior, x, num_samples)
+    with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        return evaluation.draws(posterior, x, num_samples)
+
+
+def tie_noise(like: Tensor, seed: int) -> Tensor:
+    """Uniform noise shaped, typed and placed like ``like``, from ``seed``."""
+    generator = torch.Generator(device=like.device).manual_seed(seed)
+    return torch.rand(like.shape, generator=generator, dtype=like.dtype, device=like.device)
+
+
+def check_scores(scores: object, n: int) -> None:
+    """Given scores must be a finite tensor of shape ``(n,)``."""
+    if not isinstance(scores, Tensor) or scores.shape != (n,):
+        raise ValueError(f"scores must have shape (n,) = ({n},), got {scores!r:.60}")
+    check_finite("scores", scores)

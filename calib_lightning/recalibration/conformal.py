@@ -34,14 +34,16 @@ from calib_lightning.functional.conformal import (
     leaf_quantiles,
     min_pairs,
 )
-from calib_lightning.functional.distance_rank import distance_log_prob
 from calib_lightning.posteriors import as_posterior
 from calib_lightning.posteriors.base import supports
 from calib_lightning.recalibration._draw_stats import (
-    SummaryAccumulator,
-    check_log_prob,
+    check_points,
+    check_scores,
+    count_above,
     posterior_summary,
     score_statistics,
+    seeded_draws,
+    tie_noise,
 )
 
 __all__ = ["ConformalRegion"]
@@ -79,7 +81,9 @@ class ConformalRegion:
     With ``local=True`` the tree is fitted on a random ``tree_fraction`` of the pairs and
     the quantiles are taken on the others, so the bounds hold within every leaf (with the
     leaf's ``n``), conditionally on the tree, hence marginally. It is marginal coverage,
-    not coverage at every ``x``: the local form only gets closer to the latter.
+    not coverage at every ``x``: the local form only gets closer to the latter. Other pairs
+    (an early-stopping split) can fit the tree (:meth:`fit_partition`), all held-out ones
+    then calibrate.
 
     Arguments:
         posterior: anything :func:`calib_lightning.as_posterior` accepts.
@@ -154,6 +158,7 @@ class ConformalRegion:
         self.leaves: Tensor | None = None
         self.tree: Any = None
         self._leaf_index: dict[int, int] = {}
+        self._partitioned = False  # the tree comes from fit_partition
 
     def __repr__(self) -> str:
         kind = "local" if self.local else "global"
@@ -162,12 +167,9 @@ class ConformalRegion:
 
     # --- scores -------------------------------------------------------------------------
 
-    def _draws(self, x: Tensor) -> Tensor:
-        if not self._summary:
-            return evaluation.draws(self.posterior, x, self.num_posterior_samples)
-        with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
-            torch.manual_seed(self.seed + 2)  # the same draws at the same x, call after call
-            return evaluation.draws(self.posterior, x, self.num_posterior_samples)
+    def _draws(self, x: Tensor) -> Tensor:  # seeded for the summary: the same at the same x
+        seed = self.seed + 2 if self._summary else None
+        return seeded_draws(self.posterior, x, self.num_posterior_samples, seed)
 
     def credibility(self, theta: Tensor, x: Tensor, *, randomized: bool = False) -> Tensor:
         r"""Credibility of ``theta`` under :math:`q(\cdot \mid x)`: the share of fresh draws
@@ -182,32 +184,13 @@ class ConformalRegion:
             ``(*, N)`` in ``[0, 1)``; ``theta`` lies in the region at level ``a`` iff its
             non-randomized credibility is below ``a``.
         """
-        theta, x = self._check(theta, x)
+        theta, x = check_points(theta, x)
         ell = score_statistics(self.posterior, self.score, self._draws(x), theta, x)
         return self._credibility(*ell, randomized)
 
     def _credibility(self, ell_samples: Tensor, ell_theta: Tensor, randomized: bool) -> Tensor:
-        noise = None
-        if randomized:
-            generator = torch.Generator(device=ell_theta.device).manual_seed(self.seed + 1)
-            noise = torch.rand(ell_theta.shape, generator=generator, dtype=ell_theta.dtype,
-                               device=ell_theta.device)  # fmt: skip
+        noise = tie_noise(ell_theta, self.seed + 1) if randomized else None
         return credibility(ell_samples, ell_theta, noise)
-
-    def _check(self, theta: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
-        if not isinstance(theta, Tensor) or theta.ndim < 2 or not isinstance(x, Tensor):
-            raise ValueError(
-                f"theta must be a tensor of shape (*, N, D) and x (N, *X), got {theta!r:.60} "
-                f"and {x!r:.60}"
-            )
-        _, x = check_pairs(theta.reshape(-1, theta.shape[-1])[: x.shape[0]], x)
-        if theta.shape[-2] != x.shape[0]:
-            raise ValueError(
-                f"theta must have shape (*, N, D) with N = {x.shape[0]} (the rows of x), "
-                f"got {tuple(theta.shape)}"
-            )
-        check_finite("theta", theta.reshape(-1, theta.shape[-1]))
-        return theta, x
 
     # --- fit ----------------------------------------------------------------------------
 
@@ -222,42 +205,70 @@ class ConformalRegion:
                 beside a global one); ``embedding="posterior"`` then draws its features
                 anew, apart from the scores' draws (unlike new pairs: a Monte Carlo gap).
         """
+        generator = torch.Generator().manual_seed(self.seed)
+        scores, features = self._scored(theta, x, scores, generator)
+        self.scores, self.leaves = scores, None
+        if not self.local:
+            return self
+        features = self._features(x) if features is None else features
+        if self._partitioned:  # every pair calibrates its leaf of the given tree
+            self.leaves = self._leaf_of(features)
+            return self
+        n = len(scores)
+        n_tree = round(self.tree_fraction * n)
+        if n_tree < self.min_leaf_size or n - n_tree < 2:
+            raise ValueError(
+                f"local=True needs at least min_leaf_size = {self.min_leaf_size} pairs to fit "
+                f"the tree (tree_fraction = {self.tree_fraction} of n) and 2 to calibrate, "
+                f"got n = {n}"
+            )
+        order = torch.randperm(n, generator=generator)
+        fit_rows, cal_rows = order[:n_tree].numpy(), order[n_tree:]
+        self._grow(features[fit_rows], scores[fit_rows])
+        self.scores, self.leaves = scores[cal_rows], self._leaf_of(features[cal_rows.numpy()])
+        return self
+
+    def fit_partition(
+        self, theta: Tensor, x: Tensor, *, scores: Tensor | None = None
+    ) -> ConformalRegion:
+        """Fit the local tree on pairs apart from the held-out ones; returns ``self``.
+
+        Call it before :meth:`fit`, which then keeps this tree and lets every held-out pair
+        calibrate its leaf instead of splitting them (``tree_fraction``). The guarantee
+        needs the tree independent of the held-out pairs only: these may be any pairs that
+        did not train the posterior's weights, typically the early-stopping split.
+
+        Arguments:
+            theta: parameters ``(m, D)``, at least ``min_leaf_size`` pairs.
+            x: their observations ``(m, *X)``.
+            scores: their scores, as in :meth:`fit`.
+        """
+        if not self.local:
+            raise ValueError("fit_partition fits the tree of a local region: use local=True")
+        generator = torch.Generator().manual_seed(self.seed + 3)
+        scores, features = self._scored(theta, x, scores, generator)
+        if len(scores) < self.min_leaf_size:
+            raise ValueError(f"fit_partition needs at least min_leaf_size = "
+                             f"{self.min_leaf_size} pairs, got {len(scores)}")  # fmt: skip
+        self._grow(self._features(x) if features is None else features, scores)
+        self._partitioned, self.scores, self.leaves = True, None, None
+        return self
+
+    def _scored(self, theta: Tensor, x: Tensor, scores: Tensor | None,
+                generator: torch.Generator) -> tuple[Tensor, Any]:  # fmt: skip
+        """The pairs' randomized scores ``(n,)`` float64 and, with the posterior summary,
+        their features from the same draws (``None`` otherwise, or with given scores)."""
         theta, x = check_pairs(theta, x, min_rows=2)
         check_finite("theta", theta)
-        generator = torch.Generator().manual_seed(self.seed)
         if scores is not None:
-            if not isinstance(scores, Tensor) or scores.shape != (len(theta),):
-                raise ValueError(
-                    f"scores must have shape (n,) = ({len(theta)},), got {scores!r:.60}"
-                )
-            check_finite("scores", scores)
+            check_scores(scores, len(theta))
             torch.rand(len(theta), generator=generator, dtype=torch.float64)  # same split
-            return self._store(scores.double().cpu(), x, generator)
-        above = torch.zeros(len(theta), dtype=torch.float64)
-        dense = self.score == "density"
-        summary = SummaryAccumulator(len(theta), theta.shape[1], log_prob=dense)
-        for chunk in evaluation.draw_chunks(self.posterior, theta, x, self.num_posterior_samples,
-                                            log_densities=dense):  # fmt: skip
-            rows = slice(chunk.start, chunk.start + chunk.theta.shape[0])
-            if chunk.log_prob is None:
-                ell_samples, ell_theta = distance_log_prob(chunk.samples, chunk.theta)
-            else:
-                ell_samples, ell_theta = chunk.log_prob, chunk.log_prob_theta
-            evaluation.checked_samples(chunk.samples, ell_samples)
-            check_log_prob(ell_theta)
-            above[rows] += (ell_samples > ell_theta).sum(0).double().cpu()
-            if self._summary:
-                summary.add(rows, chunk.samples, chunk.log_prob)
+            return scores.double().cpu(), None
+        above, summary = count_above(self.posterior, self.score, theta, x,
+                                     self.num_posterior_samples, summary=self._summary)
         noise = torch.rand(len(theta), generator=generator, dtype=torch.float64)
-        features = summary.features().numpy() if self._summary else None
-        return self._store((above + noise) / (self.num_posterior_samples + 1), x, generator,
-                           features)  # fmt: skip
-
-    def _store(self, scores: Tensor, x: Tensor, generator: Any, features: Any = None) -> Any:
-        self.scores, self.leaves, self.tree = scores, None, None
-        if self.local:
-            self._fit_tree(scores, self._features(x) if features is None else features, generator)
-        return self
+        features = None if summary is None else summary.numpy()
+        return (above + noise) / (self.num_posterior_samples + 1), features
 
     def _features(
         self, x: Tensor, samples: Tensor | None = None, ell: Tensor | None = None
@@ -272,25 +283,14 @@ class ConformalRegion:
                 ell = self.posterior.log_prob(samples, x)
         return posterior_summary(samples, ell if dense else None).numpy()
 
-    def _fit_tree(self, scores: Tensor, features: Any, generator: torch.Generator) -> None:
+    def _grow(self, features: Any, scores: Tensor) -> None:
+        """The regression tree of ``scores`` on ``features``, and its leaves' indices."""
         from sklearn.tree import DecisionTreeRegressor
 
-        n = len(scores)
-        n_tree = round(self.tree_fraction * n)
-        if n_tree < self.min_leaf_size or n - n_tree < 2:
-            raise ValueError(
-                f"local=True needs at least min_leaf_size = {self.min_leaf_size} pairs to fit "
-                f"the tree (tree_fraction = {self.tree_fraction} of n) and 2 to calibrate, "
-                f"got n = {n}"
-            )
-        order = torch.randperm(n, generator=generator)
-        fit_rows, cal_rows = order[:n_tree], order[n_tree:]
         tree = DecisionTreeRegressor(min_samples_leaf=self.min_leaf_size, random_state=self.seed)
-        tree.fit(features[fit_rows.numpy()], scores[fit_rows].numpy())
-        nodes = sorted(set(tree.apply(features[fit_rows.numpy()]).tolist()))
-        self._leaf_index = {node: i for i, node in enumerate(nodes)}
-        self.tree, self.scores = tree, scores[cal_rows]
-        self.leaves = self._leaf_of(features[cal_rows.numpy()])
+        tree.fit(features, scores.numpy())
+        nodes = sorted(set(tree.apply(features).tolist()))
+        self.tree, self._leaf_index = tree, {node: i for i, node in enumerate(nodes)}
 
     def _leaf_of(self, features: Any) -> Tensor:
         nodes = self.tree.apply(features).tolist()
@@ -350,7 +350,7 @@ class ConformalRegion:
         Returns:
             Boolean ``(*, N)``.
         """
-        theta, x = self._check(theta, x)
+        theta, x = check_points(theta, x)
         samples = self._draws(x)  # one set of draws for the level and the credibility
         ell_samples, ell_theta = score_statistics(self.posterior, self.score, samples, theta, x)
         target = self._level(level, x if self.local else None, samples, ell_samples)
@@ -379,7 +379,7 @@ class ConformalRegion:
         """
         scores, samples, ell_samples = self._fitted(), None, None
         if credibility is None:  # the same draws for the scores and the tree's features
-            theta, x = self._check(theta, x)
+            theta, x = check_points(theta, x)
             samples = self._draws(x)
             ell_samples, ell_theta = score_statistics(self.posterior, self.score, samples, theta, x)
             credibility = self._credibility(ell_samples, ell_theta, False)

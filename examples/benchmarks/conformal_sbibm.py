@@ -56,8 +56,9 @@ from examples._npe import build_flow
 from examples._smoke import add_smoke_argument, has_sbibm, output_folder
 
 LEVEL, BATCH, LR, PATIENCE = 0.9, 128, 1e-3, 20
-#: the regions: global, local on x, local on the posterior summary (embedding="posterior")
-KINDS = ("global", "local", "posterior")
+#: the regions: global, local on x, local on the posterior summary (embedding="posterior"),
+#: the latter with its tree on the flow's early-stopping pairs (``fit_partition``)
+KINDS = ("global", "local", "posterior", "partitioned")
 NUM_POSTERIOR_SAMPLES = 1000
 #: CP4SBI's published mean |coverage - 0.9| (uncalibrated NPE, their best method)
 CP4SBI = {
@@ -77,8 +78,7 @@ def train(
 ) -> tuple[nn.Module, dict]:
     """Zuko NSF trained by maximum likelihood, best state on a 10 % early-stopping split."""
     generator = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(theta), generator=generator)
-    val, fit = order[: len(theta) // 10], order[len(theta) // 10 :]
+    val, fit = early_stopping_split(len(theta), generator)
     torch.manual_seed(seed)
     flow = build_flow(theta[fit], x[fit], hidden=64, transforms=5)
     optimizer = torch.optim.Adam(flow.parameters(), lr=LR)
@@ -108,6 +108,12 @@ def train(
     return flow, {"epochs": epochs, "val_nll": best, "train_seconds": time.perf_counter() - start}
 
 
+def early_stopping_split(n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of the training pairs that early-stop the flow (10 %) and that fit it."""
+    order = torch.randperm(n, generator=generator)
+    return order[: n // 10], order[n // 10 :]
+
+
 def trained(
     task_name: str, seed: int, theta: torch.Tensor, x: torch.Tensor, max_epochs: int,
     cache: Path | None,
@@ -122,8 +128,8 @@ def trained(
             torch.save({"state": flow.state_dict(), "stats": stats}, path)
         return flow, stats
     saved = torch.load(path)
-    order = torch.randperm(len(theta), generator=torch.Generator().manual_seed(seed))
-    fit = order[len(theta) // 10 :]  # train's split: its standardization, then the weights
+    _, fit = early_stopping_split(len(theta), torch.Generator().manual_seed(seed))
+    # (train's split: its standardization, then the weights)
     flow = build_flow(theta[fit], x[fit], hidden=64, transforms=5)
     flow.load_state_dict(saved["state"])
     flow.eval()
@@ -140,16 +146,20 @@ def run(task_name: str, seed: int, args: argparse.Namespace, figure: Path | None
     n_cal = int(args.calib * args.budget)
     flow, stats = trained(task_name, seed, theta[n_cal:], x[n_cal:], args.max_epochs, args.cache)
     theta_cal, x_cal = theta[:n_cal], x[:n_cal]
+    stop_rows, _ = early_stopping_split(len(theta) - n_cal, torch.Generator().manual_seed(seed))
     regions, fit_seconds = {}, {}
     for kind in KINDS:  # the local region reuses the global one's scores; "posterior" scores
         start = time.perf_counter()  # again (the same draws) for its features
         torch.manual_seed(seed)
         shared = regions["global"].scores if kind == "local" else None
-        regions[kind] = cl.ConformalRegion(
+        region = cl.ConformalRegion(
             flow, local=kind != "global", num_posterior_samples=args.samples,
             min_leaf_size=args.min_leaf_size, seed=seed,
-            embedding="posterior" if kind == "posterior" else None,
-        ).fit(theta_cal, x_cal, scores=shared)  # fmt: skip
+            embedding="posterior" if kind in ("posterior", "partitioned") else None,
+        )  # fmt: skip
+        if kind == "partitioned":  # the tree on the early-stopping pairs, all 2,000 calibrate
+            region.fit_partition(theta[n_cal:][stop_rows], x[n_cal:][stop_rows])
+        regions[kind] = region.fit(theta_cal, x_cal, scores=shared)
         fit_seconds[kind] = time.perf_counter() - start
     coverage = {"flow": [], **{kind: [] for kind in KINDS}}
     levels = {kind: [] for kind in KINDS}
@@ -161,7 +171,7 @@ def run(task_name: str, seed: int, args: argparse.Namespace, figure: Path | None
         cred = regions["global"].credibility(reference[:, None], x_o)[:, 0]
         coverage["flow"].append(float((cred < LEVEL).double().mean()))
         for kind, region in regions.items():
-            if kind == "posterior":  # its seeded draws at x_o: for the level and the score
+            if kind in ("posterior", "partitioned"):  # its seeded draws at x_o: level, score
                 cred = region.credibility(reference[:, None], x_o)[:, 0]
             level = float(region.calibrated_level(LEVEL, x_o).reshape(-1)[0])
             levels[kind].append(level)
@@ -236,9 +246,10 @@ def table(runs: list[dict], args: argparse.Namespace, folder: Path) -> str:
         f"{platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread.",
         "",
         "| task | seeds | NSF (uncalibrated) | conformal global | conformal local (x) | "
-        "conformal local (posterior summary) | CP4SBI amortized (NPE -> best) | "
+        "conformal local (posterior summary) | local (posterior summary), tree on the "
+        "early-stopping pairs | CP4SBI amortized (NPE -> best) | "
         "CP4SBI issue 25 file (SNPE-C -> best) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for task_name in dict.fromkeys(r["task"] for r in runs):
         rs = [r for r in runs if r["task"] == task_name]
@@ -248,11 +259,13 @@ def table(runs: list[dict], args: argparse.Namespace, folder: Path) -> str:
             f"{summary([r['error']['global'] for r in rs])} | "
             f"{summary([r['error']['local'] for r in rs])} | "
             f"{summary([r['error']['posterior'] for r in rs])} | "
+            f"{summary([r['error']['partitioned'] for r in rs])} | "
             f"{amortized[0]:.3f} -> {amortized[1]:.3f} ({amortized[2]}) | "
             f"{issue[0]:.3f} -> {issue[1]:.3f} ({issue[2]}) |"
         )
     names = {"global": "global", "local": "local on x",
-             "posterior": "local on the posterior summary"}  # fmt: skip
+             "posterior": "local on the posterior summary",
+             "partitioned": "local on the summary with the early-stopping tree"}  # fmt: skip
     verdict = []
     for task_name in dict.fromkeys(r["task"] for r in runs):
         rs = [r for r in runs if r["task"] == task_name]
@@ -276,10 +289,11 @@ def table(runs: list[dict], args: argparse.Namespace, folder: Path) -> str:
         "training 80 %).",
     ]
     lines += ["", "## Per run", "",
-              "| task | seed | epochs | val NLL | train s | fit s (global; local; posterior) | "
-              "flow | global | local (x) | local (posterior) | calibrated level (global; "
-              "local range; posterior range) |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+              "| task | seed | epochs | val NLL | train s | fit s (global; local; posterior; "
+              "early-stopping tree) | flow | global | local (x) | local (posterior) | "
+              "local (posterior, early-stopping tree) | calibrated level (global; local "
+              "range; posterior range; early-stopping tree range) |",
+              "| --- " * 12 + "|"]  # fmt: skip
     for r in runs:
         e, lv = r["error"], r["levels"]
         lines.append(
