@@ -8,7 +8,10 @@ of ``conformal_sbibm.py`` (same simulations, training recipe and seeds):
 * ``summary``: the posterior summary of ``embedding="posterior"``: per-coordinate mean
   and standard deviation of the flow's 1,000 draws at ``x`` and their mean log-density;
 * ``x+summary``: both; ``scale``: the standard deviations and mean log-density only;
-* ``min_leaf_size`` 50, 100 and 200 for each.
+* ``min_leaf_size`` 50, 100 and 200 for each;
+* ``... early-stopping tree``: the tree fitted on the flow's early-stopping pairs
+  (``fit_partition``: 10 % of the training pairs, 800, never used for its weights), so
+  that all 2,000 held-out pairs calibrate the leaves, for ``x`` and ``summary``.
 
 Per (task, seed) the cache keeps the trained flow, the held-out pairs' scores and summary
 features (from the scoring draws, as ``fit`` takes them), per sbibm observation the flow
@@ -88,11 +91,17 @@ def cache_run(task_name: str, seed: int, args: argparse.Namespace, folder: Path)
     import sbibm
 
     path = folder / f"{task_name}_{seed}.pt"
-    if path.exists():
-        return torch.load(path)
     task = sbibm.get_task(task_name)
     theta, x = cs.simulate(task, args.budget, seed)
     n_cal = int(args.calib * args.budget)
+    if path.exists():
+        out = torch.load(path)
+        if "stop" not in out:  # cached before the early-stopping variants
+            flow, _ = cs.trained(task_name, seed, theta[n_cal:], x[n_cal:], args.max_epochs,
+                                 folder)  # fmt: skip
+            out["stop"] = _stopping_pairs(flow, theta[n_cal:], x[n_cal:], seed, args.samples)
+            torch.save(out, path)
+        return out
     flow, _ = cs.trained(task_name, seed, theta[n_cal:], x[n_cal:], args.max_epochs, folder)
     s = args.samples
     held = _score(flow, theta[:n_cal], x[:n_cal], seed, s)
@@ -118,9 +127,22 @@ def cache_run(task_name: str, seed: int, args: argparse.Namespace, folder: Path)
     fresh = _score(flow, theta_new, x_new, 6000 + seed, s)
     out = {"theta_cal": theta[:n_cal], "x_cal": x[:n_cal], "feats": held["feats"],
            "scores": (held["above"] + noise) / (s + 1), "obs": obs,
-           "fresh": {"x": x_new, "cred": fresh["above"] / (s + 1), "feats": fresh["feats"]}}
+           "fresh": {"x": x_new, "cred": fresh["above"] / (s + 1), "feats": fresh["feats"]},
+           "stop": _stopping_pairs(flow, theta[n_cal:], x[n_cal:], seed, s)}
     torch.save(out, path)
     return out
+
+
+def _stopping_pairs(flow: object, theta: torch.Tensor, x: torch.Tensor, seed: int,
+                    draws: int) -> dict:  # fmt: skip
+    """The early-stopping pairs of the flow (``cs.train``'s split of its training pairs):
+    their observations, randomized scores and summary features."""
+    rows, _ = cs.early_stopping_split(len(theta), torch.Generator().manual_seed(seed))
+    scored = _score(flow, theta[rows], x[rows], 7000 + seed, draws)
+    noise = torch.rand(len(rows), generator=torch.Generator().manual_seed(8000 + seed),
+                       dtype=torch.float64)  # fmt: skip
+    return {"theta": theta[rows], "x": x[rows], "scores": (scored["above"] + noise) / (draws + 1),
+            "feats": scored["feats"]}  # fmt: skip
 
 
 def _features(kind: str, x: torch.Tensor, summary: torch.Tensor) -> torch.Tensor:
@@ -129,12 +151,14 @@ def _features(kind: str, x: torch.Tensor, summary: torch.Tensor) -> torch.Tensor
             "scale": summary[:, d:]}[kind]  # fmt: skip
 
 
-def evaluate(run: dict, seed: int, kind: str | None, leaf: int) -> dict:
-    """One variant (``kind=None``: the global region) on one cached run."""
-    obs, fresh = run["obs"], run["fresh"]
-    xs = [run["x_cal"], fresh["x"], *[o["x"] for o in obs]]
+def evaluate(run: dict, seed: int, kind: str | None, leaf: int, stop: bool = False) -> dict:
+    """One variant (``kind=None``: the global region) on one cached run; ``stop``: the
+    tree fitted on the early-stopping pairs, every held-out pair calibrating."""
+    obs, fresh, early = run["obs"], run["fresh"], run["stop"]
+    xs = [run["x_cal"], fresh["x"], early["x"], *[o["x"] for o in obs]]
     xs = torch.cat([v.reshape(len(v), -1) for v in xs])
-    feats = torch.cat([run["feats"], fresh["feats"], *[o["feat"][None] for o in obs]])
+    feats = torch.cat([run["feats"], fresh["feats"], early["feats"],
+                       *[o["feat"][None] for o in obs]])  # fmt: skip
     table = dict(zip([r.numpy().tobytes() for r in xs.float()],
                      _features(kind or "x", xs, feats), strict=True))  # fmt: skip
 
@@ -148,6 +172,8 @@ def evaluate(run: dict, seed: int, kind: str | None, leaf: int) -> dict:
 
     region = cl.ConformalRegion(unused, local=kind is not None, min_leaf_size=leaf,
                                 embedding=lookup, seed=seed)  # fmt: skip
+    if stop:
+        region.fit_partition(early["theta"], early["x"], scores=early["scores"])
     region.fit(run["theta_cal"], run["x_cal"], scores=run["scores"])
     levels = [float(region.calibrated_level(LEVEL, o["x"]).reshape(-1)[0]) for o in obs]
     error = statistics.fmean(abs(float((o["cred"].double() < a).double().mean()) - LEVEL)
@@ -183,14 +209,16 @@ def main() -> None:
     torch.set_num_threads(1)
     cache = args.cache or Path(tempfile.mkdtemp(prefix="conformal_variants_"))
     cache.mkdir(parents=True, exist_ok=True)
-    variants = [("global", None, 1)]
-    variants += [(f"{k} leaf {m}", k, m) for k in KINDS for m in args.leaves]
+    variants = [("global", None, 1, False)]
+    variants += [(f"{k} leaf {m}", k, m, False) for k in KINDS for m in args.leaves]
+    variants += [(f"{k} leaf {m}, early-stopping tree", k, m, True)
+                 for k in ("x", "summary") for m in args.leaves]  # fmt: skip
     out: dict = {}
     for task_name in args.tasks:
         for seed in args.seeds:
             run = cache_run(task_name, seed, args, cache)
-            for name, kind, leaf in variants:
-                result = evaluate(run, seed, kind, leaf)
+            for name, kind, leaf, stop in variants:
+                result = evaluate(run, seed, kind, leaf, stop)
                 out.setdefault(task_name, {}).setdefault(name, []).append({"seed": seed, **result})
     folder = output_folder(Path(__file__).parent / "results", args.smoke)
     (folder / "conformal_sbibm_variants.json").write_text(json.dumps(out, indent=1))
