@@ -142,8 +142,8 @@ def record(rows: list, name: str, dim: int, seconds: dict[str, float],
            write_table: Callable[[], None]) -> None:  # fmt: skip
     """Print one estimator's seconds, keep its row and rewrite the table at once (a long
     run keeps the rows it has)."""
-    print(f"  {name} D={dim}: " + ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()),
-          flush=True)  # fmt: skip
+    print(f"  {name} D={dim}: " + ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()
+                                            if isinstance(v, float)), flush=True)  # fmt: skip
     rows.append((name, dim, seconds))
     write_table()
 
