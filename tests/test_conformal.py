@@ -457,6 +457,7 @@ def test_diagnose_reports_the_calibrated_region_at_each_observation(tmp_path) ->
         assert abs(row["reference_in_calibrated_region"] - 0.9) < 0.06
     page = report.save(tmp_path).read_text()
     assert "Calibrated credible regions" in page
+    assert "one level for all x, calibrated on 500 held-out pairs" in page
     assert 'id="conformal_region_2"' in page
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["regions"] == rows
@@ -502,3 +503,25 @@ def test_the_recalibration_studys_noise_floor_is_the_area_of_exact_scores() -> N
     normal = math.sqrt((1 / n + 1 / num_test) / 12 * 2 / math.pi)
     assert floor == pytest.approx(normal, rel=0.05)
     assert 0.1 < chance < 0.6  # the mean of 5 such errors at or below 0.02
+
+
+@pytest.mark.parametrize("partition", [False, True])
+def test_the_report_says_which_tree_sets_a_local_region_and_how_many_pairs_calibrate(
+    tmp_path, partition: bool
+) -> None:
+    toy = GaussianToy(dim=2)
+    g = torch.Generator().manual_seed(24)
+    torch.manual_seed(24)
+    theta_val, x_val = toy.sample(400, g)
+    theta, x = toy.sample(100, g)
+    narrow = toy.posterior(variance_scale=0.5)
+    region = cl.ConformalRegion(narrow, local=True, num_posterior_samples=100,
+                                embedding="posterior")  # fmt: skip
+    if partition:
+        region.fit_partition(*toy.sample(300, g))
+    region.fit(theta_val, x_val)
+    report = cl.diagnose(narrow, theta, x, observations=x[:2], region=region, checks=("ranks",))
+    page = report.save(tmp_path).read_text()
+    grown, calibrating = (300, 400) if partition else (200, 200)  # else: half and half
+    assert (f"one level per leaf of a tree over a summary of the posterior at x, grown on "
+            f"{grown} other pairs, calibrated on {calibrating} held-out pairs") in page

@@ -77,16 +77,24 @@ class RegionSummary:
                 cell += [f"{row['reference_in_nominal_region']:.3f}",
                          f"{row['reference_in_calibrated_region']:.3f}"]  # fmt: skip
             cells.append(cell)
-        kind = "one per leaf of a tree over x" if self.region.local else "one for all x"
         n = 0 if self.region.scores is None else self.region.scores.numel()
         return f"""<h2>Calibrated credible regions</h2>
-<p class="note">A conformal region ({kind}, fitted on {n} held-out pairs) takes the
+<p class="note">A conformal region ({self.kind()}, calibrated on {n} held-out pairs) takes the
 posterior's HPD region at the credibility below, instead of {REGION_LEVEL:g}: it covers the
 true parameter of new pairs with probability at least {REGION_LEVEL:g} (marginally over x).
 Above {REGION_LEVEL:g}: the posterior is over-confident there; below: under-confident.
 {'With reference samples, the last two columns are the exact posterior mass of each region '
  f'at the observation ({REGION_LEVEL:g} is right).' if reference else ''}</p>
 {table(header, cells)}"""
+
+    def kind(self) -> str:
+        """How the region sets its levels: one for all x, or per leaf of which tree."""
+        region = self.region
+        if not region.local:
+            return "one level for all x"
+        over = "a summary of the posterior at x" if region.embedding == "posterior" else "x"
+        grown = int(region.tree.tree_.n_node_samples[0])  # the pairs the tree was fitted on
+        return f"one level per leaf of a tree over {over}, grown on {grown} other pairs"
 
     def figures(
         self, parameters: Sequence[int] | None = None, labels: Sequence[str] | None = None
