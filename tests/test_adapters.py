@@ -244,6 +244,31 @@ def test_only_odes_declare_a_costly_log_prob_and_get_the_distance_rank(adapter):
     assert metric.compute().joint_statistic == ("distance" if name in SLOW else "energy")
 
 
+def test_conformal_levels_of_every_adapter_are_nominal_on_its_own_draws(adapter):
+    """Every adapter at once: pairs whose theta is the model's own draw are calibrated at
+    every x, so the credibilities from its draws and log-densities are uniform given x and
+    the conformal levels, global and per leaf of a tree grown on other pairs
+    (``fit_partition``) over x or (not for the slow ODEs: the same code) over the posterior
+    summary, are 0.9 up to their order statistics' spread."""
+    name, post = adapter
+    n, draws = (100, 20) if name in SLOW else (400, 100)
+    _, x = simulate(2 * n, seed=7)
+    torch.manual_seed(8)  # (seed 7 would draw theta's noise as x's own: theta tied to x)
+    theta = post.sample(x, 1)[0]
+    whole = cl.ConformalRegion(post, num_posterior_samples=draws).fit(theta[:n], x[:n])
+    assert abs(float(whole.calibrated_level(0.9)) - 0.9) < 4 * 0.3 / n**0.5
+    for embedding in (None,) if name in SLOW else (None, "posterior"):
+        region = cl.ConformalRegion(post, local=True, embedding=embedding,
+                                    num_posterior_samples=draws, min_leaf_size=n // 4)
+        region.fit_partition(theta[n:], x[n:])
+        region.fit(theta[:n], x[:n], scores=None if embedding else whole.scores)  # fmt: skip
+        spread = 0.3 / region.leaves.bincount().min() ** 0.5  # sd of a leaf's 0.9 quantile
+        levels = region.calibrated_level(0.9, x[:n])
+        assert levels.shape == (n,)
+        assert float((levels - 0.9).abs().max()) < 5 * spread, (embedding, levels.unique())
+    assert region.contains(theta[:3], x[:3]).shape == (3,)
+
+
 def test_the_check_sees_a_flow_that_skips_its_embedding():
     """The defect of sbi 0.27's ``NFlowsFlow.inverse_transform``: raw ``x`` into the flow
     instead of the embedding net's z-scored ``x``. The normality check must reject it."""
