@@ -59,6 +59,8 @@ LEVEL, BATCH, LR, PATIENCE = 0.9, 128, 1e-3, 20
 #: the regions: global, local on x, local on the posterior summary (embedding="posterior"),
 #: the latter with its tree on the flow's early-stopping pairs (``fit_partition``)
 KINDS = ("global", "local", "posterior", "partitioned")
+#: ``--mc-seed K`` offsets every Monte Carlo seed (draws, splits, tie noise) by K times this
+MC_OFFSET = 1000
 NUM_POSTERIOR_SAMPLES = 1000
 #: CP4SBI's published mean |coverage - 0.9| (uncalibrated NPE, their best method)
 CP4SBI = {
@@ -148,13 +150,14 @@ def run(task_name: str, seed: int, args: argparse.Namespace, figure: Path | None
     theta_cal, x_cal = theta[:n_cal], x[:n_cal]
     stop_rows, _ = early_stopping_split(len(theta) - n_cal, torch.Generator().manual_seed(seed))
     regions, fit_seconds = {}, {}
+    mc = MC_OFFSET * args.mc_seed  # other Monte Carlo draws (and splits), the same flow
     for kind in KINDS:  # the local region reuses the global one's scores; "posterior" scores
         start = time.perf_counter()  # again (the same draws) for its features
-        torch.manual_seed(seed)
+        torch.manual_seed(seed + mc)
         shared = regions["global"].scores if kind == "local" else None
         region = cl.ConformalRegion(
             flow, local=kind != "global", num_posterior_samples=args.samples,
-            min_leaf_size=args.min_leaf_size, seed=seed,
+            min_leaf_size=args.min_leaf_size, seed=seed + mc,
             embedding="posterior" if kind in ("posterior", "partitioned") else None,
         )  # fmt: skip
         if kind == "partitioned":  # the tree on the early-stopping pairs, all 2,000 calibrate
@@ -167,7 +170,7 @@ def run(task_name: str, seed: int, args: argparse.Namespace, figure: Path | None
         x_o = task.get_observation(num_observation=k).float()
         reference = task.get_reference_posterior_samples(num_observation=k).float()
         reference = reference[: args.reference]
-        torch.manual_seed(seed * 100 + k)
+        torch.manual_seed(seed * 100 + k + 100 * mc)
         cred = regions["global"].credibility(reference[:, None], x_o)[:, 0]
         coverage["flow"].append(float((cred < LEVEL).double().mean()))
         for kind, region in regions.items():
@@ -189,7 +192,8 @@ def run(task_name: str, seed: int, args: argparse.Namespace, figure: Path | None
             fig.savefig(figure if zoom is None else figure.with_name(figure.stem + "_zoom.png"),
                         dpi=110)  # fmt: skip
     error = {m: statistics.fmean(abs(c - LEVEL) for c in cs) for m, cs in coverage.items()}
-    return dict(task=task_name, seed=seed, budget=args.budget, calibration_pairs=n_cal,
+    return dict(task=task_name, seed=seed, mc_seed=args.mc_seed, budget=args.budget,
+                calibration_pairs=n_cal,
                 error=error, coverage=coverage, levels=levels, fit_seconds=fit_seconds,
                 **stats)  # fmt: skip
 
@@ -343,7 +347,38 @@ def table(runs: list[dict], args: argparse.Namespace, folder: Path) -> str:
         "(train s: that training). Per-observation coverages and levels: "
         "conformal_sbibm_runs.json.",
     ]
-    return "\n".join(lines + variants_table(folder)) + "\n"
+    return "\n".join(lines + replicates_table(runs, folder) + variants_table(folder)) + "\n"
+
+
+def replicates_table(runs: list[dict], folder: Path) -> list[str]:
+    """The "Monte Carlo replicates" section: the main runs and those of
+    ``--mc-seed K`` (conformal_sbibm_runs_mcK.json: the same flows, other draws)."""
+    extra = sorted(folder.glob("conformal_sbibm_runs_mc*.json"))
+    if not extra:
+        return []
+    every = runs + [r for path in extra for r in json.loads(path.read_text())]
+    lines = ["", "## Monte Carlo replicates", "",
+             f"The same flows and seeds with other Monte Carlo draws (`--mc-seed K`, K = 1 to "
+             f"{len(extra)}: the held-out pairs' draws, the trees' split, the tie-breaking "
+             "noise and the draws at the observations): per column, the mean over seeds of "
+             "each seed's mean over its replicates (± standard error over seeds), and the "
+             "replicates' standard deviation within a seed (root mean square over seeds).",
+             "", "| task | seeds x replicates | " + " | ".join(KINDS) + " |",
+             "| --- | --- |" + " --- |" * len(KINDS)]  # fmt: skip
+    for task_name in dict.fromkeys(r["task"] for r in runs):
+        rs = [r for r in every if r["task"] == task_name]
+        seeds = sorted({r["seed"] for r in rs})
+        cells = []
+        for kind in KINDS:
+            per_seed = [[r["error"][kind] for r in rs if r["seed"] == s] for s in seeds]
+            within = [statistics.pvariance(v) * len(v) / (len(v) - 1) for v in per_seed
+                      if len(v) > 1]  # fmt: skip
+            spread = math.sqrt(statistics.fmean(within)) if within else math.nan
+            cells.append(f"{summary([statistics.fmean(v) for v in per_seed])} "
+                         f"(within {spread:.3f})")  # fmt: skip
+        count = f"{len(seeds)} x {round(len(rs) / len(seeds), 1):g}"
+        lines.append(f"| {task_name} | {count} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def variants_table(folder: Path) -> list[str]:
@@ -380,6 +415,9 @@ def main() -> None:
     parser.add_argument("--observations", type=int, default=10)
     parser.add_argument("--reference", type=int, default=10_000)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--mc-seed", type=int, default=0,
+                        help="K > 0: the same flows with other Monte Carlo draws, into "
+                        "conformal_sbibm_runs_mcK.json (the table shows their means)")  # fmt: skip
     parser.add_argument("--cache", type=Path, default=None,
                         help="keep (or reuse) each run's trained flow in this folder")  # fmt: skip
     parser.add_argument("--no-figure", action="store_true")
@@ -402,21 +440,25 @@ def main() -> None:
         run("two_moons", args.seeds[0], args, folder / "conformal_sbibm.png")
         print(f"figure written to {folder}")
         return
-    runs_path = folder / "conformal_sbibm_runs.json"
+    suffix = f"_mc{args.mc_seed}" if args.mc_seed else ""
+    runs_path = folder / f"conformal_sbibm_runs{suffix}.json"
     runs = json.loads(runs_path.read_text()) if args.resume and runs_path.exists() else []
     done = {(r["task"], r["seed"]) for r in runs}
     for task_name in args.tasks:
         for seed in args.seeds:
             if (task_name, seed) in done:
                 continue
-            draw = not args.no_figure and task_name == "two_moons" and seed == args.seeds[0]
+            draw = (not args.no_figure and not args.mc_seed and task_name == "two_moons"
+                    and seed == args.seeds[0])  # fmt: skip
             runs.append(
                 run(task_name, seed, args, folder / "conformal_sbibm.png" if draw else None)
             )
             print(json.dumps({k: runs[-1][k] for k in ("task", "seed", "error", "epochs")}),
                   flush=True)  # fmt: skip
             runs_path.write_text(json.dumps(runs, indent=1))
-            (folder / "conformal_sbibm.md").write_text(table(runs, args, folder))
+    if args.mc_seed:  # the table is the main run's, with these replicates beside it
+        print(f"written to {runs_path}")
+        return
     (folder / "conformal_sbibm.md").write_text(table(runs, args, folder))
     print((folder / "conformal_sbibm.md").read_text())
     print(f"written to {folder}")
