@@ -112,7 +112,7 @@ def plot_conformal_region(
     if d == 2:  # the contours' legend entries
         ax.plot([], [], color=_CALIBRATED, label=f"calibrated ({level_hat:.3f} HPD)")
         ax.plot([], [], color=_NOMINAL, ls="--", label=f"nominal ({level:.2f} HPD)")
-    ax.legend(loc="upper right", fontsize=7, framealpha=0.8)
+    ax.legend(loc="best", fontsize=7, framealpha=0.8)  # (where it hides the fewest points)
     ax.set_xlabel(f"$\\theta_{{{i + 1}}}$" if labels is None else labels[i])
     ax.set_ylabel(f"$\\theta_{{{j + 1}}}$" if labels is None else labels[j])
     kind = "local" if region.local else "global"
