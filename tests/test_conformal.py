@@ -144,18 +144,24 @@ def test_local_region_keeps_the_guarantee_per_leaf(
     _check_guarantee(calibrated, bound)
 
 
+def _half_errors(region: cl.ConformalRegion, theta: torch.Tensor, x: torch.Tensor) -> list:
+    """|coverage - 0.9| of the region on new pairs where ``_heteroscedastic`` is too narrow
+    (``x_1 > 0``) and where it is too wide."""
+    inside = region.contains(theta, x, LEVEL).double()
+    over = x[:, 0] > 0
+    return [abs(float(inside[rows].mean()) - LEVEL) for rows in (over, ~over)]
+
+
 def test_local_region_adapts_where_the_global_one_cannot() -> None:
     toy = GaussianToy(dim=2)
     g = torch.Generator().manual_seed(5)
     torch.manual_seed(5)
     theta, x = toy.sample(2000, g)
     theta_new, x_new = toy.sample(4000, g)
-    over = x_new[:, 0] > 0  # where the posterior is over-confident
     errors = {}
     for local in (False, True):
         region = cl.ConformalRegion(_heteroscedastic, local=local).fit(theta, x)
-        inside = region.contains(theta_new, x_new, LEVEL).double()
-        errors[local] = [abs(float(inside[rows].mean()) - LEVEL) for rows in (over, ~over)]
+        errors[local] = _half_errors(region, theta_new, x_new)
     assert min(errors[False]) > 0.08  # one level for both halves misses both by 0.1
     assert max(errors[True]) < 0.06  # the tree splits at x_1 = 0 (leaves of ~100 pairs)
 
@@ -167,7 +173,6 @@ def test_fit_partition_keeps_its_tree_and_calibrates_each_leaf_with_all_held_out
     theta_tree, x_tree = toy.sample(1000, g)
     theta, x = toy.sample(1000, g)
     theta_new, x_new = toy.sample(4000, g)
-    over = x_new[:, 0] > 0
     region = cl.ConformalRegion(_heteroscedastic, local=True)  # 1,000 draws: its level 0.998
     region.fit_partition(theta_tree, x_tree)
     assert region.scores is None  # not calibrated yet
@@ -178,8 +183,7 @@ def test_fit_partition_keeps_its_tree_and_calibrates_each_leaf_with_all_held_out
     counts = torch.bincount(region.leaves, minlength=len(region._leaf_index))
     assert len(counts) >= 2  # the tree splits where q changes
     assert (counts > 0).all()
-    inside = region.contains(theta_new, x_new, LEVEL).double()  # (one level: 0.1 off in both)
-    assert max(abs(float(inside[rows].mean()) - LEVEL) for rows in (over, ~over)) < 0.06
+    assert max(_half_errors(region, theta_new, x_new)) < 0.06  # (one level: 0.1 off in both)
     # the same leaves and quantiles from given scores: the draws are skipped, not changed
     given = cl.ConformalRegion(_heteroscedastic, local=True)
     given.fit_partition(theta_tree, x_tree, scores=torch.rand(1000, generator=g))
@@ -204,11 +208,9 @@ def test_posterior_summary_features_find_where_the_posterior_is_too_narrow() -> 
     g = torch.Generator().manual_seed(17)
     theta, x = toy.sample(2000, g)
     theta_new, x_new = toy.sample(4000, g)
-    over = x_new[:, 0] > 0
     region = cl.ConformalRegion(_heteroscedastic, local=True, num_posterior_samples=300,
                                 embedding="posterior").fit(theta, x)  # fmt: skip
-    inside = region.contains(theta_new, x_new, LEVEL).double()
-    assert max(abs(float(inside[rows].mean()) - LEVEL) for rows in (over, ~over)) < 0.06
+    assert max(_half_errors(region, theta_new, x_new)) < 0.06
 
 
 def test_posterior_summary_features_are_seeded_and_shared_with_the_score() -> None:

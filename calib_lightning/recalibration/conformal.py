@@ -184,9 +184,13 @@ class ConformalRegion:
             ``(*, N)`` in ``[0, 1)``; ``theta`` lies in the region at level ``a`` iff its
             non-randomized credibility is below ``a``.
         """
+        return self._credibility(*self._statistics(theta, x)[1:], randomized)
+
+    def _statistics(self, theta: Tensor, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Checked points' draws at ``x`` and score statistics (of the draws, of ``theta``)."""
         theta, x = check_points(theta, x)
-        ell = score_statistics(self.posterior, self.score, self._draws(x), theta, x)
-        return self._credibility(*ell, randomized)
+        samples = self._draws(x)
+        return samples, *score_statistics(self.posterior, self.score, samples, theta, x)
 
     def _credibility(self, ell_samples: Tensor, ell_theta: Tensor, randomized: bool) -> Tensor:
         noise = tie_noise(ell_theta, self.seed + 1) if randomized else None
@@ -350,9 +354,7 @@ class ConformalRegion:
         Returns:
             Boolean ``(*, N)``.
         """
-        theta, x = check_points(theta, x)
-        samples = self._draws(x)  # one set of draws for the level and the credibility
-        ell_samples, ell_theta = score_statistics(self.posterior, self.score, samples, theta, x)
+        samples, ell_samples, ell_theta = self._statistics(theta, x)
         target = self._level(level, x if self.local else None, samples, ell_samples)
         return self._credibility(ell_samples, ell_theta, False) < target.to(theta.dtype)
 
@@ -379,9 +381,7 @@ class ConformalRegion:
         """
         scores, samples, ell_samples = self._fitted(), None, None
         if credibility is None:  # the same draws for the scores and the tree's features
-            theta, x = check_points(theta, x)
-            samples = self._draws(x)
-            ell_samples, ell_theta = score_statistics(self.posterior, self.score, samples, theta, x)
+            samples, ell_samples, ell_theta = self._statistics(theta, x)
             credibility = self._credibility(ell_samples, ell_theta, False)
         elif credibility.shape != (len(x),):
             raise ValueError(

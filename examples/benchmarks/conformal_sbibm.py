@@ -174,7 +174,8 @@ def run(task_name: str, seed: int, args: argparse.Namespace, figure: Path | None
         cred = regions["global"].credibility(reference[:, None], x_o)[:, 0]
         coverage["flow"].append(float((cred < LEVEL).double().mean()))
         for kind, region in regions.items():
-            if kind in ("posterior", "partitioned"):  # its seeded draws at x_o: level, score
+            if kind == "posterior":  # its seeded draws at x_o: level, score ("partitioned"
+                # has the same seed and posterior, hence the same draws and credibilities)
                 cred = region.credibility(reference[:, None], x_o)[:, 0]
             level = float(region.calibrated_level(LEVEL, x_o).reshape(-1)[0])
             levels[kind].append(level)

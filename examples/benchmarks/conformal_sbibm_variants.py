@@ -54,6 +54,7 @@ from torch.distributions import Independent, Normal
 
 import calib_lightning as cl
 from calib_lightning import evaluation
+from calib_lightning.recalibration._draw_stats import count_above, posterior_summary
 from examples._smoke import add_smoke_argument, has_sbibm, output_folder
 from examples.benchmarks import conformal_sbibm as cs
 
@@ -61,29 +62,12 @@ LEVEL = 0.9
 KINDS = ("x", "summary", "x+summary", "scale")
 
 
-def _summary(sums: torch.Tensor, count: int) -> torch.Tensor:
-    """``embedding="posterior"``'s features ``(N, 2D + 1)`` from per-pair sums of the draws,
-    of their squares and of their log-densities ``(N, 2D + 1)`` over ``count`` draws."""
-    mean = sums / count
-    d = (sums.shape[1] - 1) // 2
-    std = (mean[:, d : 2 * d] - mean[:, :d].square()).clamp_min(0.0).sqrt()
-    return torch.cat([mean[:, :d], std, mean[:, 2 * d :]], 1)
-
-
 def _score(flow: object, theta: torch.Tensor, x: torch.Tensor, seed: int, draws: int) -> dict:
-    """Draws at each pair: how many beat the truth's density, and the summary features."""
-    post = cl.as_posterior(flow)
+    """Draws at each pair: how many beat the truth's density, and the summary features
+    (``ConformalRegion.fit``'s own counting, from the same draws)."""
     torch.manual_seed(seed)
-    n, d = theta.shape
-    above = torch.zeros(n, dtype=torch.float64)
-    sums = torch.zeros(n, 2 * d + 1, dtype=torch.float64)
-    for chunk in evaluation.draw_chunks(post, theta, x, draws, log_densities=True):
-        rows = slice(chunk.start, chunk.start + chunk.theta.shape[0])
-        above[rows] += (chunk.log_prob > chunk.log_prob_theta).sum(0).double()
-        samples = chunk.samples.double()
-        sums[rows] += torch.cat([samples.sum(0), samples.square().sum(0),
-                                 chunk.log_prob.double().sum(0)[:, None]], 1)  # fmt: skip
-    return {"above": above, "feats": _summary(sums, draws)}
+    above, feats = count_above(cl.as_posterior(flow), "density", theta, x, draws, summary=True)
+    return {"above": above, "feats": feats}
 
 
 def cache_run(task_name: str, seed: int, args: argparse.Namespace, folder: Path) -> dict:
@@ -117,11 +101,9 @@ def cache_run(task_name: str, seed: int, args: argparse.Namespace, folder: Path)
             ell, ell_ref = post.log_prob(draws, x_o), post.log_prob(reference[:, None], x_o)
         cred = (ell[:, None] > ell_ref[None]).sum(0).double()[:, 0] / (s + 1)
         torch.manual_seed(10_000 + seed * 100 + k)  # features from other draws, as at new x
-        draws = evaluation.draws(post, x_o, s).double()[:, 0]
+        draws = evaluation.draws(post, x_o, s)
         with torch.no_grad():
-            ell = post.log_prob(draws[:, None].float(), x_o).double()[:, 0]
-        sums = torch.cat([draws.sum(0), draws.square().sum(0), ell.sum(0)[None]])
-        feat = _summary(sums[None], s)[0]
+            feat = posterior_summary(draws, post.log_prob(draws, x_o))[0]
         obs.append({"x": x_o, "cred": cred.float(), "feat": feat})
     theta_new, x_new = cs.simulate(task, args.fresh, 5000 + seed)
     fresh = _score(flow, theta_new, x_new, 6000 + seed, s)
