@@ -9,6 +9,7 @@ alone up to sampling noise; the map round-trips on zuko, nflows, sbi and torch f
 
 import logging
 import math
+import warnings
 
 import lightning as L
 import pytest
@@ -26,7 +27,7 @@ from torch.distributions import (
     Normal,
     TransformedDistribution,
 )
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Subset, TensorDataset
 
 import calib_lightning as cl
 from calib_lightning.callbacks import RecalibrationCallback
@@ -357,3 +358,37 @@ def test_a_registered_method_is_called_with_the_pairs():
         del METHODS["identity-test"]
     assert isinstance(post, cl.Posterior)
     assert seen == {"rows": 30, "z": None, "options": {"level": 0.9}}
+
+
+class _NPEWithValidation(_NPE):
+    def validation_step(self, batch, batch_idx):
+        theta, x = batch
+        self.log("val/nll", -self.flow(x).log_prob(theta).mean())
+
+
+@pytest.mark.parametrize("subset", [False, True])
+def test_callback_warns_when_its_pairs_chose_the_checkpoint(tmp_path, subset):
+    """Pairs that early stopping monitored are not new pairs for the model kept: the callback
+    says so when they are the trainer's validation data (a TensorDataset or a Subset of one),
+    and stays silent with pairs apart, or with no monitor."""
+    theta, x = toy_pairs(200, 8)
+    theta_val, x_val = toy_pairs(100, 9)
+    data = TensorDataset(torch.cat([theta, theta_val]), torch.cat([x, x_val]))
+    validation = Subset(data, range(200, 300)) if subset else TensorDataset(theta_val, x_val)
+
+    def fit(callback, monitor):
+        stop = [L.pytorch.callbacks.EarlyStopping("val/nll", patience=1)] if monitor else []
+        trainer = L.Trainer(max_epochs=2, logger=False, callbacks=[callback, *stop],
+                            enable_progress_bar=False, enable_model_summary=False,
+                            enable_checkpointing=False)  # fmt: skip
+        trainer.fit(_NPEWithValidation(), DataLoader(TensorDataset(theta, x), batch_size=50),
+                    DataLoader(validation, batch_size=100))  # fmt: skip
+        return callback
+
+    with pytest.warns(UserWarning, match=r"chose the model kept \(val/nll monitored there\)"):
+        assert fit(RecalibrationCallback(theta_val, x_val, method="scale"), True).recalibrated
+    theta_apart, x_apart = toy_pairs(100, 10)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="RecalibrationCallback's pairs")
+        assert fit(RecalibrationCallback(theta_apart, x_apart, method="scale"), True).recalibrated
+        assert fit(RecalibrationCallback(theta_val, x_val, method="scale"), False).recalibrated

@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor, nn
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DistributedSampler, Subset, TensorDataset
 
 from calib_lightning._checks import check_pairs
 from calib_lightning._draw_cache import SharedDraws, release_shared_draws, shared_draws_for
@@ -204,6 +204,35 @@ def last_epoch(trainer: Trainer, stopping: bool = False) -> bool:
         return False
     max_steps = trainer.max_steps
     return trainer.should_stop or (max_steps is not None and 0 <= max_steps <= trainer.global_step)
+
+
+def selecting_monitors(trainer: Trainer, theta: Tensor) -> list[str]:
+    """What the trainer's ``EarlyStopping`` and ``ModelCheckpoint`` callbacks monitor, when
+    its validation data hold ``theta`` (a ``TensorDataset`` or a ``Subset`` of one): those
+    pairs then chose the model kept, so it fits them better than new pairs. Empty if not."""
+    chosen_by = [*trainer.early_stopping_callbacks, *trainer.checkpoint_callbacks]
+    monitors = [c.monitor for c in chosen_by if getattr(c, "monitor", None)]
+    loaders = trainer.val_dataloaders
+    if isinstance(loaders, dict):
+        loaders = list(loaders.values())
+    elif not isinstance(loaders, (list, tuple)):
+        loaders = [] if loaders is None else [loaders]
+    if monitors and any(_holds(getattr(loader, "dataset", None), theta) for loader in loaders):
+        return monitors
+    return []
+
+
+def _holds(dataset: Any, theta: Tensor) -> bool:
+    rows = None
+    if isinstance(dataset, Subset):
+        dataset, rows = dataset.dataset, list(dataset.indices)
+    if not isinstance(dataset, TensorDataset):
+        return False
+    for tensor in dataset.tensors:
+        tensor = tensor if rows is None else tensor[rows]
+        if tensor.shape == theta.shape and torch.equal(tensor.to(theta), theta):
+            return True
+    return False
 
 
 def share_draws(

@@ -10,6 +10,7 @@ rebuilds the recalibrated posterior from a reloaded estimator.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ from torch import Tensor
 
 from calib_lightning._checks import check_pairs
 from calib_lightning._random import seeded
-from calib_lightning.callbacks._plumbing import eval_mode, find_estimator
+from calib_lightning.callbacks._plumbing import eval_mode, find_estimator, selecting_monitors
 from calib_lightning.posteriors import as_posterior
 from calib_lightning.recalibration import LatentMap, RecalibratedPosterior, recalibrate
 from calib_lightning.recalibration.api import AUTO_CANDIDATES, MIN_PAIRS, cross_fit_scores
@@ -40,7 +41,9 @@ class RecalibrationCallback(Callback):
     ``_after``).
 
     Arguments:
-        theta: held-out parameters ``(n, D)`` (the validation split, never trained on).
+        theta: held-out parameters ``(n, D)``, never trained on and apart from the pairs
+            that ``EarlyStopping`` or ``ModelCheckpoint`` monitor (the model kept fits
+            those better than new pairs; it warns when they are the validation data).
         x: their observations ``(n, *X)``.
         method: passed to :func:`~calib_lightning.recalibrate` (``"auto"`` by default).
         estimator: attribute of the LightningModule holding the estimator (dotted paths
@@ -81,6 +84,15 @@ class RecalibrationCallback(Callback):
         return self._generate_state_key(prefix=self.prefix, name=self.name)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        monitors = selecting_monitors(trainer, self.theta)
+        if monitors:
+            warnings.warn(
+                f"RecalibrationCallback's pairs are the validation data that chose the model "
+                f"kept ({', '.join(monitors)} monitored there): it fits them better than new "
+                "pairs, which biases the fit toward over-confidence; give it pairs apart "
+                "from the ones early stopping and checkpoints monitor",
+                stacklevel=2,
+            )
         estimator = find_estimator(pl_module, self.estimator)
         post = as_posterior(estimator)
         device = post.device or pl_module.device

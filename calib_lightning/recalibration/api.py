@@ -271,8 +271,10 @@ def recalibrate(
             ``x -> Distribution`` (``TransformedDistribution``, Gaussian), or a
             :class:`~calib_lightning.posteriors.Posterior`, with an inverse
             (``to_latent``) and a forward map (``from_latent``) for the latent methods.
-        theta_val: held-out parameters ``(n, D)``, never used for training (the
-            validation split); ``n >= MIN_PAIRS`` (``2 * MIN_PAIRS`` for ``"auto"``).
+        theta_val: held-out parameters ``(n, D)``, never used for training nor to pick
+            the epoch or checkpoint (pairs apart from the ones early stopping monitors:
+            the model kept fits those better than new pairs); ``n >= MIN_PAIRS``
+            (``2 * MIN_PAIRS`` for ``"auto"``).
         x_val: their observations ``(n, *X)``.
         method: ``"auto"``, ``"scale"``, ``"radial"``, ``"scale+radial"``, ``"none"``, or
             a name added with :func:`register_method`.

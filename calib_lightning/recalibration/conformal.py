@@ -62,8 +62,9 @@ class ConformalRegion:
     :meth:`threshold`).
 
     **Guarantee.** For pairs exchangeable with the held-out ones (the same joint
-    distribution, independent), the region at level :math:`1 - \alpha` contains the true
-    parameter with probability
+    distribution, independent; the held-out pairs must not have picked the posterior's
+    epoch or checkpoint either: it fits those better than new pairs), the region at level
+    :math:`1 - \alpha` contains the true parameter with probability
 
     .. math::
         1 - \alpha \;\le\; P\big(\theta^* \in R_{1-\alpha}(x)\big)
@@ -202,7 +203,7 @@ class ConformalRegion:
         """Score the held-out pairs (and fit the tree when ``local``); returns ``self``.
 
         Arguments:
-            theta: held-out true parameters ``(n, D)``, never used to train the posterior.
+            theta: held-out true parameters ``(n, D)``, never used to train or select it.
             x: their observations ``(n, *X)``.
             scores: the same pairs' scores from a global region of the same posterior
                 (its :attr:`scores`, ``(n,)``), to skip the draws (e.g. a local region
@@ -321,8 +322,7 @@ class ConformalRegion:
             fewer than ``level / (1 - level)`` calibration pairs.
 
         Raises:
-            ValueError: fewer held-out pairs than ``level`` needs (global), or an unfitted
-                region.
+            ValueError: too few held-out pairs for ``level`` (global), or an unfitted region.
         """
         return self._level(level, x)
 
