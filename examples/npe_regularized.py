@@ -16,8 +16,10 @@ Two ways to act on calibration, both printed at the end on held-out pairs:
        return nll + self.weight * reg
 
 2. Plain NPE, then :class:`calib_lightning.LatentScale` fitted on the validation split
-   that early stopping already keeps aside (the package's recommendation; see the
-   regularizer study in ``examples/benchmarks/README.md``)::
+   that early stopping keeps aside (see the regularizer study in
+   ``examples/benchmarks/README.md``; when simulations allow, pairs apart from the
+   early-stopping ones are better: the flow kept fits those better than new pairs,
+   ``examples/benchmarks/results/calibration_split.md``)::
 
        calibrated = cl.LatentScale(flow).fit(theta_val, x_val)
 

@@ -89,8 +89,9 @@ class RecalibrationCallback(Callback):
             warnings.warn(
                 f"RecalibrationCallback's pairs are the validation data that chose the model "
                 f"kept ({', '.join(monitors)} monitored there): it fits them better than new "
-                "pairs, which biases the fit toward over-confidence; give it pairs apart "
-                "from the ones early stopping and checkpoints monitor",
+                "pairs, so they are not new to it and the guarantees of the recalibration do "
+                "not apply; give it pairs apart from the ones early stopping and checkpoints "
+                "monitor",
                 stacklevel=2,
             )
         estimator = find_estimator(pl_module, self.estimator)

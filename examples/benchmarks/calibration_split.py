@@ -124,6 +124,14 @@ def report(cache: dict, folder: Path) -> Path:
                      f"{_paired(rows, 'radial')} | {nll:+.3f} ({lower}/{len(rows)}) |")  # fmt: skip
     lines += ["", "An exactly valid region on 100 pairs averages +0.005 (+1 / (2 (n + 1))). "
               "Per-seed numbers: calibration_split.json."]  # fmt: skip
+    study_seeds = [cache.get(f"slcp|{seed:03d}") for seed in range(5)]
+    if all(study_seeds):  # the flows of recalibration_study.py's 1,000-simulation rows
+        stop, apart = ([f"{r[f'conformal_{arm}']:+.3f}" for r in study_seeds]
+                       for arm in ("stop", "apart"))  # fmt: skip
+        lines += ["", "Seeds 0-4 are the flows of `recalibration_study.py` at 1,000 simulations, "
+                  "whose conformal rows calibrate on the early-stopping pairs. SLCP's global "
+                  f"region there: {' / '.join(stop)} (stop), {' / '.join(apart)} (apart, "
+                  "the mean of the new sets)."]  # fmt: skip
     path = folder / "calibration_split.md"
     path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
