@@ -78,11 +78,15 @@ def _coverage_over_repetitions(
         region.fit(theta, x)
         theta_new, x_new = sample(100, g)
         cred = region.credibility(theta_new, x_new)
-        level = region.calibrated_level(LEVEL, x_new)
-        calibrated.append((cred < level).double().mean())
         nominal.append((cred < LEVEL).double().mean())
-        noisy = region.credibility(theta_new, x_new, randomized=True)
-        randomized.append((noisy <= level).double().mean())
+        if region.conformity == "log_density":  # exact membership, no ties to break
+            calibrated.append(region.contains(theta_new, x_new, LEVEL).double().mean())
+            randomized.append(calibrated[-1])
+        else:
+            level = region.calibrated_level(LEVEL, x_new)
+            calibrated.append((cred < level).double().mean())
+            noisy = region.credibility(theta_new, x_new, randomized=True)
+            randomized.append((noisy <= level).double().mean())
         if local:
             counts = torch.bincount(region.leaves, minlength=len(region._leaf_index))
             leaf = region._leaf_of(region._features(x_new))
@@ -104,14 +108,15 @@ def _check_guarantee(calibrated: torch.Tensor, upper: torch.Tensor) -> None:
     assert float(randomized.mean()) <= float(bound.mean()) + 3 * se, (randomized.mean(), se)
 
 
+@pytest.mark.parametrize("conformity", ["credibility", "log_density"])
 @pytest.mark.parametrize("variance_scale", [0.5, 1.0, 2.0])
 def test_global_region_covers_at_least_nominal_whatever_the_posterior(
-    variance_scale: float,
+    variance_scale: float, conformity: str
 ) -> None:
     toy = GaussianToy(dim=2)
     calibrated, nominal, bound = _coverage_over_repetitions(
         toy.posterior(variance_scale=variance_scale), toy.sample, local=False, reps=150,
-        n=40, draws=400, seed=3,
+        n=40, draws=400, seed=3, conformity=conformity,
     )  # fmt: skip
     _check_guarantee(calibrated, bound)
     if variance_scale < 1:  # over-confident: its own 90 % region covers 1 - e^{-2.3 / 2}
@@ -127,19 +132,21 @@ def _heteroscedastic(x: torch.Tensor) -> Independent:
 
 
 @pytest.mark.parametrize(
-    ("embedding", "partition", "n", "draws", "seed"),
-    [(None, 0, 300, 300, 4), ("posterior", 0, 300, 100, 16),
-     (None, 150, 150, 100, 21), ("posterior", 150, 150, 100, 21)],
+    ("embedding", "partition", "n", "draws", "seed", "conformity"),
+    [(None, 0, 300, 300, 4, "credibility"), ("posterior", 0, 300, 100, 16, "credibility"),
+     (None, 150, 150, 100, 21, "credibility"), ("posterior", 150, 150, 100, 21, "credibility"),
+     (None, 0, 300, 100, 4, "log_density"), ("posterior", 150, 150, 100, 21, "log_density")],
 )  # fmt: skip
 def test_local_region_keeps_the_guarantee_per_leaf(
-    embedding: str | None, partition: int, n: int, draws: int, seed: int
+    embedding: str | None, partition: int, n: int, draws: int, seed: int, conformity: str
 ) -> None:
     """On x or on the posterior summary; the tree from a split of the ``n`` held-out pairs
-    or (``partition``) from other pairs, all ``n`` then calibrating (``fit_partition``)."""
+    or (``partition``) from other pairs, all ``n`` then calibrating (``fit_partition``);
+    either score (credibility, or the log-density threshold)."""
     toy = GaussianToy(dim=2)
     calibrated, _nominal, bound = _coverage_over_repetitions(
         _heteroscedastic, toy.sample, local=True, reps=60, n=n, draws=draws, seed=seed,
-        min_leaf_size=30, embedding=embedding, partition=partition,
+        min_leaf_size=30, embedding=embedding, partition=partition, conformity=conformity,
     )  # fmt: skip
     _check_guarantee(calibrated, bound)
 
@@ -208,6 +215,7 @@ def test_posterior_summary_features_find_where_the_posterior_is_too_narrow() -> 
     g = torch.Generator().manual_seed(17)
     theta, x = toy.sample(2000, g)
     theta_new, x_new = toy.sample(4000, g)
+    torch.manual_seed(17)  # the scoring draws (unseeded, they would follow the test order)
     region = cl.ConformalRegion(_heteroscedastic, local=True, num_posterior_samples=300,
                                 embedding="posterior").fit(theta, x)  # fmt: skip
     assert max(_half_errors(region, theta_new, x_new)) < 0.06
@@ -283,6 +291,54 @@ def test_contains_agrees_with_the_log_density_threshold() -> None:
     assert float(region.calibrated_level(LEVEL)) > LEVEL  # over-confident: a wider level
     nominal = region.threshold(x, LEVEL, calibrated=False)
     assert bool((nominal >= threshold).all())  # the nominal region is inside
+
+
+def test_a_log_density_region_is_a_log_density_threshold_per_leaf() -> None:
+    """``conformity="log_density"``: the region is ``log q >= threshold(x)``, one threshold
+    per leaf; its credibility form (``calibrated_level``, for figures and reports) holds it
+    and little more of the posterior's mass (about 1 / (S + 1)); its coverage error on
+    fresh pairs is near zero from above over repetitions; what it cannot take raises."""
+    toy = GaussianToy(dim=2)
+    post = toy.posterior(variance_scale=0.5)
+    theta, x = toy.sample(400, torch.Generator().manual_seed(30))
+    region = cl.ConformalRegion(post, local=True, min_leaf_size=50, conformity="log_density",
+                                embedding="posterior", num_posterior_samples=400)  # fmt: skip
+    region.fit(theta, x)
+    theta_new, x_new = toy.sample(300, torch.Generator().manual_seed(31))
+    torch.manual_seed(33)
+    points = torch.cat([theta_new[None], cl.as_posterior(post).sample(x_new, 40)])
+    inside = region.contains(points, x_new, LEVEL)
+    threshold = region.threshold(x_new, LEVEL)
+    assert torch.equal(inside, cl.as_posterior(post).log_prob(points, x_new) >= threshold)
+    assert len(set(threshold.tolist())) == len(region._leaf_index) > 1  # one per leaf
+    level = region.calibrated_level(LEVEL, x_new)
+    assert bool(((level > LEVEL) & (level <= 1)).all())  # over-confident: wider
+    loose = region.credibility(points, x_new) < level
+    assert bool((loose | ~inside).all())
+    assert float((loose & ~inside).double().mean()) < 0.01
+    one = cl.ConformalRegion(post, conformity="log_density").fit(theta, x)  # global
+    with pytest.raises(ValueError, match="pass x"):
+        one.calibrated_level()
+    from calib_lightning.plots import plot_conformal_region
+
+    legend = plot_conformal_region(one, x_new[:1], grid_size=30).axes[0].get_legend()
+    assert any(t.get_text().startswith("calibrated (0.9") for t in legend.get_texts())
+    with pytest.raises(ValueError, match="conformity='credibility'"):
+        region.coverage_error(theta_new, x_new, credibility=torch.zeros(300))
+    with pytest.raises(ValueError, match="conformity"):
+        cl.ConformalRegion(post, conformity="hpd")
+    samples_only = cl.SamplePosterior(lambda x, m: post(x).sample((m,)), num_dims=2)
+    with pytest.raises(ValueError, match="log_density' needs log_prob"):
+        cl.ConformalRegion(samples_only, conformity="log_density")
+    g = torch.Generator().manual_seed(32)
+    errors = []
+    for rep in range(60):
+        theta, x = toy.sample(40, g)
+        fitted = cl.ConformalRegion(post, conformity="log_density", seed=rep).fit(theta, x)
+        errors.append(fitted.coverage_error(*toy.sample(200, g)))
+    errors_t = torch.stack(errors)
+    mean, se = float(errors_t.mean()), float(errors_t.std()) / math.sqrt(len(errors_t))
+    assert -3 * se <= mean <= 1 / (2 * 41) + 3 * se, (mean, se)
 
 
 def test_zuko_and_nflows_flows_are_accepted() -> None:

@@ -133,12 +133,14 @@ def summarize_region(
         raise ValueError("region needs observations to report its levels at, got "
                          "observations=None")  # fmt: skip
     x = observations
-    level = region.calibrated_level(REGION_LEVEL, x if region.local else None)
-    level = level.expand(x.shape[0]) if level.ndim == 0 else level
+    level = region.calibrated_level(REGION_LEVEL, x)  # (O,): a credibility at each x
     nominal = calibrated = None
     if reference_samples is not None:
-        credibility = region.credibility(reference_samples.to(x.device), x)  # (S_ref, O)
+        reference = reference_samples.to(x.device)
+        credibility = region.credibility(reference, x)  # (S_ref, O)
         nominal = (credibility < REGION_LEVEL).double().mean(0).tolist()
-        calibrated = (credibility < level.to(credibility)).double().mean(0).tolist()
+        inside = (region.contains(reference, x, REGION_LEVEL) if region.conformity ==
+                  "log_density" else credibility < level.to(credibility))  # (exact there)
+        calibrated = inside.double().mean(0).tolist()
     return RegionSummary(region, x, reference_samples, level.double().tolist(), nominal,
                          calibrated, dim)  # fmt: skip

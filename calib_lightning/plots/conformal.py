@@ -58,7 +58,7 @@ def plot_conformal_region(
     """
     if not isinstance(x_o, Tensor) or x_o.ndim < 2 or x_o.shape[0] != 1:
         raise ValueError(f"x_o must have shape (1, *X), got {x_o!r:.60}")
-    level_hat = float(region.calibrated_level(level, x_o if region.local else None).reshape(-1)[0])
+    level_hat = float(region.calibrated_level(level, x_o).reshape(-1)[0])
     with torch.no_grad():
         draws = region.posterior.sample(x_o, region.num_posterior_samples)[:, 0]
     d = draws.shape[-1]

@@ -23,35 +23,33 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from calib_lightning import evaluation
 from calib_lightning._checks import check_choice, check_finite, check_pairs, check_positive
 from calib_lightning._checks import check_probability as _check_probability
 from calib_lightning.functional.conformal import (
     conformal_coverage_error,
-    conformal_quantile,
     credibility,
     density_threshold,
-    leaf_quantiles,
-    min_pairs,
 )
 from calib_lightning.posteriors import as_posterior
 from calib_lightning.posteriors.base import supports
 from calib_lightning.recalibration._draw_stats import (
+    check_log_prob,
     check_points,
     check_scores,
     count_above,
-    posterior_summary,
     score_statistics,
     seeded_draws,
     tie_noise,
 )
+from calib_lightning.recalibration._partition import TreePartition
 
 __all__ = ["ConformalRegion"]
 
 _SCORES = ("auto", "density", "distance")
+_CONFORMITY = ("credibility", "log_density")
 
 
-class ConformalRegion:
+class ConformalRegion(TreePartition):
     r"""Credible regions of a posterior at a level calibrated on held-out pairs.
 
     The score of a pair :math:`(\theta^*, x)` is its credibility :math:`c`: the share of
@@ -75,16 +73,16 @@ class ConformalRegion:
     holds for the randomized score (no ties: :math:`P(c_{n+1} \le \hat a)`) with
     :math:`\varepsilon_S = 0`; the deterministic membership test of :meth:`contains`
     adds :math:`\varepsilon_S = P(r_{n+1} = \lceil \hat a (S + 1) \rceil - 1)`, about
-    :math:`1 / (S + 1)` for a roughly calibrated posterior. A posterior so over-confident
-    that the truth often lies beyond all ``S`` draws needs :math:`\hat a` above
-    :math:`S / (S + 1)`, whose region is the whole space: more draws sharpen it.
+    :math:`1 / (S + 1)` for a roughly calibrated posterior. The same bounds hold for
+    ``conformity="log_density"`` (score :math:`-\log q(\theta^* \mid x)`, region
+    :math:`\{\log q \ge -t\}`, no draws needed but for the summary), with
+    :math:`\varepsilon_S = 0`; credibility regions beyond all ``S`` draws are everything.
 
     With ``local=True`` the tree is fitted on a random ``tree_fraction`` of the pairs and
     the quantiles are taken on the others, so the bounds hold within every leaf (with the
-    leaf's ``n``), conditionally on the tree, hence marginally. It is marginal coverage,
-    not coverage at every ``x``: the local form only gets closer to the latter. Other pairs
-    (an early-stopping split) can fit the tree (:meth:`fit_partition`), all held-out ones
-    then calibrate.
+    leaf's ``n``), conditionally on the tree, hence marginally: marginal coverage, closer
+    to coverage at every ``x``. Other pairs (an early-stopping split) can fit the tree
+    (:meth:`fit_partition`), all held-out ones then calibrate.
 
     Arguments:
         posterior: anything :func:`calib_lightning.as_posterior` accepts.
@@ -101,9 +99,11 @@ class ConformalRegion:
             ``None``: ``x`` flattened; ``"posterior"``: a summary of ``q(. | x)`` from its
             ``S`` draws, each coordinate's mean and standard deviation and (density
             score) the draws' mean log-density: where ``q`` is narrow or wide, i.e. where
-            its over- or under-confidence may change, which a noisy or large ``x`` shows
-            poorly. :meth:`fit` reuses its scoring draws; at new ``x`` the draws are
-            seeded by ``seed`` and shared with the score (as in :meth:`fit`).
+            its over- or under-confidence may change. At new ``x`` the draws are seeded.
+        conformity: the score the quantiles are taken of: ``"credibility"`` (CDF-split;
+            any estimator) or ``"log_density"`` (CP4SBI's HPD score; needs ``log_prob``):
+            one log-density threshold per leaf, on sbibm's SLCP closer to the reference
+            posteriors (``examples/benchmarks/results/conformal_sbibm.md``, variants).
         seed: seeds the tie-breaking noise, the split and the tree.
 
     Example:
@@ -133,9 +133,11 @@ class ConformalRegion:
         min_leaf_size: int = 100,
         tree_fraction: float = 0.5,
         embedding: Callable[[Tensor], Tensor] | None = None,
+        conformity: str = "credibility",
         seed: int = 0,
     ) -> None:
         check_choice("score", score, _SCORES)
+        check_choice("conformity", conformity, _CONFORMITY)
         check_positive("num_posterior_samples", num_posterior_samples, integer=True)
         check_positive("min_leaf_size", min_leaf_size, integer=True)
         _check_probability("tree_fraction", tree_fraction)
@@ -147,6 +149,10 @@ class ConformalRegion:
                 "not provide; use score='distance' (or 'auto')"
             )
         self.score = ("density" if dense else "distance") if score == "auto" else score
+        if conformity == "log_density" and self.score != "density":
+            raise ValueError(f"conformity='log_density' needs log_prob (score 'density'), "
+                             f"got {self.score!r} for {type(self.posterior).__name__}")  # fmt: skip
+        self.conformity, self._raw = conformity, conformity == "log_density"
         if not (embedding is None or embedding == "posterior" or callable(embedding)):
             raise ValueError(
                 f"embedding must be None, 'posterior' or a callable x -> (N, F), got {embedding!r}"
@@ -154,10 +160,9 @@ class ConformalRegion:
         self.local, self.embedding, self.seed = bool(local), embedding, int(seed)
         self._summary = self.local and embedding == "posterior"
         self.num_posterior_samples, self.min_leaf_size = num_posterior_samples, min_leaf_size
-        self.tree_fraction = float(tree_fraction)
+        self.tree_fraction, self.tree = float(tree_fraction), None
         self.scores: Tensor | None = None
         self.leaves: Tensor | None = None
-        self.tree: Any = None
         self._leaf_index: dict[int, int] = {}
         self._partitioned = False  # the tree comes from fit_partition
 
@@ -168,8 +173,8 @@ class ConformalRegion:
 
     # --- scores -------------------------------------------------------------------------
 
-    def _draws(self, x: Tensor) -> Tensor:  # seeded for the summary: the same at the same x
-        seed = self.seed + 2 if self._summary else None
+    def _draws(self, x: Tensor) -> Tensor:  # seeded: the same at the same x (summary, level)
+        seed = self.seed + 2 if self._summary or self._raw else None
         return seeded_draws(self.posterior, x, self.num_posterior_samples, seed)
 
     def credibility(self, theta: Tensor, x: Tensor, *, randomized: bool = False) -> Tensor:
@@ -269,49 +274,33 @@ class ConformalRegion:
             check_scores(scores, len(theta))
             torch.rand(len(theta), generator=generator, dtype=torch.float64)  # same split
             return scores.double().cpu(), None
-        above, summary = count_above(self.posterior, self.score, theta, x,
-                                     self.num_posterior_samples, summary=self._summary)
+        above, summary = None, None
+        if not self._raw or self._summary:  # (log_density: draws for the summary only)
+            above, summary = count_above(self.posterior, self.score, theta, x,
+                                         self.num_posterior_samples, summary=self._summary)
         noise = torch.rand(len(theta), generator=generator, dtype=torch.float64)
         features = None if summary is None else summary.numpy()
+        if self._raw:
+            return self._raw_scores(theta, x), features
         return (above + noise) / (self.num_posterior_samples + 1), features
 
-    def _features(
-        self, x: Tensor, samples: Tensor | None = None, ell: Tensor | None = None
-    ) -> Any:
-        """The tree's features at ``x`` (``"posterior"``: from given draws and statistics)."""
-        if not self._summary:
-            return evaluation.embed(self.embedding, x).detach().cpu().double().numpy()
-        samples = self._draws(x) if samples is None else samples
-        dense = self.score == "density"
-        if dense and ell is None:
-            with torch.no_grad():
-                ell = self.posterior.log_prob(samples, x)
-        return posterior_summary(samples, ell if dense else None).numpy()
-
-    def _grow(self, features: Any, scores: Tensor) -> None:
-        """The regression tree of ``scores`` on ``features``, and its leaves' indices."""
-        from sklearn.tree import DecisionTreeRegressor
-
-        tree = DecisionTreeRegressor(min_samples_leaf=self.min_leaf_size, random_state=self.seed)
-        tree.fit(features, scores.numpy())
-        nodes = sorted(set(tree.apply(features).tolist()))
-        self.tree, self._leaf_index = tree, {node: i for i, node in enumerate(nodes)}
-
-    def _leaf_of(self, features: Any) -> Tensor:
-        nodes = self.tree.apply(features).tolist()
-        return torch.tensor([self._leaf_index[node] for node in nodes], dtype=torch.long)
+    def _raw_scores(self, theta: Tensor, x: Tensor) -> Tensor:
+        """``-log q(theta | x)``, float64 on the CPU (outside the support: the largest float)."""
+        with torch.no_grad():
+            ell = self.posterior.log_prob(theta, x)
+        check_log_prob(ell)
+        return (-ell.double().cpu()).clamp_max(torch.finfo(torch.float64).max)
 
     # --- levels and regions -------------------------------------------------------------
-
-    def _fitted(self) -> Tensor:
-        if self.scores is None:
-            raise ValueError("ConformalRegion is not fitted: call fit(theta_val, x_val) first")
-        return self.scores
 
     def calibrated_level(self, level: float = 0.9, x: Tensor | None = None) -> Tensor:
         r"""The credibility :math:`\hat a` whose HPD regions cover ``level`` of new pairs.
 
         Above ``level`` for an over-confident posterior, below for an under-confident one.
+        With ``conformity="log_density"`` the region is :math:`\{\log q \ge -t\}` (one
+        calibrated :math:`t` per leaf, :meth:`threshold`) and this is its credibility at
+        each ``x``: the share of the ``S`` seeded draws at ``x`` inside, plus one, over
+        ``S + 1`` (``x`` needed).
 
         Arguments:
             level: nominal coverage :math:`1 - \alpha` in ``(0, 1)``.
@@ -328,20 +317,17 @@ class ConformalRegion:
 
     def _level(self, level: float, x: Tensor | None, samples: Tensor | None = None,
                ell: Tensor | None = None) -> Tensor:  # fmt: skip
-        scores = self._fitted()
-        _check_probability("level", level)
-        if not self.local:
-            value = conformal_quantile(scores, level)
-            return value if x is None else value.expand(len(x))
+        if not self._raw:
+            return self._quantile(level, x, samples, ell)
         if x is None:
-            raise ValueError("a local ConformalRegion needs x (N, *X) to give its levels")
-        if self.min_leaf_size < min_pairs(level):
-            raise ValueError(
-                f"level {level} needs at least {min_pairs(level)} pairs per leaf, got "
-                f"min_leaf_size = {self.min_leaf_size}"
-            )
-        per_leaf, _ = leaf_quantiles(scores, self.leaves, len(self._leaf_index), level, fill=1.0)
-        return per_leaf[self._leaf_of(self._features(x, samples, ell))]
+            raise ValueError("conformity='log_density' has one level per x: pass x (N, *X)")
+        if ell is None:
+            samples = self._draws(x)
+            with torch.no_grad():
+                ell = self.posterior.log_prob(samples, x)
+        t = self._quantile(level, x, samples, ell).to(ell)
+        inside = (-ell <= t).sum(0).double().cpu()  # draws (S, N) in {log q >= -t}
+        return (inside + 1) / (ell.shape[0] + 1)
 
     def contains(self, theta: Tensor, x: Tensor, level: float = 0.9) -> Tensor:
         r"""Whether ``theta`` lies in the calibrated ``level`` region at ``x``.
@@ -354,6 +340,10 @@ class ConformalRegion:
         Returns:
             Boolean ``(*, N)``.
         """
+        if self._raw:  # exact: -log q(theta | x) <= t(x), no draws but the summary's
+            theta, x = check_points(theta, x)
+            score = self._raw_scores(theta, x)
+            return score <= self._quantile(level, x).to(score)
         samples, ell_samples, ell_theta = self._statistics(theta, x)
         target = self._level(level, x if self.local else None, samples, ell_samples)
         return self._credibility(ell_samples, ell_theta, False) < target.to(theta.dtype)
@@ -374,23 +364,30 @@ class ConformalRegion:
             x: their observations ``(N, *X)``.
             credibility: their credibilities from :meth:`credibility` (non-randomized,
                 ``(N,)``), to skip the draws (e.g. a local and a global region of the same
-                posterior and ``num_posterior_samples``).
+                posterior and ``num_posterior_samples``; ``conformity="credibility"``).
 
         Returns:
             ``()`` float64.
         """
         scores, samples, ell_samples = self._fitted(), None, None
-        if credibility is None:  # the same draws for the scores and the tree's features
+        if self._raw:
+            if credibility is not None:
+                raise ValueError("credibility= needs conformity='credibility', got log_density")
+            theta, x = check_points(theta, x)
+            new = self._raw_scores(theta, x)
+        elif credibility is None:  # the same draws for the scores and the tree's features
             samples, ell_samples, ell_theta = self._statistics(theta, x)
-            credibility = self._credibility(ell_samples, ell_theta, False)
+            new = self._credibility(ell_samples, ell_theta, False).double().cpu()
         elif credibility.shape != (len(x),):
             raise ValueError(
                 f"credibility must have shape (N,) = ({len(x)},), got {tuple(credibility.shape)}"
             )
+        else:
+            new = credibility.double().cpu()
         if not self.local:
-            return conformal_coverage_error(scores, credibility.double().cpu())
+            return conformal_coverage_error(scores, new)
         leaves_new = self._leaf_of(self._features(x, samples, ell_samples))
-        return conformal_coverage_error(scores, credibility.double().cpu(), self.leaves, leaves_new)
+        return conformal_coverage_error(scores, new, self.leaves, leaves_new)
 
     def threshold(self, x: Tensor, level: float = 0.9, *, calibrated: bool = True) -> Tensor:
         r"""Log-density threshold of the region at each ``x``: the region is
@@ -411,10 +408,11 @@ class ConformalRegion:
                 "log-density contour (use contains)"
             )
         _check_probability("level", level)
+        if self._raw and calibrated:  # the calibrated score itself
+            return -self._quantile(level, x)
         samples = self._draws(x)
         with torch.no_grad():
             ell = self.posterior.log_prob(samples, x)
         target = (self._level(level, x if self.local else None, samples, ell) if calibrated
                   else level)  # fmt: skip
         return density_threshold(ell, target)
-

@@ -80,10 +80,13 @@ def cache_run(task_name: str, seed: int, args: argparse.Namespace, folder: Path)
     n_cal = int(args.calib * args.budget)
     if path.exists():
         out = torch.load(path)
-        if "stop" not in out:  # cached before the early-stopping variants
+        if "stop" not in out or "raw" not in out:  # cached before these variants
             flow, _ = cs.trained(task_name, seed, theta[n_cal:], x[n_cal:], args.max_epochs,
                                  folder)  # fmt: skip
-            out["stop"] = _stopping_pairs(flow, theta[n_cal:], x[n_cal:], seed, args.samples)
+            if "stop" not in out:
+                out["stop"] = _stopping_pairs(flow, theta[n_cal:], x[n_cal:], seed,
+                                              args.samples)  # fmt: skip
+            out["raw"] = _raw_scores(flow, task, out, args, seed)
             torch.save(out, path)
         return out
     flow, _ = cs.trained(task_name, seed, theta[n_cal:], x[n_cal:], args.max_epochs, folder)
@@ -111,8 +114,29 @@ def cache_run(task_name: str, seed: int, args: argparse.Namespace, folder: Path)
            "scores": (held["above"] + noise) / (s + 1), "obs": obs,
            "fresh": {"x": x_new, "cred": fresh["above"] / (s + 1), "feats": fresh["feats"]},
            "stop": _stopping_pairs(flow, theta[n_cal:], x[n_cal:], seed, s)}
+    out["raw"] = _raw_scores(flow, task, out, args, seed)
     torch.save(out, path)
     return out
+
+
+def _raw_scores(flow: object, task: object, run: dict, args: argparse.Namespace,
+                seed: int) -> dict:  # fmt: skip
+    """The log-density score ``-log q(theta | x)`` (CP4SBI's HPD score; no draws) of the
+    held-out, early-stopping and fresh pairs and of each observation's reference samples."""
+    theta_new, x_new = cs.simulate(task, args.fresh, 5000 + seed)
+    if not torch.equal(x_new, run["fresh"]["x"]):
+        raise ValueError("the fresh pairs differ from the cached ones: clear the cache")
+    with torch.no_grad():
+        def score(theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            return -flow(x).log_prob(theta).double()
+
+        obs = []
+        for k, o in enumerate(run["obs"], 1):
+            reference = task.get_reference_posterior_samples(num_observation=k).float()
+            obs.append(-flow(o["x"]).log_prob(reference[: len(o["cred"])]).double())
+        return {"held": score(run["theta_cal"], run["x_cal"]), "obs": obs,
+                "stop": score(run["stop"]["theta"], run["stop"]["x"]),
+                "fresh": score(theta_new, x_new)}  # fmt: skip
 
 
 def _stopping_pairs(flow: object, theta: torch.Tensor, x: torch.Tensor, seed: int,
@@ -133,10 +157,17 @@ def _features(kind: str, x: torch.Tensor, summary: torch.Tensor) -> torch.Tensor
             "scale": summary[:, d:]}[kind]  # fmt: skip
 
 
-def evaluate(run: dict, seed: int, kind: str | None, leaf: int, stop: bool = False) -> dict:
+def evaluate(run: dict, seed: int, kind: str | None, leaf: int, stop: bool = False,
+             raw: bool = False) -> dict:  # fmt: skip
     """One variant (``kind=None``: the global region) on one cached run; ``stop``: the
-    tree fitted on the early-stopping pairs, every held-out pair calibrating."""
+    tree fitted on the early-stopping pairs, every held-out pair calibrating; ``raw``: the
+    log-density score instead of the credibility (a region ``{-log q <= t}``, ``t`` the
+    calibrated quantile; no pinball loss: its scale is not the credibility's)."""
     obs, fresh, early = run["obs"], run["fresh"], run["stop"]
+    scores = {"held": run["scores"], "stop": early["scores"], "fresh": fresh["cred"],
+              "obs": [o["cred"] for o in obs]}  # fmt: skip
+    if raw:
+        scores = run["raw"]
     xs = [run["x_cal"], fresh["x"], early["x"], *[o["x"] for o in obs]]
     xs = torch.cat([v.reshape(len(v), -1) for v in xs])
     feats = torch.cat([run["feats"], fresh["feats"], early["feats"],
@@ -155,15 +186,19 @@ def evaluate(run: dict, seed: int, kind: str | None, leaf: int, stop: bool = Fal
     region = cl.ConformalRegion(unused, local=kind is not None, min_leaf_size=leaf,
                                 embedding=lookup, seed=seed)  # fmt: skip
     if stop:
-        region.fit_partition(early["theta"], early["x"], scores=early["scores"])
-    region.fit(run["theta_cal"], run["x_cal"], scores=run["scores"])
+        region.fit_partition(early["theta"], early["x"], scores=scores["stop"].double())
+    region.fit(run["theta_cal"], run["x_cal"], scores=scores["held"].double())
+
+    def inside(score: torch.Tensor, a: torch.Tensor | float) -> torch.Tensor:
+        return (score.double() <= a) if raw else (score.double() < a)
+
     levels = [float(region.calibrated_level(LEVEL, o["x"]).reshape(-1)[0]) for o in obs]
-    error = statistics.fmean(abs(float((o["cred"].double() < a).double().mean()) - LEVEL)
-                             for o, a in zip(obs, levels, strict=True))  # fmt: skip
+    error = statistics.fmean(abs(float(inside(c, a).double().mean()) - LEVEL)
+                             for c, a in zip(scores["obs"], levels, strict=True))  # fmt: skip
     a_new = region.calibrated_level(LEVEL, fresh["x"]).double()
-    u = fresh["cred"].double() - a_new
-    pinball = float(torch.where(u >= 0, LEVEL * u, (LEVEL - 1) * u).mean())
-    coverage = float((fresh["cred"].double() < a_new).double().mean())
+    u = scores["fresh"].double() - a_new
+    pinball = None if raw else float(torch.where(u >= 0, LEVEL * u, (LEVEL - 1) * u).mean())
+    coverage = float(inside(scores["fresh"], a_new).double().mean())
     leaves = len(region._leaf_index) if kind is not None else 1
     return {"error": error, "pinball": pinball, "fresh_coverage": coverage, "leaves": leaves}
 
@@ -191,16 +226,23 @@ def main() -> None:
     torch.set_num_threads(1)
     cache = args.cache or Path(tempfile.mkdtemp(prefix="conformal_variants_"))
     cache.mkdir(parents=True, exist_ok=True)
-    variants = [("global", None, 1, False)]
-    variants += [(f"{k} leaf {m}", k, m, False) for k in KINDS for m in args.leaves]
-    variants += [(f"{k} leaf {m}, early-stopping tree", k, m, True)
+    variants = [("global", None, 1, False, False)]
+    variants += [(f"{k} leaf {m}", k, m, False, False) for k in KINDS for m in args.leaves]
+    variants += [(f"{k} leaf {m}, early-stopping tree", k, m, True, False)
                  for k in ("x", "summary") for m in args.leaves]  # fmt: skip
+    leaf = args.leaves[len(args.leaves) // 2]  # the package's default, 100
+    variants += [("log-density score: global", None, 1, False, True),
+                 (f"log-density score: summary leaf {leaf}", "summary", leaf, False, True),
+                 (f"log-density score: x leaf {leaf}, early-stopping tree", "x", leaf, True,
+                  True),
+                 (f"log-density score: summary leaf {leaf}, early-stopping tree", "summary",
+                  leaf, True, True)]  # fmt: skip
     out: dict = {}
     for task_name in args.tasks:
         for seed in args.seeds:
             run = cache_run(task_name, seed, args, cache)
-            for name, kind, leaf, stop in variants:
-                result = evaluate(run, seed, kind, leaf, stop)
+            for name, kind, leaf, stop, raw in variants:
+                result = evaluate(run, seed, kind, leaf, stop, raw)
                 out.setdefault(task_name, {}).setdefault(name, []).append({"seed": seed, **result})
     folder = output_folder(Path(__file__).parent / "results", args.smoke)
     (folder / "conformal_sbibm_variants.json").write_text(json.dumps(out, indent=1))
@@ -208,7 +250,8 @@ def main() -> None:
         print(f"## {task_name}")
         for name, rs in rows.items():
             print(f"{name:20s} " + "  ".join(f"{key} {_mean_se([r[key] for r in rs])}"
-                                             for key in ("error", "pinball", "fresh_coverage")))
+                                             for key in ("error", "pinball", "fresh_coverage")
+                                             if rs[0][key] is not None))
     print(f"wrote {folder / 'conformal_sbibm_variants.json'}")
 
 
