@@ -249,7 +249,8 @@ def test_conformal_levels_of_every_adapter_are_nominal_on_its_own_draws(adapter)
     every x, so the credibilities from its draws and log-densities are uniform given x and
     the conformal levels, global and per leaf of a tree grown on other pairs
     (``fit_partition``) over x or (not for the slow ODEs: the same code) over the posterior
-    summary, are 0.9 up to their order statistics' spread."""
+    summary, are 0.9 up to their order statistics' spread; the log-density region is the
+    adapter's own log-density contour and covers its fresh draws."""
     name, post = adapter
     n, draws = (100, 20) if name in SLOW else (400, 100)
     _, x = simulate(2 * n, seed=7)
@@ -267,6 +268,14 @@ def test_conformal_levels_of_every_adapter_are_nominal_on_its_own_draws(adapter)
         assert levels.shape == (n,)
         assert float((levels - 0.9).abs().max()) < 5 * spread, (embedding, levels.unique())
     assert region.contains(theta[:3], x[:3]).shape == (3,)
+    # the log-density threshold: the adapter's log_prob on (N, D) and (*, N, D) points
+    raw = cl.ConformalRegion(post, conformity="log_density", num_posterior_samples=draws)
+    raw.fit(theta[:n], x[:n])
+    inside = raw.contains(torch.stack([theta[n:], theta[:n]]), x[n:])
+    assert inside.shape == (2, n)
+    with torch.no_grad():
+        assert torch.equal(inside[0], post.log_prob(theta[n:], x[n:]) >= raw.threshold(x[n:]))
+    assert abs(float(inside[0].double().mean()) - 0.9) < 4 * (0.18 / n) ** 0.5  # fresh pairs
 
 
 def test_the_check_sees_a_flow_that_skips_its_embedding():
