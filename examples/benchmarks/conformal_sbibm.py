@@ -58,7 +58,10 @@ from examples._smoke import add_smoke_argument, has_sbibm, output_folder
 LEVEL, BATCH, LR, PATIENCE = 0.9, 128, 1e-3, 20
 #: the regions: global, local on x, local on the posterior summary (embedding="posterior"),
 #: the latter with its tree on the flow's early-stopping pairs (``fit_partition``)
-KINDS = ("global", "local", "posterior", "partitioned")
+KINDS = ("global", "local", "posterior", "partitioned", "log-density global",
+         "log-density partitioned")  # fmt: skip
+#: the last two: ``conformity="log_density"`` (added after the variants; ``--add-kinds``)
+RAW_KINDS = KINDS[4:]
 #: ``--mc-seed K`` offsets every Monte Carlo seed (draws, splits, tie noise) by K times this
 MC_OFFSET = 1000
 NUM_POSTERIOR_SAMPLES = 1000
@@ -138,9 +141,10 @@ def trained(
     return flow, saved["stats"]
 
 
-def run(task_name: str, seed: int, args: argparse.Namespace, figure: Path | None = None) -> dict:
-    """One task and seed: simulate, train, fit both regions, measure at the observations
-    (and save the local region's figure at observation 1 to ``figure``)."""
+def run(task_name: str, seed: int, args: argparse.Namespace, figure: Path | None = None,
+        kinds: tuple[str, ...] = KINDS) -> dict:  # fmt: skip
+    """One task and seed: simulate, train, fit the regions of ``kinds``, measure at the
+    observations (and save the local region's figure at observation 1 to ``figure``)."""
     import sbibm
 
     task = sbibm.get_task(task_name)
@@ -151,27 +155,28 @@ def run(task_name: str, seed: int, args: argparse.Namespace, figure: Path | None
     stop_rows, _ = early_stopping_split(len(theta) - n_cal, torch.Generator().manual_seed(seed))
     regions, fit_seconds = {}, {}
     mc = MC_OFFSET * args.mc_seed  # other Monte Carlo draws (and splits), the same flow
-    for kind in KINDS:  # the local region reuses the global one's scores; "posterior" scores
+    for kind in kinds:  # the local region reuses the global one's scores; "posterior" scores
         start = time.perf_counter()  # again (the same draws) for its features
         torch.manual_seed(seed + mc)
         shared = regions["global"].scores if kind == "local" else None
         region = cl.ConformalRegion(
-            flow, local=kind != "global", num_posterior_samples=args.samples,
+            flow, local="global" not in kind, num_posterior_samples=args.samples,
             min_leaf_size=args.min_leaf_size, seed=seed + mc,
-            embedding="posterior" if kind in ("posterior", "partitioned") else None,
+            embedding="posterior" if kind.endswith(("posterior", "partitioned")) else None,
+            conformity="log_density" if kind in RAW_KINDS else "credibility",
         )  # fmt: skip
-        if kind == "partitioned":  # the tree on the early-stopping pairs, all 2,000 calibrate
+        if kind.endswith("partitioned"):  # the tree on the early-stopping pairs, all calibrate
             region.fit_partition(theta[n_cal:][stop_rows], x[n_cal:][stop_rows])
         regions[kind] = region.fit(theta_cal, x_cal, scores=shared)
         fit_seconds[kind] = time.perf_counter() - start
-    coverage = {"flow": [], **{kind: [] for kind in KINDS}}
-    levels = {kind: [] for kind in KINDS}
+    coverage = {"flow": [], **{kind: [] for kind in kinds}}
+    levels = {kind: [] for kind in kinds}
     for k in range(1, args.observations + 1):
         x_o = task.get_observation(num_observation=k).float()
         reference = task.get_reference_posterior_samples(num_observation=k).float()
         reference = reference[: args.reference]
         torch.manual_seed(seed * 100 + k + 100 * mc)
-        cred = regions["global"].credibility(reference[:, None], x_o)[:, 0]
+        cred = next(iter(regions.values())).credibility(reference[:, None], x_o)[:, 0]
         coverage["flow"].append(float((cred < LEVEL).double().mean()))
         for kind, region in regions.items():
             if kind == "posterior":  # its seeded draws at x_o: level, score ("partitioned"
@@ -179,7 +184,9 @@ def run(task_name: str, seed: int, args: argparse.Namespace, figure: Path | None
                 cred = region.credibility(reference[:, None], x_o)[:, 0]
             level = float(region.calibrated_level(LEVEL, x_o).reshape(-1)[0])
             levels[kind].append(level)
-            coverage[kind].append(float((cred < level).double().mean()))
+            inside = (region.contains(reference[:, None], x_o, LEVEL)[:, 0] if kind in RAW_KINDS
+                      else cred < level)  # (log-density: exact membership)  # fmt: skip
+            coverage[kind].append(float(inside.double().mean()))
     if figure is not None:
         from calib_lightning.plots import plot_conformal_region
 
@@ -246,6 +253,13 @@ VARIANTS_TEXT = (
 )
 
 
+def _cell(runs: list[dict], kind: str) -> str:
+    """The mean ± standard error of ``kind`` over ``runs``; ``-`` if a run lacks it."""
+    if not all(kind in r["error"] for r in runs):
+        return "-"
+    return summary([r["error"][kind] for r in runs])
+
+
 def summary(values: list[float]) -> str:
     if len(values) < 2:
         return f"{values[0]:.3f}"
@@ -275,9 +289,10 @@ def table(runs: list[dict], args: argparse.Namespace, folder: Path) -> str:
         "",
         "| task | seeds | NSF (uncalibrated) | conformal global | conformal local (x) | "
         "conformal local (posterior summary) | local (posterior summary), tree on the "
-        "early-stopping pairs | CP4SBI amortized (NPE -> best) | "
-        "CP4SBI issue 25 file (SNPE-C -> best) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "early-stopping pairs | log-density score: global | log-density score: local "
+        "(posterior summary), tree on the early-stopping pairs | CP4SBI amortized (NPE -> "
+        "best) | CP4SBI issue 25 file (SNPE-C -> best) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for task_name in dict.fromkeys(r["task"] for r in runs):
         rs = [r for r in runs if r["task"] == task_name]
@@ -288,18 +303,22 @@ def table(runs: list[dict], args: argparse.Namespace, folder: Path) -> str:
             f"{summary([r['error']['local'] for r in rs])} | "
             f"{summary([r['error']['posterior'] for r in rs])} | "
             f"{summary([r['error']['partitioned'] for r in rs])} | "
-            f"{amortized[0]:.3f} -> {amortized[1]:.3f} ({amortized[2]}) | "
+            + "".join(f"{_cell(rs, kind)} | " for kind in RAW_KINDS)
+            + f"{amortized[0]:.3f} -> {amortized[1]:.3f} ({amortized[2]}) | "
             f"{issue[0]:.3f} -> {issue[1]:.3f} ({issue[2]}) |"
         )
     names = {"global": "global", "local": "local on x",
              "posterior": "local on the posterior summary",
-             "partitioned": "local on the summary with the early-stopping tree"}  # fmt: skip
+             "partitioned": "local on the summary with the early-stopping tree",
+             "log-density global": "log-density global",
+             "log-density partitioned": "log-density local, early-stopping tree"}  # fmt: skip
     every = runs + replicate_runs(folder)
     verdict = []
     for task_name in dict.fromkeys(r["task"] for r in runs):
         rs = [r for r in every if r["task"] == task_name]
         bar = min(CP4SBI[task_name]["amortized"][1], CP4SBI[task_name]["issue"][1])
-        below = [names[k] for k in KINDS if statistics.fmean(r["error"][k] for r in rs) < bar]
+        below = [names[k] for k in KINDS if all(k in r["error"] for r in rs)
+                 and statistics.fmean(r["error"][k] for r in rs) < bar]  # fmt: skip
         verdict.append(f"{task_name}: {', '.join(below) or 'none'}")
     over = "seeds and Monte Carlo replicates" if len(every) > len(runs) else "seeds"
     lines += [
@@ -347,11 +366,11 @@ def table(runs: list[dict], args: argparse.Namespace, folder: Path) -> str:
         lines.append(
             f"| {r['task']} | {r['seed']} | {r['epochs']} | {r['val_nll']:.3f} | "
             f"{r['train_seconds']:.0f} | "
-            + "; ".join(f"{r['fit_seconds'][kind]:.1f}" for kind in KINDS)
+            + "; ".join(f"{r['fit_seconds'][kind]:.1f}" for kind in KINDS[:4])
             + f" | {e['flow']:.3f} | "
-            + " | ".join(f"{e[kind]:.3f}" for kind in KINDS)
+            + " | ".join(f"{e[kind]:.3f}" for kind in KINDS[:4])
             + f" | {lv['global'][0]:.3f}; "
-            + "; ".join(f"{min(lv[kind]):.3f}-{max(lv[kind]):.3f}" for kind in KINDS[1:])
+            + "; ".join(f"{min(lv[kind]):.3f}-{max(lv[kind]):.3f}" for kind in KINDS[1:4])
             + " |"
         )
     lines += [
@@ -394,6 +413,9 @@ def replicates_table(runs: list[dict], folder: Path) -> list[str]:
         seeds = sorted({r["seed"] for r in rs})
         cells = []
         for kind in KINDS:
+            if not all(kind in r["error"] for r in rs):
+                cells.append("-")
+                continue
             per_seed = [[r["error"][kind] for r in rs if r["seed"] == s] for s in seeds]
             within = [statistics.pvariance(v) * len(v) / (len(v) - 1) for v in per_seed
                       if len(v) > 1]  # fmt: skip
@@ -446,6 +468,9 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=None,
                         help="keep (or reuse) each run's trained flow in this folder")  # fmt: skip
     parser.add_argument("--no-figure", action="store_true")
+    parser.add_argument("--add-kinds", action="store_true",
+                        help="compute the log-density kinds only and add them to the runs "
+                        "in the json (the same flows; the other kinds untouched)")  # fmt: skip
     parser.add_argument(
         "--figure-only",
         action="store_true",
@@ -468,6 +493,17 @@ def main() -> None:
     suffix = f"_mc{args.mc_seed}" if args.mc_seed else ""
     runs_path = folder / f"conformal_sbibm_runs{suffix}.json"
     runs = json.loads(runs_path.read_text()) if args.resume and runs_path.exists() else []
+    if args.add_kinds:
+        runs = json.loads(runs_path.read_text())
+        for r in runs:
+            todo = r["task"] in args.tasks and r["seed"] in args.seeds
+            if todo and RAW_KINDS[0] not in r["error"]:
+                new = run(r["task"], r["seed"], args, kinds=RAW_KINDS)
+                for key in ("error", "coverage", "levels", "fit_seconds"):
+                    r[key].update({k: v for k, v in new[key].items() if k in RAW_KINDS})
+                print(json.dumps({"task": r["task"], "seed": r["seed"],
+                                  "error": {k: r["error"][k] for k in RAW_KINDS}}), flush=True)
+                runs_path.write_text(json.dumps(runs, indent=1))
     done = {(r["task"], r["seed"]) for r in runs}
     for task_name in args.tasks:
         for seed in args.seeds:
