@@ -31,7 +31,12 @@ class TreePartition:
     tree: Any
     _leaf_index: dict[int, int]
     scores: Tensor | None
-    _raw: bool
+    conformity: str
+
+    @property
+    def _raw(self) -> bool:
+        """Whether the scores are log-densities (``conformity="log_density"``)."""
+        return self.conformity == "log_density"
 
     def _fitted(self) -> Tensor:
         if self.scores is None:
@@ -56,7 +61,6 @@ class TreePartition:
         per_leaf, _ = leaf_quantiles(scores, self.leaves, len(self._leaf_index), level,
                                      fill=math.inf if self._raw else 1.0)  # fmt: skip
         return per_leaf[self._leaf_of(self._features(x, samples, ell))]
-
 
     def _features(
         self, x: Tensor, samples: Tensor | None = None, ell: Tensor | None = None

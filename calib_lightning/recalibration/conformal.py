@@ -152,7 +152,7 @@ class ConformalRegion(TreePartition):
         if conformity == "log_density" and self.score != "density":
             raise ValueError(f"conformity='log_density' needs log_prob (score 'density'), "
                              f"got {self.score!r} for {type(self.posterior).__name__}")  # fmt: skip
-        self.conformity, self._raw = conformity, conformity == "log_density"
+        self.conformity = conformity
         if not (embedding is None or embedding == "posterior" or callable(embedding)):
             raise ValueError(
                 f"embedding must be None, 'posterior' or a callable x -> (N, F), got {embedding!r}"

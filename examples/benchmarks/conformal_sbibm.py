@@ -400,16 +400,17 @@ def replicate_runs(folder: Path) -> list[dict]:
 def replicates_table(runs: list[dict], folder: Path) -> list[str]:
     """The "Monte Carlo replicates" section: the main runs and those of
     ``--mc-seed K`` (conformal_sbibm_runs_mcK.json: the same flows, other draws)."""
-    extra = sorted(folder.glob("conformal_sbibm_runs_mc*.json"))
+    extra = replicate_runs(folder)
     if not extra:
         return []
-    every = runs + replicate_runs(folder)
+    every = runs + extra
     lines = ["", "## Monte Carlo replicates", "",
              f"The same flows and seeds with other Monte Carlo draws (`--mc-seed K`, K = 1 to "
-             f"{len(extra)}: the held-out pairs' draws, the trees' split, the tie-breaking "
-             "noise and the draws at the observations): per column, the mean over seeds of "
-             "each seed's mean over its replicates (± standard error over seeds), and the "
-             "replicates' standard deviation within a seed (root mean square over seeds).",
+             f"{len({r['mc_seed'] for r in extra})}: the held-out pairs' draws, the trees' "
+             "split, the tie-breaking noise and the draws at the observations): per column, "
+             "the mean over seeds of each seed's mean over its replicates (± standard error "
+             "over seeds), and the replicates' standard deviation within a seed (root mean "
+             "square over seeds).",
              "", "| task | seeds x replicates | " + " | ".join(KINDS) + " |",
              "| --- | --- |" + " --- |" * len(KINDS)]  # fmt: skip
     for task_name in dict.fromkeys(r["task"] for r in runs):
