@@ -325,6 +325,8 @@ def test_a_log_density_region_is_a_log_density_threshold_per_leaf() -> None:
     assert any(t.get_text().startswith("calibrated (0.9") for t in legend.get_texts())
     with pytest.raises(ValueError, match="conformity='credibility'"):
         region.coverage_error(theta_new, x_new, credibility=torch.zeros(300))
+    with pytest.raises(ValueError, match=r"scores of a conformity='credibility' region"):
+        cl.ConformalRegion(post).fit(theta, x, scores=region._raw_scores(theta, x))
     with pytest.raises(ValueError, match="conformity"):
         cl.ConformalRegion(post, conformity="hpd")
     samples_only = cl.SamplePosterior(lambda x, m: post(x).sample((m,)), num_dims=2)

@@ -172,8 +172,14 @@ def tie_noise(like: Tensor, seed: int) -> Tensor:
     return torch.rand(like.shape, generator=generator, dtype=like.dtype, device=like.device)
 
 
-def check_scores(scores: object, n: int) -> None:
-    """Given scores must be a finite tensor of shape ``(n,)``."""
+def check_scores(scores: object, n: int, *, credibility: bool = False) -> None:
+    """Given scores must be a finite tensor of shape ``(n,)`` (credibilities: in [0, 1],
+    so that a log-density region's scores are not taken for them)."""
     if not isinstance(scores, Tensor) or scores.shape != (n,):
         raise ValueError(f"scores must have shape (n,) = ({n},), got {scores!r:.60}")
     check_finite("scores", scores)
+    if credibility and bool(((scores < 0) | (scores > 1)).any()):
+        raise ValueError(
+            "scores of a conformity='credibility' region must lie in [0, 1], got values in "
+            f"[{float(scores.min()):.3g}, {float(scores.max()):.3g}] (a log-density region's?)"
+        )

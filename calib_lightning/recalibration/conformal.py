@@ -271,7 +271,7 @@ class ConformalRegion(TreePartition):
         theta, x = check_pairs(theta, x, min_rows=2)
         check_finite("theta", theta)
         if scores is not None:
-            check_scores(scores, len(theta))
+            check_scores(scores, len(theta), credibility=not self._raw)
             torch.rand(len(theta), generator=generator, dtype=torch.float64)  # same split
             return scores.double().cpu(), None
         above, summary = None, None

@@ -184,7 +184,8 @@ def evaluate(run: dict, seed: int, kind: str | None, leaf: int, stop: bool = Fal
         return Independent(Normal(torch.zeros(len(x), d), 1.0), 1)
 
     region = cl.ConformalRegion(unused, local=kind is not None, min_leaf_size=leaf,
-                                embedding=lookup, seed=seed)  # fmt: skip
+                                embedding=lookup, seed=seed,
+                                conformity="log_density" if raw else "credibility")  # fmt: skip
     if stop:
         region.fit_partition(early["theta"], early["x"], scores=scores["stop"].double())
     region.fit(run["theta_cal"], run["x_cal"], scores=scores["held"].double())
@@ -192,10 +193,13 @@ def evaluate(run: dict, seed: int, kind: str | None, leaf: int, stop: bool = Fal
     def inside(score: torch.Tensor, a: torch.Tensor | float) -> torch.Tensor:
         return (score.double() <= a) if raw else (score.double() < a)
 
-    levels = [float(region.calibrated_level(LEVEL, o["x"]).reshape(-1)[0]) for o in obs]
+    def level_at(x: torch.Tensor) -> torch.Tensor:  # the calibrated score: t, or a credibility
+        return -region.threshold(x, LEVEL) if raw else region.calibrated_level(LEVEL, x)
+
+    levels = [float(level_at(o["x"]).reshape(-1)[0]) for o in obs]
     error = statistics.fmean(abs(float(inside(c, a).double().mean()) - LEVEL)
                              for c, a in zip(scores["obs"], levels, strict=True))  # fmt: skip
-    a_new = region.calibrated_level(LEVEL, fresh["x"]).double()
+    a_new = level_at(fresh["x"]).double()
     u = scores["fresh"].double() - a_new
     pinball = None if raw else float(torch.where(u >= 0, LEVEL * u, (LEVEL - 1) * u).mean())
     coverage = float(inside(scores["fresh"], a_new).double().mean())
