@@ -260,12 +260,12 @@ def _cell(runs: list[dict], kind: str) -> str:
     return summary([r["error"][kind] for r in runs])
 
 
-def summary(values: list[float]) -> str:
+def summary(values: list[float], signed: bool = False) -> str:
+    """Mean ± standard error (the mean alone for one value); ``signed``: with its sign."""
+    mean = f"{statistics.fmean(values):{'+' if signed else ''}.3f}"
     if len(values) < 2:
-        return f"{values[0]:.3f}"
-    return (
-        f"{statistics.fmean(values):.3f} ± {statistics.stdev(values) / math.sqrt(len(values)):.3f}"
-    )
+        return mean
+    return f"{mean} ± {statistics.stdev(values) / math.sqrt(len(values)):.3f}"
 
 
 def table(runs: list[dict], args: argparse.Namespace, folder: Path) -> str:
@@ -388,7 +388,78 @@ def table(runs: list[dict], args: argparse.Namespace, folder: Path) -> str:
         "(train s: that training). Per-observation coverages and levels: "
         "conformal_sbibm_runs.json.",
     ]
-    return "\n".join(lines + replicates_table(runs, folder) + variants_table(folder)) + "\n"
+    sections = replicates_table(runs, folder) + confirmation_table(runs, folder)
+    return "\n".join(lines + sections + variants_table(folder)) + "\n"
+
+
+#: training seeds run after the log-density kinds were fixed, with the rule below fixed first
+CONFIRMATION_SEEDS = (5, 6, 7, 8, 9)
+CONFIRMATION_RULE = (
+    "The rule, written down (2026-11-27) before any SLCP result of these seeds (Two Moons "
+    "seeds 5 and 6 of the first replicate had printed): (1) SLCP's goal (below CP4SBI) is "
+    "called met for the log-density local region (summary, early-stopping tree) if its mean "
+    "over these seeds is below 0.069, CP4SBI's lower number; (2) the default conformity "
+    "becomes the log-density for posteriors with `log_prob` if, over these seeds, each "
+    "log-density column is below its credibility column on SLCP in mean, and neither is "
+    "above its credibility column on Two Moons by more than 0.005."
+)
+
+
+def seed_means(runs: list[dict], kind: str) -> dict[int, float]:
+    """Each seed's mean of ``kind`` over its runs (its Monte Carlo replicates)."""
+    seeds = sorted({r["seed"] for r in runs})
+    return {s: statistics.fmean(r["error"][kind] for r in runs if r["seed"] == s)
+            for s in seeds}  # fmt: skip
+
+
+def confirmation_table(runs: list[dict], folder: Path) -> list[str]:
+    """The "Confirmation on new training seeds" section: ``CONFIRMATION_SEEDS`` only (every
+    replicate), each column and the paired log-density - credibility differences, and
+    what the rule written before these runs says of them."""
+    every = [r for r in runs + replicate_runs(folder) if r["seed"] in CONFIRMATION_SEEDS]
+    if not every:
+        return []
+    pairs = (("log-density global", "global"), ("log-density partitioned", "partitioned"))
+    lines = ["", "## Confirmation on new training seeds", "",
+             f"Seeds {CONFIRMATION_SEEDS[0]}-{CONFIRMATION_SEEDS[-1]}: new flows, trained "
+             "after the log-density columns had been fixed, every column as above; each "
+             "seed the mean of its Monte Carlo replicates, mean ± standard error over "
+             "seeds. Paired: log-density minus credibility column, per seed (seeds lower).",
+             "", CONFIRMATION_RULE, "",
+             "| task | seeds x replicates | " + " | ".join(KINDS)
+             + " | log-density - credibility: global | partitioned |",
+             "| --- | --- |" + " --- |" * (len(KINDS) + 2)]  # fmt: skip
+    means = {}
+    for task_name in dict.fromkeys(r["task"] for r in every):
+        rs = [r for r in every if r["task"] == task_name]
+        means[task_name] = {kind: seed_means(rs, kind) for kind in KINDS}
+        cells = [summary(list(means[task_name][kind].values())) for kind in KINDS]
+        for raw, cred in pairs:
+            diff = [means[task_name][raw][s] - means[task_name][cred][s]
+                    for s in means[task_name][raw]]  # fmt: skip
+            lower = sum(d < 0 for d in diff)
+            cells.append(f"{summary(diff, signed=True)} ({lower}/{len(diff)})")
+        seeds = len(means[task_name]["global"])
+        count = f"{seeds} x {round(len(rs) / seeds, 1):g}"
+        lines.append(f"| {task_name} | {count} | " + " | ".join(cells) + " |")
+    lines += ["", _rule_outcome(means)]
+    return lines
+
+
+def _rule_outcome(means: dict[str, dict[str, dict[int, float]]]) -> str:
+    """What :data:`CONFIRMATION_RULE` says of the confirmation seeds' means."""
+    if set(means) != {"slcp", "two_moons"}:
+        return "The rule needs both tasks."
+    mean = {t: {k: statistics.fmean(v.values()) for k, v in m.items()} for t, m in means.items()}
+    goal = mean["slcp"]["log-density partitioned"] < 0.069
+    pairs = (("log-density global", "global"), ("log-density partitioned", "partitioned"))
+    default = all(mean["slcp"][raw] < mean["slcp"][cred]
+                  and mean["two_moons"][raw] <= mean["two_moons"][cred] + 0.005
+                  for raw, cred in pairs)  # fmt: skip
+    return (f"The rule: (1) SLCP's log-density local region reads "
+            f"{mean['slcp']['log-density partitioned']:.3f} on these seeds: goal "
+            f"{'met' if goal else 'not met'}; (2) default: "
+            f"{'log-density' if default else 'credibility kept'}.")
 
 
 def replicate_runs(folder: Path) -> list[dict]:
