@@ -249,18 +249,21 @@ def test_conformal_levels_of_every_adapter_are_nominal_on_its_own_draws(adapter)
     every x, so the credibilities from its draws and log-densities are uniform given x and
     the conformal levels, global and per leaf of a tree grown on other pairs
     (``fit_partition``) over x or (not for the slow ODEs: the same code) over the posterior
-    summary, are 0.9 up to their order statistics' spread; the log-density region is the
-    adapter's own log-density contour and covers its fresh draws."""
+    summary, are 0.9 up to their order statistics' spread (``conformity="credibility"``);
+    the default region of every adapter (all have ``log_prob``) is the log-density one: the
+    adapter's own log-density contour, covering its fresh draws."""
     name, post = adapter
     n, draws = (100, 20) if name in SLOW else (400, 100)
     _, x = simulate(2 * n, seed=7)
     torch.manual_seed(8)  # (seed 7 would draw theta's noise as x's own: theta tied to x)
     theta = post.sample(x, 1)[0]
-    whole = cl.ConformalRegion(post, num_posterior_samples=draws).fit(theta[:n], x[:n])
+    whole = cl.ConformalRegion(post, num_posterior_samples=draws, conformity="credibility")
+    whole.fit(theta[:n], x[:n])
     assert abs(float(whole.calibrated_level(0.9)) - 0.9) < 4 * 0.3 / n**0.5
     for embedding in (None,) if name in SLOW else (None, "posterior"):
         region = cl.ConformalRegion(post, local=True, embedding=embedding,
-                                    num_posterior_samples=draws, min_leaf_size=n // 4)
+                                    num_posterior_samples=draws, min_leaf_size=n // 4,
+                                    conformity="credibility")  # fmt: skip
         region.fit_partition(theta[n:], x[n:])
         region.fit(theta[:n], x[:n], scores=None if embedding else whole.scores)  # fmt: skip
         spread = 0.3 / region.leaves.bincount().min() ** 0.5  # sd of a leaf's 0.9 quantile
@@ -269,8 +272,8 @@ def test_conformal_levels_of_every_adapter_are_nominal_on_its_own_draws(adapter)
         assert float((levels - 0.9).abs().max()) < 5 * spread, (embedding, levels.unique())
     assert region.contains(theta[:3], x[:3]).shape == (3,)
     # the log-density threshold: the adapter's log_prob on (N, D) and (*, N, D) points
-    raw = cl.ConformalRegion(post, conformity="log_density", num_posterior_samples=draws)
-    raw.fit(theta[:n], x[:n])
+    raw = cl.ConformalRegion(post, num_posterior_samples=draws).fit(theta[:n], x[:n])
+    assert raw.conformity == "log_density"
     inside = raw.contains(torch.stack([theta[n:], theta[:n]]), x[n:])
     assert inside.shape == (2, n)
     with torch.no_grad():

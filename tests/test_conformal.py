@@ -19,6 +19,7 @@ from calib_lightning.functional import (
     leaf_quantiles,
     min_pairs,
 )
+from calib_lightning.recalibration._draw_stats import negative_log_prob
 from calib_lightning.tasks import GaussianToy
 
 matplotlib.use("Agg")
@@ -225,7 +226,8 @@ def test_posterior_summary_features_are_seeded_and_shared_with_the_score() -> No
     toy = GaussianToy(dim=2)
     theta, x = toy.sample(200, torch.Generator().manual_seed(18))
     region = cl.ConformalRegion(toy.posterior(variance_scale=0.5), local=True, min_leaf_size=20,
-                                num_posterior_samples=100, embedding="posterior", seed=4)
+                                num_posterior_samples=100, embedding="posterior", seed=4,
+                                conformity="credibility")  # fmt: skip
     region.fit(theta, x)
     features = region._features(x[:7])
     assert features.shape == (7, 5)  # means, standard deviations, mean log-density
@@ -256,7 +258,8 @@ def test_samples_only_posterior_uses_the_distance_score_with_the_guarantee() -> 
         return 0.8 * x + 0.5 * 0.2**0.5 * torch.randn(num_samples, *x.shape)
 
     post = cl.SamplePosterior(too_narrow, num_dims=2)
-    assert cl.ConformalRegion(post).score == "distance"
+    default = cl.ConformalRegion(post)
+    assert (default.score, default.conformity) == ("distance", "credibility")
     calibrated, nominal, bound = _coverage_over_repetitions(
         post, toy.sample, local=False, reps=100, n=40, draws=200, seed=6
     )
@@ -280,7 +283,8 @@ def test_contains_agrees_with_the_log_density_threshold() -> None:
     toy = GaussianToy(dim=2)
     theta, x = toy.sample(300, torch.Generator().manual_seed(7))
     post = toy.posterior(variance_scale=0.5)
-    region = cl.ConformalRegion(post, num_posterior_samples=500).fit(theta, x)
+    region = cl.ConformalRegion(post, num_posterior_samples=500, conformity="credibility")
+    region.fit(theta, x)
     points = torch.randn(64, 300, 2, generator=torch.Generator().manual_seed(8))
     torch.manual_seed(9)
     inside = region.contains(points, x, LEVEL)
@@ -316,8 +320,9 @@ def test_a_log_density_region_is_a_log_density_threshold_per_leaf() -> None:
     loose = region.credibility(points, x_new) < level
     assert bool((loose | ~inside).all())
     assert float((loose & ~inside).double().mean()) < 0.01
-    one = cl.ConformalRegion(post, conformity="log_density").fit(theta, x)  # global
-    with pytest.raises(ValueError, match="pass x"):
+    one = cl.ConformalRegion(post).fit(theta, x)  # global; the default with log_prob
+    assert one.conformity == "log_density"
+    with pytest.raises(ValueError, match="log_density' needs x"):
         one.calibrated_level()
     from calib_lightning.plots import plot_conformal_region
 
@@ -326,7 +331,8 @@ def test_a_log_density_region_is_a_log_density_threshold_per_leaf() -> None:
     with pytest.raises(ValueError, match="conformity='credibility'"):
         region.coverage_error(theta_new, x_new, credibility=torch.zeros(300))
     with pytest.raises(ValueError, match=r"scores of a conformity='credibility' region"):
-        cl.ConformalRegion(post).fit(theta, x, scores=region._raw_scores(theta, x))
+        cl.ConformalRegion(post, conformity="credibility").fit(
+            theta, x, scores=negative_log_prob(cl.as_posterior(post), theta, x))
     with pytest.raises(ValueError, match="conformity"):
         cl.ConformalRegion(post, conformity="hpd")
     samples_only = cl.SamplePosterior(lambda x, m: post(x).sample((m,)), num_dims=2)
@@ -385,12 +391,12 @@ def test_bad_input_raises_value_errors() -> None:
     toy = GaussianToy(dim=2)
     post = toy.posterior()
     theta, x = toy.sample(30, torch.Generator().manual_seed(11))
-    region = cl.ConformalRegion(post, num_posterior_samples=50)
+    region = cl.ConformalRegion(post, num_posterior_samples=50)  # log-density: x needed
     with pytest.raises(ValueError, match="not fitted"):
-        region.calibrated_level(LEVEL)
+        region.calibrated_level(LEVEL, x[:2])
     region.fit(theta[:5], x[:5])
     with pytest.raises(ValueError, match="at least 9 held-out pairs"):
-        region.calibrated_level(LEVEL)
+        region.calibrated_level(LEVEL, x[:2])
     assert min_pairs(0.95) == 19
     with pytest.raises(ValueError, match="theta"):
         region.fit(theta.clone().fill_(math.nan), x)
@@ -399,7 +405,7 @@ def test_bad_input_raises_value_errors() -> None:
     with pytest.raises(ValueError, match="theta"):
         region.fit(theta[:, 0], x)
     with pytest.raises(ValueError, match="level"):
-        region.fit(theta, x).calibrated_level(1.5)
+        region.fit(theta, x).calibrated_level(1.5, x[:2])
     with pytest.raises(ValueError, match="score"):
         cl.ConformalRegion(post, score="energy")
     with pytest.raises(ValueError, match="embedding"):
@@ -426,9 +432,8 @@ def test_coverage_error_is_the_area_between_the_coverage_curve_and_the_diagonal(
     g = torch.Generator().manual_seed(15)
     torch.manual_seed(15)
     theta, x = toy.sample(120, g)
-    region = cl.ConformalRegion(
-        _heteroscedastic, local=local, num_posterior_samples=100, min_leaf_size=20
-    ).fit(theta, x)
+    region = cl.ConformalRegion(_heteroscedastic, local=local, num_posterior_samples=100,
+                                min_leaf_size=20, conformity="credibility").fit(theta, x)
     theta_new, x_new = toy.sample(300, g)
     cred = region.credibility(theta_new, x_new)
     leaves = region._leaf_of(region._features(x_new)) if local else torch.zeros(300).long()
@@ -459,7 +464,8 @@ def test_coverage_error_of_calibrated_regions_is_near_zero_from_above(
     n, draws, errors, nominal = 40, 200, [], []
     for rep in range(80):
         theta, x = toy.sample(n, g)
-        region = cl.ConformalRegion(post, num_posterior_samples=draws, seed=rep).fit(theta, x)
+        region = cl.ConformalRegion(post, num_posterior_samples=draws, seed=rep,
+                                    conformity="credibility").fit(theta, x)  # fmt: skip
         theta_new, x_new = toy.sample(200, g)
         cred = region.credibility(theta_new, x_new)
         errors.append(region.coverage_error(theta_new, x_new, credibility=cred))

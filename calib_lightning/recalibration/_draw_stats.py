@@ -183,3 +183,12 @@ def check_scores(scores: object, n: int, *, credibility: bool = False) -> None:
             "scores of a conformity='credibility' region must lie in [0, 1], got values in "
             f"[{float(scores.min()):.3g}, {float(scores.max()):.3g}] (a log-density region's?)"
         )
+
+
+def negative_log_prob(posterior: Any, theta: Tensor, x: Tensor) -> Tensor:
+    """``-log q(theta | x)`` (the ``log_density`` conformity score), float64 on the CPU;
+    outside the support: the largest float."""
+    with torch.no_grad():
+        ell = posterior.log_prob(theta, x)
+    check_log_prob(ell)
+    return (-ell.double().cpu()).clamp_max(torch.finfo(torch.float64).max)

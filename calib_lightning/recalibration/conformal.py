@@ -1,13 +1,13 @@
-r"""Conformal credible regions: HPD regions of any posterior at a calibrated level.
+r"""Conformal credible regions: HPD-type regions of any posterior, calibrated.
 
 :class:`ConformalRegion` turns a trained posterior and held-out pairs into credible
-regions with a finite-sample coverage guarantee (split conformal prediction of the
-credibility score, :mod:`calib_lightning.functional.conformal`). The posterior itself is
-not changed: the region at :math:`x` is the posterior's own HPD region, taken at the
-calibrated credibility :math:`\hat a(1 - \alpha)` instead of the nominal
-:math:`1 - \alpha`, one level for all ``x`` (global, CDF-split) or one per cell of a
-regression tree over ``x`` or over a summary of the posterior at ``x`` (local, LOCART on
-the CDF-split score).
+regions with a finite-sample coverage guarantee (split conformal prediction,
+:mod:`calib_lightning.functional.conformal`). The posterior itself is not changed: the
+region at :math:`x` is a log-density contour of it, :math:`\{\log q \ge -\hat t\}` with a
+calibrated threshold (score :math:`-\log q`, the default with a log-density), or its HPD
+region at the calibrated credibility :math:`\hat a(1 - \alpha)` instead of the nominal
+:math:`1 - \alpha` (CDF-split); one threshold or level for all ``x`` (global) or one per
+cell of a regression tree over ``x`` or a summary of the posterior at ``x`` (LOCART).
 
 It needs draws and log-densities, so it works with every estimator
 :func:`calib_lightning.as_posterior` accepts; a samples-only posterior gets the
@@ -33,10 +33,10 @@ from calib_lightning.functional.conformal import (
 from calib_lightning.posteriors import as_posterior
 from calib_lightning.posteriors.base import supports
 from calib_lightning.recalibration._draw_stats import (
-    check_log_prob,
     check_points,
     check_scores,
     count_above,
+    negative_log_prob,
     score_statistics,
     seeded_draws,
     tie_noise,
@@ -46,18 +46,21 @@ from calib_lightning.recalibration._partition import TreePartition
 __all__ = ["ConformalRegion"]
 
 _SCORES = ("auto", "density", "distance")
-_CONFORMITY = ("credibility", "log_density")
+_CONFORMITY = ("auto", "credibility", "log_density")
 
 
 class ConformalRegion(TreePartition):
     r"""Credible regions of a posterior at a level calibrated on held-out pairs.
 
-    The score of a pair :math:`(\theta^*, x)` is its credibility :math:`c`: the share of
-    ``num_posterior_samples`` draws of :math:`q(\cdot \mid x)` with a higher log-density
-    than :math:`\theta^*` (randomized to break ties). :meth:`fit` stores the scores of
-    ``n`` held-out pairs; :meth:`calibrated_level` is their conformal quantile, and the
-    region at :math:`x` is :math:`q`'s HPD region at that credibility (:meth:`contains`,
-    :meth:`threshold`).
+    The score of a pair :math:`(\theta^*, x)` is :math:`-\log q(\theta^* \mid x)` for a
+    posterior with ``log_prob`` (``conformity="log_density"``, the default there), else
+    (``"credibility"``) its credibility :math:`c`: the share of ``num_posterior_samples``
+    draws of :math:`q(\cdot \mid x)` with a higher log-density than :math:`\theta^*`
+    (randomized to break ties). :meth:`fit` stores the scores of ``n`` held-out pairs;
+    their conformal quantile is the calibrated threshold :math:`\hat t` (the region
+    :math:`\{\log q \ge -\hat t\}`, :meth:`threshold`) or credibility :math:`\hat a`
+    (:math:`q`'s HPD region at that credibility); :meth:`calibrated_level` is the
+    region's credibility, :meth:`contains` its membership.
 
     **Guarantee.** For pairs exchangeable with the held-out ones (the same joint
     distribution, independent; the held-out pairs must not have picked the posterior's
@@ -100,10 +103,12 @@ class ConformalRegion(TreePartition):
             ``S`` draws, each coordinate's mean and standard deviation and (density
             score) the draws' mean log-density: where ``q`` is narrow or wide, i.e. where
             its over- or under-confidence may change. At new ``x`` the draws are seeded.
-        conformity: the score the quantiles are taken of: ``"credibility"`` (CDF-split;
-            any estimator) or ``"log_density"`` (CP4SBI's HPD score; needs ``log_prob``):
-            one log-density threshold per leaf, on sbibm's SLCP closer to the reference
-            posteriors (``examples/benchmarks/results/conformal_sbibm.md``, variants).
+        conformity: the score the quantiles are taken of: ``"log_density"`` (CP4SBI's
+            HPD score; needs ``log_prob``; one log-density threshold per leaf, exact
+            membership), ``"credibility"`` (CDF-split; any estimator) or ``"auto"``
+            (the former when ``score`` is ``"density"``): on sbibm's SLCP the log-density
+            is closer to the reference posteriors, on Two Moons as close
+            (``examples/benchmarks/results/conformal_sbibm.md``, confirmation seeds).
         seed: seeds the tie-breaking noise, the split and the tree.
 
     Example:
@@ -111,12 +116,12 @@ class ConformalRegion(TreePartition):
         >>> toy = GaussianToy(dim=2)
         >>> theta, x = toy.sample(1000, torch.Generator().manual_seed(0))
         >>> too_narrow = toy.posterior(variance_scale=0.5)  # over-confident
-        >>> region = ConformalRegion(too_narrow).fit(theta, x)
-        >>> round(float(region.calibrated_level(0.9)), 2)  # its 90 % region: its 99 % one
-        0.99
+        >>> region = ConformalRegion(too_narrow).fit(theta, x)  # log-density threshold
+        >>> region.calibrated_level(0.9, x[:3])  # its 90 % region: about its 99 % one
+        tensor([0.9880, 0.9850, 0.9900], dtype=torch.float64)
         >>> theta, x = toy.sample(4000, torch.Generator().manual_seed(1))
-        >>> round(float(region.contains(theta, x, level=0.9).double().mean()), 2)
-        0.9
+        >>> round(float(region.contains(theta, x, level=0.9).double().mean()), 2)  # ~0.9
+        0.89
 
     References:
         Vagner, Cabezas, Izbicki et al. "CP4SBI: Local Conformal Calibration of Credible
@@ -133,7 +138,7 @@ class ConformalRegion(TreePartition):
         min_leaf_size: int = 100,
         tree_fraction: float = 0.5,
         embedding: Callable[[Tensor], Tensor] | None = None,
-        conformity: str = "credibility",
+        conformity: str = "auto",
         seed: int = 0,
     ) -> None:
         check_choice("score", score, _SCORES)
@@ -152,6 +157,8 @@ class ConformalRegion(TreePartition):
         if conformity == "log_density" and self.score != "density":
             raise ValueError(f"conformity='log_density' needs log_prob (score 'density'), "
                              f"got {self.score!r} for {type(self.posterior).__name__}")  # fmt: skip
+        if conformity == "auto":
+            conformity = "log_density" if self.score == "density" else "credibility"
         self.conformity = conformity
         if not (embedding is None or embedding == "posterior" or callable(embedding)):
             raise ValueError(
@@ -281,15 +288,8 @@ class ConformalRegion(TreePartition):
         noise = torch.rand(len(theta), generator=generator, dtype=torch.float64)
         features = None if summary is None else summary.numpy()
         if self._raw:
-            return self._raw_scores(theta, x), features
+            return negative_log_prob(self.posterior, theta, x), features
         return (above + noise) / (self.num_posterior_samples + 1), features
-
-    def _raw_scores(self, theta: Tensor, x: Tensor) -> Tensor:
-        """``-log q(theta | x)``, float64 on the CPU (outside the support: the largest float)."""
-        with torch.no_grad():
-            ell = self.posterior.log_prob(theta, x)
-        check_log_prob(ell)
-        return (-ell.double().cpu()).clamp_max(torch.finfo(torch.float64).max)
 
     # --- levels and regions -------------------------------------------------------------
 
@@ -319,8 +319,9 @@ class ConformalRegion(TreePartition):
                ell: Tensor | None = None) -> Tensor:  # fmt: skip
         if not self._raw:
             return self._quantile(level, x, samples, ell)
+        self._fitted()
         if x is None:
-            raise ValueError("conformity='log_density' has one level per x: pass x (N, *X)")
+            raise ValueError("conformity='log_density' needs x (N, *X): one level per x")
         if ell is None:
             samples = self._draws(x)
             with torch.no_grad():
@@ -342,7 +343,7 @@ class ConformalRegion(TreePartition):
         """
         if self._raw:  # exact: -log q(theta | x) <= t(x), no draws but the summary's
             theta, x = check_points(theta, x)
-            score = self._raw_scores(theta, x)
+            score = negative_log_prob(self.posterior, theta, x)
             return score <= self._quantile(level, x).to(score)
         samples, ell_samples, ell_theta = self._statistics(theta, x)
         target = self._level(level, x if self.local else None, samples, ell_samples)
@@ -374,7 +375,7 @@ class ConformalRegion(TreePartition):
             if credibility is not None:
                 raise ValueError("credibility= needs conformity='credibility', got log_density")
             theta, x = check_points(theta, x)
-            new = self._raw_scores(theta, x)
+            new = negative_log_prob(self.posterior, theta, x)
         elif credibility is None:  # the same draws for the scores and the tree's features
             samples, ell_samples, ell_theta = self._statistics(theta, x)
             new = self._credibility(ell_samples, ell_theta, False).double().cpu()

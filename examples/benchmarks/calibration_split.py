@@ -7,10 +7,11 @@ them best. This script measures how much that moves the calibrated regions, on t
 of ``regularizer_study.py`` (zuko NSF, 1,000 simulations, early stopping on a 10 %
 validation split: 100 pairs, the same seeds, training and test pairs):
 
-* the global conformal region (``cl.ConformalRegion``, 1,000 draws per pair) and the
-  radial latent map (``cl.recalibrate(method="radial")``) fitted on the 100 pairs that
-  early-stopped the flow (``stop``), or on ``--fresh`` sets of 100 new pairs from the
-  simulator (``apart``: the same flow, pairs that never saw it; their mean);
+* the global conformal region (``cl.ConformalRegion``, the credibility score from 1,000
+  draws per pair) and the radial latent map (``cl.recalibrate(method="radial")``) fitted
+  on the 100 pairs that early-stopped the flow (``stop``), or on ``--fresh`` sets of 100
+  new pairs from the simulator (``apart``: the same flow, pairs that never saw it; their
+  mean);
 * signed coverage error on the study's 1,000 test pairs (negative = over-confident):
   for the region, the area between its coverage curve and the diagonal
   (``ConformalRegion.coverage_error``, one set of draws for both fits); for the radial
@@ -45,12 +46,14 @@ from examples.benchmarks import regularizer_study as study
 
 RESULTS = Path(__file__).parent / "results"
 BUDGET, NUM_DRAWS = 1000, 1000
+CONFORMITY = "credibility"  # the committed numbers (the score shares the test pairs' draws)
 
 
 def _errors(flow: torch.nn.Module, theta: torch.Tensor, x: torch.Tensor, test: tuple,
             credibility: torch.Tensor, seed: int) -> tuple[float, float]:  # fmt: skip
     """Signed test errors of the global region and of the radial map fitted on (theta, x)."""
-    region = cl.ConformalRegion(flow, num_posterior_samples=NUM_DRAWS).fit(theta, x)
+    region = cl.ConformalRegion(flow, num_posterior_samples=NUM_DRAWS, conformity=CONFORMITY)
+    region.fit(theta, x)
     conformal = float(region.coverage_error(*test, credibility=credibility))
     radial = cl.recalibrate(flow, theta, x, method="radial", seed=seed)
     latent = cl.LatentCalibration()
@@ -65,7 +68,8 @@ def run_seed(task_name: str, seed: int, fresh: int) -> dict:
     stop = next(iter(study._PLAIN.values()))[2]  # the pairs that early-stopped it
     test = task.sample(study.NUM_TEST, torch.Generator().manual_seed(10_000 + seed))
     torch.manual_seed(seed)
-    credibility = cl.ConformalRegion(flow, num_posterior_samples=NUM_DRAWS).credibility(*test)
+    scorer = cl.ConformalRegion(flow, num_posterior_samples=NUM_DRAWS, conformity=CONFORMITY)
+    credibility = scorer.credibility(*test)
     conformal, radial = _errors(flow, theta[stop], x[stop], test, credibility, seed)
     new_pairs = [task.sample(len(stop), torch.Generator().manual_seed(50_000 + 100 * seed + r))
                  for r in range(fresh)]  # fmt: skip

@@ -14,10 +14,11 @@ and each method is fitted on its validation split only (100 pairs at 1,000 simul
   method (the same fit on the same pairs), with its own fit time;
 * ``latent-scale hpd``: ``cl.LatentScale(shared=True).fit(target="hpd")``, the HPD fit
   now from shared importance-weighted draws;
-* ``conformal (global)``, ``conformal (local)``: ``cl.ConformalRegion`` (density score,
-  ``NUM_CONFORMAL_SAMPLES`` draws per observation) fitted on the validation split; local:
-  a tree on half of it (``min_leaf_size = max(20, n // 8)``: at most 2 leaves at 1,000
-  simulations, 4 at 4,000), the quantiles on the other half. The flow is unchanged, so
+* ``conformal (global)``, ``conformal (local)``: ``cl.ConformalRegion`` (its credibility
+  conformity: the rank of the log-density among ``NUM_CONFORMAL_SAMPLES`` draws per
+  observation) fitted on the validation split; local: a tree on half of it
+  (``min_leaf_size = max(20, n // 8)``: at most 2 leaves at 1,000 simulations, 4 at
+  4,000), the quantiles on the other half. The flow is unchanged, so
   its NLL and latent error are the flow's (``-`` in the table); the HPD error is the
   regions' own: on the same test pairs, the area between their coverage curve (share of
   test pairs inside the calibrated region at each nominal level) and the diagonal,
@@ -107,7 +108,8 @@ FINE_TUNE_WEIGHT, FINE_TUNE_LR, FINE_TUNE_STEPS, FINE_TUNE_PATIENCE = 10.0, 1e-4
 def _conformal(flow: torch.nn.Module, theta: torch.Tensor, x: torch.Tensor, *, local: bool
                ) -> cl.ConformalRegion:  # fmt: skip
     region = cl.ConformalRegion(flow, local=local, num_posterior_samples=NUM_CONFORMAL_SAMPLES,
-                                min_leaf_size=max(20, len(theta) // 8))  # fmt: skip
+                                min_leaf_size=max(20, len(theta) // 8),
+                                conformity="credibility")  # fmt: skip
     return region.fit(theta, x)
 
 
