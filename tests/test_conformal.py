@@ -322,6 +322,7 @@ def test_a_log_density_region_is_a_log_density_threshold_per_leaf() -> None:
     assert float((loose & ~inside).double().mean()) < 0.01
     one = cl.ConformalRegion(post).fit(theta, x)  # global; the default with log_prob
     assert one.conformity == "log_density"
+    assert "conformity='log_density'" in repr(one)
     with pytest.raises(ValueError, match="log_density' needs x"):
         one.calibrated_level()
     from calib_lightning.plots import plot_conformal_region

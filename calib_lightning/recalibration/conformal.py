@@ -176,7 +176,8 @@ class ConformalRegion(TreePartition):
     def __repr__(self) -> str:
         kind = "local" if self.local else "global"
         n = "unfitted" if self.scores is None else f"n={len(self.scores)}"
-        return f"ConformalRegion({self.posterior!r}, {kind}, score={self.score!r}, {n})"
+        return (f"ConformalRegion({self.posterior!r}, {kind}, score={self.score!r}, "
+                f"conformity={self.conformity!r}, {n})")  # fmt: skip
 
     # --- scores -------------------------------------------------------------------------
 
