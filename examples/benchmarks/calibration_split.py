@@ -231,6 +231,7 @@ def main() -> None:
     folder = output_folder(RESULTS, args.smoke)
     if args.smoke:
         args.tasks, args.seeds, args.fresh, BUDGET, NUM_DRAWS = ["two_moons"], 2, 2, 400, 50
+        args.conformity = True  # every code path
         study.MAX_EPOCHS, study.PATIENCE, study.NUM_TEST = 2, 1, 100
     path = folder / "calibration_split.json"
     seeds = range(args.first_seed, args.first_seed + args.seeds)
