@@ -213,8 +213,8 @@ def run(task_name: str, seed: int, args: argparse.Namespace, figure: Path | None
 
 
 VARIANTS_TEXT = (
-    "From `conformal_sbibm_variants.py` (the runs above: their cached flows and held-out "
-    "scores, each variant a tree fit): the tree on x, on "
+    "From `conformal_sbibm_variants.py` (seeds 0-4 of the runs above: their cached "
+    "flows and held-out scores, each variant a tree fit): the tree on x, on "
     "the posterior summary, on both, or on the summary's scale part only (standard "
     "deviations and mean log-density), with min_leaf_size 50, 100 or 200, fitted on half "
     "of the held-out pairs or (early-stopping tree) on the flow's 800 early-stopping "
