@@ -62,6 +62,12 @@ class TreePartition:
                                      fill=math.inf if self._raw else 1.0)  # fmt: skip
         return per_leaf[self._leaf_of(self._features(x, samples, ell))]
 
+    def _draws_log_prob(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The region's (seeded) draws at ``x`` ``(S, N, D)`` and their log-densities."""
+        samples = self._draws(x)
+        with torch.no_grad():
+            return samples, self.posterior.log_prob(samples, x)
+
     def _features(
         self, x: Tensor, samples: Tensor | None = None, ell: Tensor | None = None
     ) -> Any:

@@ -324,9 +324,7 @@ class ConformalRegion(TreePartition):
         if x is None:
             raise ValueError("conformity='log_density' needs x (N, *X): one level per x")
         if ell is None:
-            samples = self._draws(x)
-            with torch.no_grad():
-                ell = self.posterior.log_prob(samples, x)
+            samples, ell = self._draws_log_prob(x)
         t = self._quantile(level, x, samples, ell).to(ell)
         inside = (-ell <= t).sum(0).double().cpu()  # draws (S, N) in {log q >= -t}
         return (inside + 1) / (ell.shape[0] + 1)
@@ -412,9 +410,7 @@ class ConformalRegion(TreePartition):
         _check_probability("level", level)
         if self._raw and calibrated:  # the calibrated score itself
             return -self._quantile(level, x)
-        samples = self._draws(x)
-        with torch.no_grad():
-            ell = self.posterior.log_prob(samples, x)
+        samples, ell = self._draws_log_prob(x)
         target = (self._level(level, x if self.local else None, samples, ell) if calibrated
                   else level)  # fmt: skip
         return density_threshold(ell, target)

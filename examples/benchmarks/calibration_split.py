@@ -62,7 +62,9 @@ def _errors(flow: torch.nn.Module, theta: torch.Tensor, x: torch.Tensor, test: t
     return conformal, float(latent.compute().coverage_error)
 
 
-def run_seed(task_name: str, seed: int, fresh: int) -> dict:
+def set_up(task_name: str, seed: int, fresh: int) -> dict:
+    """One seed's flow (trained as in the regularizer study), the pairs that early-stopped
+    it, ``fresh`` sets of as many new pairs, the test pairs and their credibilities."""
     task = study.TASKS[task_name]()
     theta, x = task.sample(BUDGET, torch.Generator().manual_seed(seed))
     flow, stats = study.fit(theta, x, "npe", seed, task, study.MAX_EPOCHS)
@@ -70,46 +72,40 @@ def run_seed(task_name: str, seed: int, fresh: int) -> dict:
     test = task.sample(study.NUM_TEST, torch.Generator().manual_seed(10_000 + seed))
     torch.manual_seed(seed)
     scorer = cl.ConformalRegion(flow, num_posterior_samples=NUM_DRAWS, conformity=CONFORMITY)
-    credibility = scorer.credibility(*test)
-    conformal, radial = _errors(flow, theta[stop], x[stop], test, credibility, seed)
     new_pairs = [task.sample(len(stop), torch.Generator().manual_seed(50_000 + 100 * seed + r))
                  for r in range(fresh)]  # fmt: skip
-    apart = [_errors(flow, *pairs, test, credibility, seed) for pairs in new_pairs]
+    return {"flow": flow, "epochs": stats["epochs"], "seed": seed, "stop": (theta[stop], x[stop]),
+            "new": new_pairs, "test": test, "credibility": scorer.credibility(*test)}  # fmt: skip
+
+
+def run_seed(setting: dict) -> dict:
+    """The row of one seed: both fits on the early-stopping pairs and on the new ones."""
+    flow, test, credibility, seed = (setting[k] for k in ("flow", "test", "credibility", "seed"))
+    conformal, radial = _errors(flow, *setting["stop"], test, credibility, seed)
+    apart = [_errors(flow, *pairs, test, credibility, seed) for pairs in setting["new"]]
     with torch.no_grad():
-        nll_stop = float(-flow(x[stop]).log_prob(theta[stop]).mean())
+        nll_stop = float(-flow(setting["stop"][1]).log_prob(setting["stop"][0]).mean())
         nll_test = float(-flow(test[1]).log_prob(test[0]).mean())
     return {
-        "epochs": stats["epochs"], "pairs": len(stop), "nll_stop": nll_stop, "nll_test": nll_test,
+        "epochs": setting["epochs"], "pairs": len(setting["stop"][0]), "nll_stop": nll_stop,
+        "nll_test": nll_test,
         "conformal_stop": conformal, "conformal_apart": statistics.fmean(a[0] for a in apart),
         "radial_stop": radial, "radial_apart": statistics.fmean(a[1] for a in apart),
     }  # fmt: skip
 
 
-def compare_conformity(task_name: str, seed: int, fresh: int) -> dict:
-    """The same flow, early-stopping pairs, new pairs and test pairs as :func:`run_seed`:
-    the signed test error of the global region with either conformity score (the
-    credibility; the log-density, the default since issue 25's confirmation seeds),
-    fitted on the early-stopping pairs and on each set of new pairs."""
-    task = study.TASKS[task_name]()
-    theta, x = task.sample(BUDGET, torch.Generator().manual_seed(seed))
-    flow, stats = study.fit(theta, x, "npe", seed, task, study.MAX_EPOCHS)
-    stop = next(iter(study._PLAIN.values()))[2]
-    test = task.sample(study.NUM_TEST, torch.Generator().manual_seed(10_000 + seed))
-    torch.manual_seed(seed)
-    scorer = cl.ConformalRegion(flow, num_posterior_samples=NUM_DRAWS, conformity=CONFORMITY)
-    credibility = scorer.credibility(*test)
-    sets = [(theta[stop], x[stop])] + [
-        task.sample(len(stop), torch.Generator().manual_seed(50_000 + 100 * seed + r))
-        for r in range(fresh)
-    ]
-    out = {"epochs": stats["epochs"]}
+def compare_conformity(setting: dict) -> dict:
+    """On the flow and pairs of :func:`set_up`: the signed test error of the global region
+    with either conformity score (the credibility; the log-density, the default since
+    issue 25's confirmation seeds), fitted on the early-stopping pairs and on each set of
+    new pairs."""
+    out = {"epochs": setting["epochs"]}
     for conformity in ("credibility", "log_density"):
-        errors = []
-        for pairs in sets:
-            region = cl.ConformalRegion(flow, num_posterior_samples=NUM_DRAWS,
-                                        conformity=conformity).fit(*pairs)  # fmt: skip
-            given = credibility if conformity == "credibility" else None
-            errors.append(float(region.coverage_error(*test, credibility=given)))
+        given = setting["credibility"] if conformity == "credibility" else None
+        errors = [float(cl.ConformalRegion(setting["flow"], num_posterior_samples=NUM_DRAWS,
+                                           conformity=conformity).fit(*pairs)
+                        .coverage_error(*setting["test"], credibility=given))
+                  for pairs in [setting["stop"], *setting["new"]]]  # fmt: skip
         out[conformity] = {"stop": errors[0], "apart": errors[1:]}
     return out
 
@@ -241,9 +237,10 @@ def main() -> None:
             key = f"{task_name}|{seed:03d}"
             if key in cache and (not args.conformity or "conformity" in cache[key]):
                 continue
-            row = cache[key] if key in cache else run_seed(task_name, seed, args.fresh)
+            setting = set_up(task_name, seed, args.fresh)  # one training for both
+            row = cache[key] if key in cache else run_seed(setting)
             if args.conformity:  # a row already there stays, the comparison is added to it
-                row = {**row, "conformity": compare_conformity(task_name, seed, args.fresh)}
+                row = {**row, "conformity": compare_conformity(setting)}
             print(key, json.dumps(row), flush=True)
             with open(path.with_suffix(".lock"), "w") as lock:  # several processes may add
                 fcntl.flock(lock, fcntl.LOCK_EX)

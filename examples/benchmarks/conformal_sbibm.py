@@ -68,6 +68,8 @@ KINDS = ("global", "local", "posterior", "partitioned", "log-density global",
          "log-density partitioned")  # fmt: skip
 #: the last two: ``conformity="log_density"`` (added after the variants; ``--add-kinds``)
 RAW_KINDS = KINDS[4:]
+#: each log-density column and the credibility column it is compared with
+PAIRED = (("log-density global", "global"), ("log-density partitioned", "partitioned"))
 #: ``--mc-seed K`` offsets every Monte Carlo seed (draws, splits, tie noise) by K times this
 MC_OFFSET = 1000
 NUM_POSTERIOR_SAMPLES = 1000
@@ -429,7 +431,6 @@ def confirmation_table(runs: list[dict], folder: Path) -> list[str]:
     every = [r for r in runs + replicate_runs(folder) if r["seed"] in CONFIRMATION_SEEDS]
     if not every:
         return []
-    pairs = (("log-density global", "global"), ("log-density partitioned", "partitioned"))
     lines = ["", "## Confirmation on new training seeds", "",
              f"Seeds {CONFIRMATION_SEEDS[0]}-{CONFIRMATION_SEEDS[-1]}: new flows, trained "
              "after the log-density columns had been fixed, every column as above; each "
@@ -444,7 +445,7 @@ def confirmation_table(runs: list[dict], folder: Path) -> list[str]:
         rs = [r for r in every if r["task"] == task_name]
         means[task_name] = {kind: seed_means(rs, kind) for kind in KINDS}
         cells = [summary(list(means[task_name][kind].values())) for kind in KINDS]
-        for raw, cred in pairs:
+        for raw, cred in PAIRED:
             diff = [means[task_name][raw][s] - means[task_name][cred][s]
                     for s in means[task_name][raw]]  # fmt: skip
             lower = sum(d < 0 for d in diff)
@@ -462,10 +463,9 @@ def _rule_outcome(means: dict[str, dict[str, dict[int, float]]]) -> str:
         return "The rule needs both tasks."
     mean = {t: {k: statistics.fmean(v.values()) for k, v in m.items()} for t, m in means.items()}
     goal = mean["slcp"]["log-density partitioned"] < 0.069
-    pairs = (("log-density global", "global"), ("log-density partitioned", "partitioned"))
     default = all(mean["slcp"][raw] < mean["slcp"][cred]
                   and mean["two_moons"][raw] <= mean["two_moons"][cred] + 0.005
-                  for raw, cred in pairs)  # fmt: skip
+                  for raw, cred in PAIRED)  # fmt: skip
     return (f"The rule: (1) SLCP's log-density local region reads "
             f"{mean['slcp']['log-density partitioned']:.3f} on these seeds: goal "
             f"{'met' if goal else 'not met'}; (2) default: "

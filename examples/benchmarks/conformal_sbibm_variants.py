@@ -133,7 +133,7 @@ def _raw_scores(flow: object, task: object, run: dict, args: argparse.Namespace,
         obs = []
         for k, o in enumerate(run["obs"], 1):
             reference = task.get_reference_posterior_samples(num_observation=k).float()
-            obs.append(-flow(o["x"]).log_prob(reference[: len(o["cred"])]).double())
+            obs.append(score(reference[: len(o["cred"])], o["x"]))
         return {"held": score(run["theta_cal"], run["x_cal"]), "obs": obs,
                 "stop": score(run["stop"]["theta"], run["stop"]["x"]),
                 "fresh": score(theta_new, x_new)}  # fmt: skip
@@ -164,10 +164,8 @@ def evaluate(run: dict, seed: int, kind: str | None, leaf: int, stop: bool = Fal
     log-density score instead of the credibility (a region ``{-log q <= t}``, ``t`` the
     calibrated quantile; no pinball loss: its scale is not the credibility's)."""
     obs, fresh, early = run["obs"], run["fresh"], run["stop"]
-    scores = {"held": run["scores"], "stop": early["scores"], "fresh": fresh["cred"],
-              "obs": [o["cred"] for o in obs]}  # fmt: skip
-    if raw:
-        scores = run["raw"]
+    scores = run["raw"] if raw else {"held": run["scores"], "stop": early["scores"],
+                                     "fresh": fresh["cred"], "obs": [o["cred"] for o in obs]}
     xs = [run["x_cal"], fresh["x"], early["x"], *[o["x"] for o in obs]]
     xs = torch.cat([v.reshape(len(v), -1) for v in xs])
     feats = torch.cat([run["feats"], fresh["feats"], early["feats"],
