@@ -297,6 +297,36 @@ def test_contains_agrees_with_the_log_density_threshold() -> None:
     assert bool((nominal >= threshold).all())  # the nominal region is inside
 
 
+@pytest.mark.parametrize("local", [False, True])
+def test_the_default_region_holds_its_level_as_users_build_it(local: bool) -> None:
+    """``ConformalRegion(posterior)`` (``local=True`` the only argument otherwise) with its
+    default seed, conformity and level, on a fresh dataset each repetition: its 90 % region
+    covers new pairs at least 0.9 and at most 0.9 + 1 / (n_leaf + 1), up to 3 standard
+    errors, for an exact and an over-confident posterior; the over-confident posterior's
+    own 90 % HPD region covers far less (the sign the region corrects)."""
+    toy = GaussianToy(dim=2)
+    g = torch.Generator().manual_seed(40 + local)
+    for variance_scale in (1.0, 0.5):
+        post = toy.posterior(variance_scale=variance_scale)
+        covered, bound, own = [], [], []
+        for _ in range(100):
+            region = cl.ConformalRegion(post, local=local).fit(*toy.sample(400, g))
+            theta_new, x_new = toy.sample(200, g)
+            covered.append(region.contains(theta_new, x_new).double().mean())
+            n_leaf = torch.bincount(region.leaves).min() if local else len(region.scores)
+            bound.append(LEVEL + 1 / (float(n_leaf) + 1))
+            with torch.no_grad():  # the posterior's own region: the nominal log-density level
+                own.append((region.threshold(x_new, calibrated=False)
+                            <= cl.as_posterior(post).log_prob(theta_new, x_new)).double().mean())
+        assert region.conformity == "log_density"
+        covered_t = torch.stack(covered)
+        se = float(covered_t.std()) / math.sqrt(len(covered_t))
+        assert float(covered_t.mean()) >= LEVEL - 3 * se, (variance_scale, covered_t.mean(), se)
+        assert float(covered_t.mean()) <= max(bound) + 3 * se, (variance_scale, covered_t.mean())
+        if variance_scale < 1:
+            assert float(torch.stack(own).mean()) < 0.75
+
+
 def test_a_log_density_region_is_a_log_density_threshold_per_leaf() -> None:
     """``conformity="log_density"``: the region is ``log q >= threshold(x)``, one threshold
     per leaf; its credibility form (``calibrated_level``, for figures and reports) holds it
