@@ -134,6 +134,12 @@ class LC2STNF(LocalC2ST):
     ``global_p_value``: one p-value for "calibrated at every observation", the Cauchy
     combination (:func:`~calib_lightning.functional.combine_p_values`) of ``p_value``.
 
+    Calibration pairs and power: the classifier sees an observation only through the
+    calibration pairs near it, so small local errors need many pairs; the null's cost
+    grows linearly with them. On sbibm's estimators at 10,000 simulations, 2,000 pairs
+    instead of 1,000 took the share of wrong posteriors found from about 0.6 to about 0.9
+    (``examples/benchmarks/results/lc2st_calibration_size.md``).
+
     Example:
         >>> from calib_lightning.tasks import GaussianToy
         >>> toy = GaussianToy(dim=2)

@@ -25,7 +25,8 @@ Run:  PYTHONPATH=. python examples/benchmarks/lc2st_training.py   (after sbibm_v
           --seeds select (resumes from lc2st_training.jsonl, keyed by task and variant)
       python examples/benchmarks/lc2st_training.py --smoke       (runs sbibm_validation's
           smoke first; a temp folder)
-Writes examples/benchmarks/results/lc2st_training.md (cases in lc2st_training.jsonl).
+Writes examples/benchmarks/results/lc2st_training.md (cases in lc2st_training.jsonl;
+``--name NAME``: NAME.md and NAME.jsonl).
 """
 
 from __future__ import annotations
@@ -252,6 +253,7 @@ def main() -> None:
     parser.add_argument("--num-cal", type=int, default=2000, help="as sbibm_validation's")
     parser.add_argument("--source", type=Path, help="sbibm_validation's cases (jsonl)")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/sbibm_validation_cache"))
+    parser.add_argument("--name", default="lc2st_training", help="NAME.md and NAME.jsonl")
     add_smoke_argument(parser)
     args = parser.parse_args()
     try:  # not a test dependency
@@ -277,7 +279,7 @@ def main() -> None:
     args.source_name = source.name
     rows = {(r["task"], r["estimator"], r["budget"], r["seed"]): r
             for r in map(json.loads, source.read_text().splitlines())}  # fmt: skip
-    path = folder / "lc2st_training.jsonl"
+    path, md = folder / f"{args.name}.jsonl", folder / f"{args.name}.md"
     cases = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     done = {(c["task"], c["variant"]) for c in cases}
     torch.set_num_threads(1)
@@ -299,11 +301,11 @@ def main() -> None:
                 with path.open("a") as f:
                     f.writelines(json.dumps(c) + "\n" for c in new)
                 print(task, name, flush=True)
-                (folder / "lc2st_training.md").write_text(report(cases, rows, args))
+                md.write_text(report(cases, rows, args))
     text = report(cases, rows, args)
-    (folder / "lc2st_training.md").write_text(text)
+    md.write_text(text)
     print(text)
-    print(f"wrote {folder / 'lc2st_training.md'}")
+    print(f"wrote {md}")
 
 
 if __name__ == "__main__":
