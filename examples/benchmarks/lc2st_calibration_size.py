@@ -33,7 +33,8 @@ budgets, which made the cache of estimators. Then::
 
 The classifier's own randomness at each size: ``lc2st_training.py --variants default
 --seeds 0 1 2`` on each run (``lc2st_training.md`` at 1,000 pairs,
-``lc2st_training_2000.md``, ``lc2st_training_4000.md``).
+``lc2st_training_2000.md``, ``lc2st_training_4000.md``; the last also with
+``num_ensemble=5``: their headers give the commands).
 
 ``--runs N=CASES.jsonl ...`` names other runs. Writes
 examples/benchmarks/results/lc2st_calibration_size.md.
