@@ -37,7 +37,8 @@ The classifier's own randomness at each size: ``lc2st_training.py --variants def
 ``num_ensemble=5``: their headers give the commands).
 
 ``--runs N=CASES.jsonl ...`` names other runs. Writes
-examples/benchmarks/results/lc2st_calibration_size.md.
+examples/benchmarks/results/lc2st_calibration_size.md and .png (sensitivity against the
+calibration pairs, ours and sbi's, a line per task, a panel per budget).
 
 The oracle is itself a noisy estimate (a classifier on 500 samples a side). ``--repeat``
 computes it a second time at the largest budget, on other samples (reference samples
@@ -223,6 +224,45 @@ def seeds(runs: dict[int, dict[tuple, dict]], cases: dict[int, Path]) -> list[st
                                                   line.split("|")[1:3]])  # fmt: skip
 
 
+def figure(runs: dict[int, dict[tuple, dict]], path: Path) -> None:
+    """Sensitivity against the number of calibration pairs, a panel per budget, a line per
+    task and library (the runs that hold the task's every estimator)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from examples.benchmarks.sbibm_validation import LEVEL, WRONG
+
+    first = runs[min(runs)]
+    budgets = sorted({k[2] for k in first}, reverse=True)
+    fig, axes = plt.subplots(1, len(budgets), figsize=(4.2 * len(budgets), 3.4), squeeze=False)
+    for ax, budget in zip(axes[0], budgets, strict=True):
+        tasks = sorted({k[0] for k in first if k[2] == budget})
+        for color, task in enumerate(tasks):
+            keys = [k for k in first if k[0] == task and k[2] == budget]
+            sizes = [n for n in runs if all(k in runs[n] for k in keys)]
+            for test, style in (("ours_nf", "-o"), ("sbi_nf", ":x")):
+                share = []
+                for n in sizes:
+                    pairs = [(v, p) for k in keys for v, p in
+                             zip(runs[n][k]["oracle"], runs[n][k][f"{test}_p"], strict=True)]
+                    wrong = [p for v, p in pairs if v >= WRONG]
+                    share.append(sum(p <= LEVEL for p in wrong) / max(len(wrong), 1))
+                ax.plot(sizes, share, style, color=f"C{color}",
+                        label=f"{task}, {TESTS[test]}")  # fmt: skip
+        ax.set(xscale="log", ylim=(-0.03, 1.03), xlabel="calibration pairs",
+               title=f"{budget:,} simulations")  # fmt: skip
+        ax.set_xticks(list(runs), [f"{n:,}" for n in runs])
+        ax.minorticks_off()
+    axes[0][0].set_ylabel("share of wrong posteriors rejected")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
 def ceiling(rows: dict[tuple, dict], shared: list[tuple], repeated: dict | None) -> list[str]:
     """The oracle against itself on other samples, within task and budget."""
     from examples.benchmarks.sbibm_validation import spearman
@@ -291,7 +331,9 @@ def main() -> None:
         repeated = repeat_oracle(keys if args.repeat else [], args.cache, path, size)
     text = report(loaded, {n: p.name for n, p in runs.items()}, repeated,
                   {} if args.smoke else SEED_CASES)  # fmt: skip
+    text += "\n![sensitivity against the calibration pairs](lc2st_calibration_size.png)\n"
     (folder / "lc2st_calibration_size.md").write_text(text)
+    figure(loaded, folder / "lc2st_calibration_size.png")
     print(text)
     print(f"wrote {folder / 'lc2st_calibration_size.md'}")
 
