@@ -80,7 +80,7 @@ def run_variant(
     ensemble = kwargs.pop("num_ensemble", 1)  # a metric argument, not a classifier one
 
     def metric() -> cl.LC2STNF:
-        return cl.LC2STNF(data["x_o"], num_null=NUM_NULL, num_posterior_samples=args.num_eval,
+        return cl.LC2STNF(data["x_o"], num_null=args.num_null, num_posterior_samples=args.num_eval,
                           num_ensemble=ensemble, classifier_kwargs=kwargs or None,
                           seed=seed)  # fmt: skip
 
@@ -124,7 +124,7 @@ def report(cases: list[dict], rows: dict, args: Any) -> str:
         f"{', '.join(tasks)}; budgets {budgets}; estimators {', '.join(kinds)}; "
         f"{len({tuple(c[k] for k in KEY) for c in cases})} estimators, 10 observations each; "
         f"{args.num_cal} calibration pairs per task; {args.num_eval} evaluation points; "
-        f"`cl.LC2STNF` with {NUM_NULL} null classifiers and `classifier_kwargs` per variant "
+        f"`cl.LC2STNF` with {args.num_null} null classifiers and `classifier_kwargs` per variant "
         "(null trained once per task); "
         f"{platform.machine()}, one thread, 2 shared cores, torch {torch.__version__}. "
         "sbi: its LC2ST_NF in the `sbibm_validation.py` run (100 null classifiers), on the "
@@ -175,7 +175,32 @@ def report(cases: list[dict], rows: dict, args: Any) -> str:
             f"{s_null:.1f} | {s_check:.2f} | {epochs} | {cells[3]} | {cells[4]} | "
             f"{sbi_time / (s_null + s_check):.0f}x |"
         )
-    return "\n".join(lines + per_task(cases, rows) + pooled(cases, rows)) + "\n"
+    holm = holm_lines(cases, rows) if args.num_null >= 200 else []
+    return "\n".join(lines + per_task(cases, rows) + pooled(cases, rows) + holm) + "\n"
+
+
+def holm_lines(cases: list[dict], rows: dict) -> list[str]:
+    """``cl.diagnose``'s reading of the local test: Holm over each estimator's 10
+    observations (it needs enough null classifiers: with 100 the smallest p-value, 1/101,
+    is never below 0.05 / 10)."""
+    import calib_lightning as cl
+    from examples.benchmarks.sbibm_validation import WRONG
+
+    lines = ["", "Read as `cl.diagnose` reads it: Holm over each estimator's 10 observations "
+             "(observations with oracle >= 0.6 rejected at 0.05).", "",
+             "| variant | all budgets | 10,000 sims |", "| --- | --- | --- |"]  # fmt: skip
+    for name in dict.fromkeys(c["variant"] for c in cases):
+        hits = {k: [0, 0] for k in ("all", "10k")}
+        for c in (c for c in cases if c["variant"] == name):
+            adjusted = cl.functional.holm_adjust(torch.tensor(c["p"])).tolist()
+            for value, p in zip(rows[tuple(c[k] for k in KEY)]["oracle"], adjusted,
+                                strict=True):  # fmt: skip
+                for k in ("all", "10k") if c["budget"] == 10_000 else ("all",):
+                    hits[k][0] += value >= WRONG and p <= 0.05
+                    hits[k][1] += value >= WRONG
+        cells = [f"{h / n:.2f} ({h}/{n})" if n else "-" for h, n in hits.values()]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def pooled(cases: list[dict], rows: dict) -> list[str]:
@@ -254,6 +279,7 @@ def main() -> None:
     parser.add_argument("--source", type=Path, help="sbibm_validation's cases (jsonl)")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/sbibm_validation_cache"))
     parser.add_argument("--name", default="lc2st_training", help="NAME.md and NAME.jsonl")
+    parser.add_argument("--num-null", type=int, default=NUM_NULL, help="null classifiers")
     add_smoke_argument(parser)
     args = parser.parse_args()
     try:  # not a test dependency

@@ -28,6 +28,8 @@ and a 95 % paired bootstrap interval (over datasets) of the overall verdict's cr
 minus its best member's.
 
     python examples/benchmarks/power_curves.py [--smoke]
+    python examples/benchmarks/power_curves.py --dims 50 ... --name power_curves_d50
+        (another set of blocks, written beside: NAME.json, NAME.md and NAME.png)
 """
 
 from __future__ import annotations
@@ -291,9 +293,11 @@ def main() -> None:
                         help="datasets per strength, one number per size")  # fmt: skip
     parser.add_argument("--null-reps", type=int, nargs="+", default=[200, 100])
     parser.add_argument("--lc2st-reps", type=int, default=20)
+    parser.add_argument("--name", default="power_curves", help="NAME.json, .png and .md")
     parser.add_argument("--from-json", type=Path, default=None,
                         help="re-render the table and figure from a run's p-values")  # fmt: skip
     args = parser.parse_args()
+    name = args.name if args.from_json is None else args.from_json.stem
     torch.set_num_threads(1)
     if args.smoke:
         args.dims, args.sizes, args.reps, args.null_reps, args.lc2st_reps = [3], [100], [2], [2], 2
@@ -324,11 +328,13 @@ def main() -> None:
                 "seconds": seconds,
                 "args": {**vars(args), "from_json": None},
             }
-            (folder / "power_curves.json").write_text(json.dumps(run))  # after each block
-    figure(results, folder / "power_curves.png")
+            (folder / f"{name}.json").write_text(json.dumps(run))  # after each block
+    figure(results, folder / f"{name}.png")
     command = "python examples/benchmarks/power_curves.py" + (" --smoke" if args.smoke else "")
     if args.from_json:
-        command += "`, table re-read by `--from-json .../power_curves.json"
+        command += f"`, table re-read by `--from-json .../{name}.json"
+    elif name != "power_curves":
+        command += f" --name {name}"
     text = "\n".join([
         "# Power curves on the NPT perturbation suite", "",
         f"Written by `{command}` (dims {args.dims}, N {args.sizes}, datasets per strength "
@@ -338,12 +344,12 @@ def main() -> None:
         "(KCCSD, ranks, TARP) as the package now combines them, `cauchy` their Cauchy "
         "combination (the verdict before issue 23), `bonferroni` `min(1, 3 min p)`; "
         "`exact` is strength 0 of every mode. Figure: "
-        "[`power_curves.png`](power_curves.png); p-values: `power_curves.json`.", "",
+        f"[`{name}.png`]({name}.png); p-values: `{name}.json`.", "",
         *table(results),
         "Seconds per block: " + ", ".join(f"{k}: {v:.0f}" for k, v in seconds.items())
         + f"; total {sum(seconds.values()):.0f} s.", "",
     ])  # fmt: skip
-    (folder / "power_curves.md").write_text(text)
+    (folder / f"{name}.md").write_text(text)
     print(text)
 
 
