@@ -108,7 +108,9 @@ def repeat_oracle(
     for key in (k for k in keys if k not in out):
         data = task_data(key[0], 1, 2 * size)
         reference = data["reference"][:, size:]  # the run's oracle used [:size]
-        post = cl.as_posterior(train(*key, cache, 100))  # from the cache
+        if not (cache / "{}_{}_{}_{}.pt".format(*key)).exists():  # train() would retrain
+            raise ValueError(f"cache: no estimator {key} in {cache}; run sbibm_validation.py")
+        post = cl.as_posterior(train(*key, cache, 100))
         torch.manual_seed(1)  # the run drew under seed 0
         with torch.no_grad():
             samples = post.sample(data["x_o"], reference.shape[1]).transpose(0, 1)
