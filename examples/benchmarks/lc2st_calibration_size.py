@@ -55,6 +55,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 if not __package__:  # run as a file (python examples/x.py): make `examples` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -82,14 +83,22 @@ def load(path: Path) -> dict[tuple, dict]:
     return {tuple(r[k] for k in KEY): r for r in rows}
 
 
-def rate(rows: list[dict], test: str, wrong: bool) -> str:
+def count(pairs: Any, wrong: bool = True) -> tuple[int, int]:
+    """Among ``(oracle, p-value)`` pairs called wrong (oracle >= 0.6; ``wrong=False``: right,
+    <= 0.55), how many the test rejects at 0.05, and how many there are."""
     from examples.benchmarks.sbibm_validation import LEVEL, RIGHT, WRONG
 
-    hits = total = 0
-    for r in rows:
-        for value, p in zip(r["oracle"], r[f"{test}_p"], strict=True):
-            if (value >= WRONG) if wrong else (value <= RIGHT):
-                hits, total = hits + (p <= LEVEL), total + 1
+    chosen = [p for value, p in pairs if ((value >= WRONG) if wrong else (value <= RIGHT))]
+    return sum(p <= LEVEL for p in chosen), len(chosen)
+
+
+def paired(rows: list[dict], test: str) -> list[tuple[float, float]]:
+    """``(oracle, p-value)`` of ``test`` at every observation of ``rows``."""
+    return [vp for r in rows for vp in zip(r["oracle"], r[f"{test}_p"], strict=True)]
+
+
+def rate(rows: list[dict], test: str, wrong: bool) -> str:
+    hits, total = count(paired(rows, test), wrong)
     return f"{hits / total:.2f} ({hits}/{total})" if total else "-"
 
 
@@ -194,27 +203,23 @@ def report(
 def seeds(runs: dict[int, dict[tuple, dict]], cases: dict[int, Path]) -> list[str]:
     """The default at three classifier seeds: observations with oracle >= 0.6 rejected,
     pooled over the seeds, per budget."""
-    from examples.benchmarks.sbibm_validation import LEVEL, WRONG
-
-    lines = []
+    rows = []
     for n, path in cases.items():
         if n not in runs or not path.exists():
             continue
         found = [json.loads(line) for line in path.read_text().splitlines()]
         found = [c for c in found if c["variant"] in SEED_VARIANTS]
-        for budget in sorted({c["budget"] for c in found}, reverse=True):
+        for budget in {c["budget"] for c in found}:
             hits = {v: [0, 0] for v in SEED_VARIANTS}
             for c in (c for c in found if c["budget"] == budget):
-                for value, p in zip(runs[n][tuple(c[k] for k in KEY)]["oracle"], c["p"],
-                                    strict=True):  # fmt: skip
-                    if value >= WRONG:
-                        hits[c["variant"]][0] += p <= LEVEL
-                        hits[c["variant"]][1] += 1
+                oracle = runs[n][tuple(c[k] for k in KEY)]["oracle"]
+                h, t = count(zip(oracle, c["p"], strict=True))
+                hits[c["variant"]] = [hits[c["variant"]][0] + h, hits[c["variant"]][1] + t]
             pooled = [sum(h[i] for h in hits.values()) for i in (0, 1)]
             per_seed = ", ".join(f"{h}/{t}" for h, t in hits.values())
-            lines.append(f"| {budget:,} | {n:,} | {per_seed} | "
-                         f"{pooled[0] / pooled[1]:.2f} ({pooled[0]}/{pooled[1]}) |")  # fmt: skip
-    if not lines:
+            rows.append(((-budget, -n), f"| {budget:,} | {n:,} | {per_seed} | "
+                         f"{pooled[0] / pooled[1]:.2f} ({pooled[0]}/{pooled[1]}) |"))  # fmt: skip
+    if not rows:
         return []
     head = ["", "## Three classifier seeds", "",
             "The default `cl.LC2STNF` at metric seeds 0, 1, 2 (`lc2st_training.py --variants "
@@ -222,8 +227,7 @@ def seeds(runs: dict[int, dict[tuple, dict]], cases: dict[int, Path]) -> list[st
             "oracle >= 0.6 rejected at 0.05, per seed and pooled.", "",
             "| simulations | calibration pairs | seeds 0, 1, 2 | pooled |",
             "| --- | --- | --- | --- |"]  # fmt: skip
-    return head + sorted(lines, key=lambda line: [-int(v.replace(",", "")) for v in
-                                                  line.split("|")[1:3]])  # fmt: skip
+    return head + [line for _, line in sorted(rows)]
 
 
 def figure(runs: dict[int, dict[tuple, dict]], path: Path) -> None:
@@ -234,8 +238,6 @@ def figure(runs: dict[int, dict[tuple, dict]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from examples.benchmarks.sbibm_validation import LEVEL, WRONG
-
     first = runs[min(runs)]
     budgets = sorted({k[2] for k in first}, reverse=True)
     fig, axes = plt.subplots(1, len(budgets), figsize=(4.2 * len(budgets), 3.4), squeeze=False)
@@ -245,12 +247,8 @@ def figure(runs: dict[int, dict[tuple, dict]], path: Path) -> None:
             keys = [k for k in first if k[0] == task and k[2] == budget]
             sizes = [n for n in runs if all(k in runs[n] for k in keys)]
             for test, style in (("ours_nf", "-o"), ("sbi_nf", ":x")):
-                share = []
-                for n in sizes:
-                    pairs = [(v, p) for k in keys for v, p in
-                             zip(runs[n][k]["oracle"], runs[n][k][f"{test}_p"], strict=True)]
-                    wrong = [p for v, p in pairs if v >= WRONG]
-                    share.append(sum(p <= LEVEL for p in wrong) / max(len(wrong), 1))
+                counts = [count(paired([runs[n][k] for k in keys], test)) for n in sizes]
+                share = [h / max(t, 1) for h, t in counts]
                 ax.plot(sizes, share, style, color=f"C{color}",
                         label=f"{task}, {TESTS[test]}")  # fmt: skip
         ax.set(xscale="log", ylim=(-0.03, 1.03), xlabel="calibration pairs",
@@ -267,7 +265,7 @@ def figure(runs: dict[int, dict[tuple, dict]], path: Path) -> None:
 
 def ceiling(rows: dict[tuple, dict], shared: list[tuple], repeated: dict | None) -> list[str]:
     """The oracle against itself on other samples, within task and budget."""
-    from examples.benchmarks.sbibm_validation import spearman
+    from examples.benchmarks.sbibm_validation import WRONG, spearman
 
     keys = [k for k in shared if k in (repeated or {})]
     if not keys:
@@ -289,7 +287,7 @@ def ceiling(rows: dict[tuple, dict], shared: list[tuple], repeated: dict | None)
         mine = [k for k in keys if k[0] == task and k[2] == budget]
         first = [v for k in mine for v in rows[k]["oracle"]]
         again = [v for k in mine for v in repeated[k]]
-        cross = sum((a >= 0.6) != (b >= 0.6) for a, b in zip(first, again, strict=True))
+        cross = sum((a >= WRONG) != (b >= WRONG) for a, b in zip(first, again, strict=True))
         lines.append(
             f"| {task} | {budget:,} | {len(first)} | {min(first):.2f}-{max(first):.2f} | "
             f"{spearman(first, again):.2f} | "
