@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -307,6 +308,9 @@ def main() -> None:
     if not has_sbibm():
         return
     folder = output_folder(RESULTS, args.smoke)
+    bad = [item for item in args.runs or [] if not re.fullmatch(r"\d+=.+", item)]
+    if bad:
+        raise ValueError(f"--runs: expected N=CASES.jsonl (N the calibration pairs), got {bad}")
     runs = {int(n): Path(p) for n, p in (item.split("=", 1) for item in args.runs or [])}
     runs = runs or DEFAULT_RUNS
     if args.smoke:  # sbibm_validation's smoke, read twice: exercises the report only
