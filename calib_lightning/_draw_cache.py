@@ -244,6 +244,7 @@ class SharedDraws(Posterior):
                     sizer.fixed_units = max(1, max_chunk_elements // d)
                 samples = s.new_empty(new, n, d)
                 log_prob = None if p is None else p.new_empty(new, n)
+                sizer.keep(samples.nbytes + (0 if log_prob is None else log_prob.nbytes))
             samples[done : done + take, rows] = s
             if log_prob is not None:
                 log_prob[done : done + take, rows] = p

@@ -122,6 +122,28 @@ def test_on_cuda_a_chunk_is_sized_by_its_peak_with_the_work_done_on_it(monkeypat
     assert heavy.size(1000) == 16  # 64 MiB / 4 MiB: the chunk's own peak would give 32
 
 
+def test_on_cuda_an_output_kept_after_the_probe_is_not_a_cost_per_unit(monkeypatch):
+    """The caller allocates, after the probe, the output it fills chunk by chunk (TARP's
+    draws) and keeps it: it comes off the budget once, and the later chunks are sized by
+    the probe's 2 MiB per unit. Read as the probe's own cost (the peak since the probe
+    began, 16 MiB over 4 units) it was 4 MiB per unit here, and on an H200 it made TARP's
+    chunks one pair each, 20-30x slower than one call."""
+    cuda = FakeAllocator(monkeypatch)
+    for kept in (True, False):
+        sizer = ChunkSizer(torch.device("cuda"), budget=64 * MiB, probe_units=4)
+        units = sizer.size(1000)
+        sizer.run(units, lambda u=units: cuda.allocate(2 * u * MiB))  # the probe: 8 MiB
+        cuda.free(2 * units * MiB)
+        cuda.allocate(16 * MiB)  # the output, kept until the check ends
+        if kept:
+            sizer.keep(16 * MiB)
+            assert sizer.size(1000) == (64 - 16) // 2
+            assert sizer.per_unit == 2 * MiB
+        else:  # the output not declared: a cost per unit, as before the fix for all
+            assert sizer.size(1000) == 64 // 4
+        cuda.free(16 * MiB)
+
+
 class Recording(Posterior):
     """A posterior that records the peak tensor memory and the size of each sampling call."""
 
