@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import multiprocessing as mp
 import os
+import queue as queues
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -75,7 +76,8 @@ def run_distributed(
         The return values, indexed by rank.
 
     Raises:
-        RuntimeError: with the rank's traceback if any rank failed or timed out; before
+        RuntimeError: with the rank's traceback if any rank failed; naming the ranks
+            that sent nothing within ``timeout`` and their exit codes; before
             forking, if CUDA is initialised in this process (:func:`fork_is_safe`).
     """
     check_positive("world_size", world_size, integer=True)
@@ -98,7 +100,16 @@ def run_distributed(
         results: dict[int, Any] = {}
         try:
             for _ in range(world_size):
-                rank, status, value = queue.get(timeout=timeout)
+                try:
+                    rank, status, value = queue.get(timeout=timeout)
+                except queues.Empty:
+                    missing = [r for r in range(world_size) if r not in results]
+                    codes = {r: procs[r].exitcode for r in missing}
+                    raise RuntimeError(
+                        f"rank(s) {missing} sent no result within {timeout:g} s; exit codes "
+                        f"{codes} (None: still running, e.g. blocked in a collective or on "
+                        "a lock inherited by the fork)"
+                    ) from None
                 if status != "ok":
                     raise RuntimeError(f"rank {rank} failed:\n{value}")
                 results[rank] = torch.load(io.BytesIO(value), weights_only=False)

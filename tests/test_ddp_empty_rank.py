@@ -5,6 +5,8 @@
 its result equals one process fed all the batches.
 """
 
+import os
+
 import pytest
 import torch
 
@@ -92,6 +94,21 @@ def _shifted(toy):
         )
 
     return posterior
+
+
+@pytest.mark.forks
+def test_run_distributed_names_a_rank_that_sent_nothing():
+    """A rank that dies without a word (here ``os._exit``; a deadlock after the fork looks
+    the same, with no exit code) is named with its exit code, not a bare ``queue.Empty``."""
+
+    def rank_fn(rank, world_size):
+        if rank == 1:
+            os._exit(3)
+        return rank
+
+    with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\] sent no result within 3 s; "
+                       r"exit codes \{1: 3\}"):  # fmt: skip
+        run_distributed(rank_fn, world_size=2, timeout=3)
 
 
 def test_run_distributed_refuses_to_fork_once_cuda_is_initialised(monkeypatch):
