@@ -11,6 +11,8 @@ the largest excess of the p-values' ECDF over the uniform.
 
     python examples/benchmarks/kccsd_level.py --via class --reps 1000
     python examples/benchmarks/kccsd_level.py --via diagnose --reps 800 --seed 1
+
+(``--smoke``: D = 3, N = 50, 4 datasets, the table in a temporary folder)
 """
 
 from __future__ import annotations
