@@ -13,6 +13,10 @@ Kolmogorov-Smirnov test of uniformity of the p-values (p > 0.01), for the p-valu
 observation and for ``global_p_value`` (Cauchy combination over the observations).
 """
 
+import functools
+from collections.abc import Callable
+
+import pytest
 import torch
 from scipy import stats
 
@@ -45,7 +49,7 @@ def _check(metric, model, theta: torch.Tensor, x: torch.Tensor) -> LC2STResult:
     return out
 
 
-def _fresh_metrics(metric_type: type, model, g: torch.Generator) -> list[LC2STResult]:
+def _fresh_metrics(metric_type: Callable, model, g: torch.Generator) -> list[LC2STResult]:
     """A new metric (default arguments and seed) for each of ``REPS`` datasets."""
     out = []
     for _ in range(REPS):
@@ -74,17 +78,20 @@ def test_lc2st_level_fresh_metrics_and_one_metric_over_checks():
     _assert_level(*_stack(results))
 
 
-def test_lc2stnf_level_fresh_metrics_and_one_metric_over_checks():
+@pytest.mark.parametrize("norm_feature", [False, True], ids=["latents", "latents+norm"])
+def test_lc2stnf_level_fresh_metrics_and_one_metric_over_checks(norm_feature):
     """Fresh metrics for ``REPS`` datasets of the toy; for the correlated model, one metric
     per calibration set over ``REPS / sets`` checks of fresh ``theta ~ p(theta | x)`` (the
     null is trained once on ``x``; each metric's rejection rate is conditional on its own
-    null, so several sets make it marginal over nulls). Pooled: 100 p-values."""
+    null, so several sets make it marginal over nulls). Pooled: 100 p-values. With the
+    default arguments, and with ``norm_feature=True`` (otherwise the defaults)."""
     g = torch.Generator().manual_seed(1)
-    results = _fresh_metrics(cl.LC2STNF, TOY, g)
+    make = functools.partial(cl.LC2STNF, norm_feature=norm_feature)
+    results = _fresh_metrics(make, TOY, g)
     sets = 5
     for s in range(sets):
         _, x = CORRELATED.sample(N, g)
-        metric = cl.LC2STNF(observations=CORRELATED.sample(NUM_OBS, g)[1])
+        metric = make(observations=CORRELATED.sample(NUM_OBS, g)[1])
         with torch.random.fork_rng():
             torch.manual_seed(s)
             thetas = as_posterior(CORRELATED.posterior()).sample(x, REPS // sets)

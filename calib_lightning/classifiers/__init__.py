@@ -45,6 +45,7 @@ from calib_lightning.classifiers._make import Ensemble, make_ensemble
 from calib_lightning.classifiers.joint_c2st import joint_c2st_test, joint_c2st_train
 from calib_lightning.classifiers.lc2st_null import LC2STNFNull
 from calib_lightning.classifiers.local_c2st import (
+    latent_features,
     lc2st_nf_null,
     lc2st_nf_train,
     lc2st_probabilities,
@@ -60,6 +61,7 @@ __all__ = [
     "SklearnEnsemble",
     "joint_c2st_test",
     "joint_c2st_train",
+    "latent_features",
     "lc2st_nf_null",
     "lc2st_nf_train",
     "lc2st_probabilities",

@@ -29,7 +29,11 @@ from calib_lightning.classifiers._seeds import (
     generator,
     stream_seed,
 )
-from calib_lightning.classifiers.local_c2st import lc2st_nf_null, lc2st_probabilities
+from calib_lightning.classifiers.local_c2st import (
+    latent_features,
+    lc2st_nf_null,
+    lc2st_probabilities,
+)
 from calib_lightning.functional.lc2st import lc2st_statistic, pp_ecdf
 
 __all__ = ["LC2STNFNull"]
@@ -67,6 +71,8 @@ class LC2STNFNull(nn.Module):
             (:func:`~calib_lightning.classifiers.make_ensemble`).
         classifier_kwargs: :class:`~calib_lightning.classifiers.MLPEnsemble` settings.
         seed: seeds the evaluation points, the normal draws and the classifiers.
+        norm_feature: the classifiers also see the latent's squared norm
+            (:func:`~calib_lightning.classifiers.local_c2st.latent_features`).
 
     Attributes:
         eval_points: :math:`z_j`, ``(N_v, D)`` (empty before :meth:`fit`).
@@ -94,6 +100,7 @@ class LC2STNFNull(nn.Module):
         classifier: str | Any = "mlp",
         classifier_kwargs: dict[str, Any] | None = None,
         seed: int = 0,
+        norm_feature: bool = False,
     ) -> None:
         super().__init__()
         for name, value in (
@@ -103,7 +110,7 @@ class LC2STNFNull(nn.Module):
         ):
             check_positive(name, value, integer=True)
         self.num_null, self.num_posterior_samples = num_null, num_posterior_samples
-        self.num_ensemble, self.seed = num_ensemble, seed
+        self.num_ensemble, self.seed, self.norm_feature = num_ensemble, seed, bool(norm_feature)
         self.classifier_spec, self.classifier_kwargs = classifier, dict(classifier_kwargs or {})
         for name in _BUFFERS:
             self.register_buffer(name, torch.empty(0, dtype=_DTYPES.get(name)))
@@ -132,7 +139,7 @@ class LC2STNFNull(nn.Module):
         text = (
             f"{self.classifier_spec!r}|{kwargs}|{self.num_ensemble}|"
             f"{self.num_posterior_samples}|{self.num_null}"
-        )
+        ) + ("|norm" if self.norm_feature else "")  # (without it: the digests saved before)
         return digest(text.encode())
 
     def fit(self, x: Tensor, dim: int) -> LC2STNFNull:
@@ -154,7 +161,8 @@ class LC2STNFNull(nn.Module):
         )
         self.eval_points = points.to(x.device)
         self.classifier = self._ensemble(key)
-        lc2st_nf_null(x, dim, self.num_null, self.classifier, generator(self.seed, 4, *key))
+        lc2st_nf_null(x, dim, self.num_null, self.classifier, generator(self.seed, 4, *key),
+                      self.norm_feature)  # fmt: skip
         self.x_fingerprint = fingerprint(x).to(x.device)
         self.settings = self.settings_fingerprint().to(x.device)
         self._forget_statistics()
@@ -194,7 +202,8 @@ class LC2STNFNull(nn.Module):
         if not torch.equal(self.settings_fingerprint().to(self.settings), self.settings):
             raise ValueError(
                 "the null classifiers were trained with other classifier, classifier_kwargs, "
-                "num_ensemble, num_posterior_samples or num_null settings than this metric's; "
+                "num_ensemble, num_posterior_samples, num_null or norm_feature settings than "
+                "this metric's; "
                 "the test needs the same procedure for both: build the metric with the null's "
                 "settings or call metric.null.fit(x, dim)"
             )
@@ -227,9 +236,8 @@ class LC2STNFNull(nn.Module):
                 "statistics were loaded (scikit-learn classifiers are not saved); call "
                 "metric.null.fit(x, dim)"
             )
-        proba = lc2st_probabilities(
-            self.classifier, self.eval_points.to(observations), observations, self.num_ensemble
-        )
+        points = latent_features(self.eval_points.to(observations), self.norm_feature)
+        proba = lc2st_probabilities(self.classifier, points, observations, self.num_ensemble)
         self.null_statistics, self.null_ecdf = lc2st_statistic(proba), pp_ecdf(proba, grid)
         self.observations_key = key
         return self.null_statistics, self.null_ecdf

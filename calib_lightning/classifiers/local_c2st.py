@@ -14,7 +14,11 @@ same :math:`x_i` (:func:`lc2st_nf_train`). Under :math:`H_0`,
 :math:`z^*_i \mid x_i \sim N(0, I)`: null classifiers see fresh normal draws in both
 classes and depend only on the calibration :math:`x`'s (:func:`lc2st_nf_null`), so they
 are trained once and reused for every posterior and every check
-(:class:`~calib_lightning.classifiers.LC2STNFNull`).
+(:class:`~calib_lightning.classifiers.LC2STNFNull`). With ``norm_feature`` the classifiers
+also see the latent's standardised squared norm :math:`(\lVert z \rVert^2 - D) /
+\sqrt{2D}` (:func:`latent_features`): one feature map for both classes, in the null too,
+so the null is unchanged, and a scale or tail error, which moves that norm, need not be
+learnt from ``D`` coordinates.
 
 :func:`lc2st_probabilities` evaluates the classifiers at the evaluation points of each
 reference observation; the statistic and p-value are in
@@ -34,7 +38,13 @@ from torch import Tensor
 from calib_lightning._checks import check_matrix, check_positive
 from calib_lightning.classifiers._make import Ensemble
 
-__all__ = ["lc2st_nf_null", "lc2st_nf_train", "lc2st_probabilities", "lc2st_train"]
+__all__ = [
+    "latent_features",
+    "lc2st_nf_null",
+    "lc2st_nf_train",
+    "lc2st_probabilities",
+    "lc2st_train",
+]
 
 
 def _members_per_dataset(classifier: Ensemble, datasets: int, name: str) -> int:
@@ -84,8 +94,23 @@ def _paired_rows(x: Tensor, per_dataset: int) -> Tensor:
     return torch.cat([x, x], 1).repeat_interleave(per_dataset, 0)
 
 
+def latent_features(latent: Tensor, norm_feature: bool = False) -> Tensor:
+    r"""The L-C2ST-NF classifiers' features of latents ``(..., D)``: the latents, and with
+    ``norm_feature`` their standardised squared norm :math:`(\lVert z \rVert^2 - D) /
+    \sqrt{2D}` as one more column (mean 0, variance 1 under :math:`N(0, I_D)`)."""
+    if not norm_feature:
+        return latent
+    d = latent.shape[-1]
+    norm = (latent.pow(2).sum(-1, keepdim=True) - d) / (2 * d) ** 0.5
+    return torch.cat([latent, norm], -1)
+
+
 def lc2st_nf_train(
-    latent: Tensor, x: Tensor, classifier: Ensemble, generator: torch.Generator | None = None
+    latent: Tensor,
+    x: Tensor,
+    classifier: Ensemble,
+    generator: torch.Generator | None = None,
+    norm_feature: bool = False,
 ) -> Ensemble:
     r"""Train L-C2ST-NF classifiers: class 1 :math:`(z^*_i, x_i)`, class 0 :math:`(z_i, x_i)`.
 
@@ -97,6 +122,7 @@ def lc2st_nf_train(
             dataset: members ``r E .. r E + E - 1`` see dataset ``r``, each with its own
             class-0 draws :math:`z_i \sim N(0, I)`.
         generator: draws the class-0 points (on the CPU).
+        norm_feature: the classifiers also see the latents' norm (:func:`latent_features`).
 
     Returns:
         ``classifier``, fitted.
@@ -108,7 +134,8 @@ def lc2st_nf_train(
     negative = torch.randn(positive.shape, generator=generator, dtype=latent.dtype)
     n = x.shape[-2]
     labels = torch.cat([x.new_ones(n), x.new_zeros(n)])
-    features = [torch.cat([positive, negative.to(latent.device)], 1), _paired_rows(x, per_dataset)]
+    rows = latent_features(torch.cat([positive, negative.to(latent.device)], 1), norm_feature)
+    features = [rows, _paired_rows(x, per_dataset)]
     return classifier.fit(features, labels)
 
 
@@ -118,6 +145,7 @@ def lc2st_nf_null(
     num_null: int,
     classifier: Ensemble,
     generator: torch.Generator | None = None,
+    norm_feature: bool = False,
 ) -> Ensemble:
     r"""Train the L-C2ST-NF null classifiers: both classes fresh :math:`N(0, I_D)` draws.
 
@@ -130,6 +158,7 @@ def lc2st_nf_null(
         num_null: number of null trials ``H``.
         classifier: unfitted ensemble with ``K = H * E`` members.
         generator: draws the normal points (on the CPU).
+        norm_feature: as :func:`lc2st_nf_train`'s.
 
     Returns:
         ``classifier``, fitted; trial ``h`` is members ``h E .. h E + E - 1``.
@@ -138,7 +167,7 @@ def lc2st_nf_null(
     check_positive("num_null", num_null, integer=True)
     x = check_matrix("x", x, min_rows=2)
     latent = torch.randn(num_null, x.shape[0], dim, generator=generator, dtype=x.dtype)
-    return lc2st_nf_train(latent.to(x.device), x, classifier, generator)
+    return lc2st_nf_train(latent.to(x.device), x, classifier, generator, norm_feature)
 
 
 def lc2st_train(

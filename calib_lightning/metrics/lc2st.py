@@ -41,6 +41,7 @@ from calib_lightning._checks import check_pairs, check_positive
 from calib_lightning._distributed import canonical_order, room_for_rows
 from calib_lightning.classifiers import (
     LC2STNFNull,
+    latent_features,
     lc2st_nf_train,
     lc2st_probabilities,
     lc2st_train,
@@ -134,6 +135,15 @@ class LC2STNF(LocalC2ST):
     ``global_p_value``: one p-value for "calibrated at every observation", the Cauchy
     combination (:func:`~calib_lightning.functional.combine_p_values`) of ``p_value``.
 
+    ``norm_feature``: the classifiers (the null's too) also see the latent's standardised
+    squared norm (:func:`~calib_lightning.classifiers.local_c2st.latent_features`); the
+    null is unchanged. On the NPT Gaussian with 1,000 pairs it found covariance inflation
+    and heavy tails at D = 10 and 50 where the latents alone did not (e.g. D = 10,
+    covariance x 1.4: 1.00 against 0.20 of 20 datasets; D = 50, x 1.4: 1.00 against 0.00),
+    mean shifts as often or more, at the same level
+    (``examples/benchmarks/results/lc2st_norm_feature.md``). Off by default until sbibm's
+    estimators have been measured with it.
+
     Calibration pairs and power: the classifier sees an observation only through the
     calibration pairs near it, so small local errors need many pairs; the null's cost
     grows linearly with them. On sbibm's estimators at 10,000 simulations, 2,000 pairs
@@ -158,13 +168,18 @@ class LC2STNF(LocalC2ST):
     latent: list[Tensor]
     x: list[Tensor]
 
-    def __init__(self, observations: Tensor, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, observations: Tensor, *args: Any, norm_feature: bool = False, **kwargs: Any
+    ) -> None:
         if kwargs.setdefault("compute_with_cache", False):
             raise ValueError(
                 "LC2STNF needs compute_with_cache=False: every compute() is a check (and the "
                 "null or the observations may change in between), got True"
             )
+        if not isinstance(norm_feature, bool):
+            raise ValueError(f"norm_feature must be True or False, got {norm_feature!r}")
         super().__init__(observations, *args, **kwargs)
+        self.norm_feature = norm_feature
         self.null = LC2STNFNull(
             self.num_null,
             self.num_posterior_samples,
@@ -172,6 +187,7 @@ class LC2STNF(LocalC2ST):
             self.classifier_spec,
             self.classifier_kwargs,
             self.seed,
+            norm_feature,
         )
         self.classifier = self._ensemble(self.num_ensemble, stream=2)
         self.add_state("latent", default=[], dist_reduce_fx="cat")
@@ -218,8 +234,8 @@ class LC2STNF(LocalC2ST):
         # trained exactly as one null trial, with its own fresh randomness (see the class doc)
         key = self._check_key(torch.cat([x, latent], 1))
         self.classifier = self._ensemble(self.num_ensemble, 2, key)
-        lc2st_nf_train(latent, x, self.classifier, self._generator(5, key))
-        eval_points = self.null.eval_points.to(latent)
+        lc2st_nf_train(latent, x, self.classifier, self._generator(5, key), self.norm_feature)
+        eval_points = latent_features(self.null.eval_points.to(latent), self.norm_feature)
         proba = lc2st_probabilities(self.classifier, eval_points, observations, self.num_ensemble)
         return self._result(proba[0], null_statistics, null_ecdf)
 
@@ -240,9 +256,8 @@ class LC2STNF(LocalC2ST):
         x = self.observations.repeat(num_posterior_samples, *[1] * (self.observations.ndim - 1))
         latent = latents(posterior, theta.reshape(-1, theta.shape[-1]), x).reshape(theta.shape)
         features = self.observation_features().to(latent)
-        proba = lc2st_probabilities(
-            self.classifier, latent.transpose(0, 1), features, self.num_ensemble
-        )[0]
+        points = latent_features(latent.transpose(0, 1), self.norm_feature)
+        proba = lc2st_probabilities(self.classifier, points, features, self.num_ensemble)[0]
         return ProbabilityMap(samples=theta.transpose(0, 1), probabilities=proba)
 
 

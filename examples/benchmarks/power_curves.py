@@ -103,11 +103,13 @@ def run_cheap(task: NPTGaussian, n: int, reps: int, null_reps: int, seed: int) -
     return cells
 
 
-def run_lc2st(task: NPTGaussian, n: int, reps: int, null_reps: int, seed: int) -> dict:
+def run_lc2st(
+    task: NPTGaussian, n: int, reps: int, null_reps: int, seed: int, norm_feature: bool = False
+) -> dict:
     g = torch.Generator().manual_seed(seed)
     x = task.sample_x(n, g)
     observations = task.sample_x(NUM_OBSERVATIONS, g)
-    metric = cl.LC2STNF(observations=observations, seed=seed)
+    metric = cl.LC2STNF(observations=observations, seed=seed, norm_feature=norm_feature)
     cells: dict[str, dict[str, list[dict]]] = {}
     cases = [("exact", 0.0, null_reps), ("blind_prior", 0.0, null_reps)]
     cases += [(mode, s, reps) for mode, grid in STRENGTHS.items() for s in grid]
