@@ -137,12 +137,13 @@ class LC2STNF(LocalC2ST):
 
     ``norm_feature``: the classifiers (the null's too) also see the latent's standardised
     squared norm (:func:`~calib_lightning.classifiers.local_c2st.latent_features`); the
-    null is unchanged. On the NPT Gaussian with 1,000 pairs it found covariance inflation
-    and heavy tails at D = 10 and 50 where the latents alone did not (e.g. D = 10,
-    covariance x 1.4: 1.00 against 0.20 of 20 datasets; D = 50, x 1.4: 1.00 against 0.00),
-    mean shifts as often or more, at the same level
-    (``examples/benchmarks/results/lc2st_norm_feature.md``). Off by default until sbibm's
-    estimators have been measured with it.
+    null is unchanged. On the NPT Gaussian with 1,000 pairs (20 datasets a strength) it
+    found covariance inflation and heavy tails far more often at D = 10 and 50 (D = 10,
+    covariance x 1.4: 1.00 against 0.25; t with 5 degrees of freedom: 1.00 against 0.05;
+    D = 50, x 1.4: 1.00 against 0.00) at the same level, but at D = 3 a collapsed mode
+    less often (0.00 against 0.35 at strength 0.08)
+    (``examples/benchmarks/results/lc2st_norm_feature.md``). Off by default: a trade,
+    and sbibm's estimators are not measured with it yet.
 
     Calibration pairs and power: the classifier sees an observation only through the
     calibration pairs near it, so small local errors need many pairs; the null's cost
