@@ -7,8 +7,8 @@ null (100 classifiers, once per task, on the task's calibration ``x``) and its o
 classifier with other ``classifier_kwargs``, on the estimators, calibration pairs and
 observations of ``sbibm_validation.py`` (its cases file gives the oracle and sbi's
 ``LC2ST_NF`` p-values; its cache, the trained estimators: run it first). A variant's
-``num_ensemble`` is the metric's argument (classifiers averaged per statistic, in the null
-too), not a classifier setting.
+``num_ensemble`` (classifiers averaged per statistic, in the null too) and ``norm_feature``
+(the latent's norm as a feature) are the metric's arguments, not classifier settings.
 
 Per variant: sensitivity (share of observations with oracle >= 0.6 rejected at 0.05),
 alarm rate (oracle <= 0.55), within-task Spearman correlation of the statistic with the
@@ -60,6 +60,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "20 % held out, patience 5": {"validation_fraction": 0.2, "patience": 5},
     "default, 3 classifiers averaged (num_ensemble=3)": {"num_ensemble": 3},
     "default, 5 classifiers averaged (num_ensemble=5)": {"num_ensemble": 5},
+    "default + the latent's norm (norm_feature=True)": {"norm_feature": True},
     "lr 1e-3, patience 20, two layers of 256": {
         "learning_rate": 1e-3, "patience": 20, "hidden_features": (256, 256),
     },
@@ -77,12 +78,13 @@ def run_variant(
     from examples.benchmarks.sbibm_validation import train
 
     kwargs = dict(kwargs)
-    ensemble = kwargs.pop("num_ensemble", 1)  # a metric argument, not a classifier one
+    ensemble = kwargs.pop("num_ensemble", 1)  # metric arguments, not classifier ones
+    norm_feature = kwargs.pop("norm_feature", False)
 
     def metric() -> cl.LC2STNF:
         return cl.LC2STNF(data["x_o"], num_null=args.num_null, num_posterior_samples=args.num_eval,
                           num_ensemble=ensemble, classifier_kwargs=kwargs or None,
-                          seed=seed)  # fmt: skip
+                          seed=seed, norm_feature=norm_feature)  # fmt: skip
 
     base = metric()
     start = time.perf_counter()
