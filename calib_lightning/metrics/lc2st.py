@@ -112,6 +112,8 @@ class LC2STNF(LocalC2ST):
             width grows with ``F`` up to 128 units, and a summary with few, informative
             features gives the classifiers power that raw pixels do not.
         embedding_batch_size: rows per call of ``embedding``.
+        norm_feature: (:class:`LC2STNF` only) the classifiers also see the latent's
+            squared norm; off by default (below).
 
     The null and the embedding: the null depends on the calibration features only, so it
     is fingerprinted by them. When ``compute()`` finds features that differ from the
