@@ -110,7 +110,9 @@ class LC2STNFNull(nn.Module):
         ):
             check_positive(name, value, integer=True)
         self.num_null, self.num_posterior_samples = num_null, num_posterior_samples
-        self.num_ensemble, self.seed, self.norm_feature = num_ensemble, seed, bool(norm_feature)
+        if not isinstance(norm_feature, bool):
+            raise ValueError(f"norm_feature must be True or False, got {norm_feature!r}")
+        self.num_ensemble, self.seed, self.norm_feature = num_ensemble, seed, norm_feature
         self.classifier_spec, self.classifier_kwargs = classifier, dict(classifier_kwargs or {})
         for name in _BUFFERS:
             self.register_buffer(name, torch.empty(0, dtype=_DTYPES.get(name)))

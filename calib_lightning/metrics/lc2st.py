@@ -180,8 +180,6 @@ class LC2STNF(LocalC2ST):
                 "LC2STNF needs compute_with_cache=False: every compute() is a check (and the "
                 "null or the observations may change in between), got True"
             )
-        if not isinstance(norm_feature, bool):
-            raise ValueError(f"norm_feature must be True or False, got {norm_feature!r}")
         super().__init__(observations, *args, **kwargs)
         self.norm_feature = norm_feature
         self.null = LC2STNFNull(

@@ -27,15 +27,10 @@ if not __package__:  # run as a file (python examples/x.py): make `examples` imp
 
 from calib_lightning.tasks import NPTGaussian
 from examples._smoke import add_smoke_argument, output_folder
-from examples.benchmarks.power_curves import run_lc2st
+from examples.benchmarks.power_curves import rates, run_lc2st
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SETTINGS = {"latents": False, "latents + norm": True}
-
-
-def rates(cells: dict) -> dict:
-    return {mode: {s: sum(r["lc2st_nf"] <= 0.05 for r in rows) / len(rows)
-                   for s, rows in cell.items()} for mode, cell in cells.items()}  # fmt: skip
 
 
 def main() -> None:
@@ -58,9 +53,10 @@ def main() -> None:
     for d in args.dims:
         for name in args.settings:
             start = time.perf_counter()
-            cells = run_lc2st(NPTGaussian(dim=d), args.n, args.reps, 2 * args.reps, 7 + d,
-                              norm_feature=SETTINGS[name])  # fmt: skip
-            runs[f"{d}|{name}"] = {"rates": rates(cells), "seconds": time.perf_counter() - start}
+            cells = run_lc2st(NPTGaussian(dim=d), args.n, args.reps, SETTINGS[name])
+            found = {mode: {s: rates(rows, "lc2st_nf") for s, rows in cell.items()}
+                     for mode, cell in cells.items()}  # fmt: skip
+            runs[f"{d}|{name}"] = {"rates": found, "seconds": time.perf_counter() - start}
             print(d, name, f"{runs[f'{d}|{name}']['seconds']:.0f} s", flush=True)
     stem = "lc2st_norm_feature" + ("_" + "_".join(args.settings).replace(" + ", "_")
                                    if len(args.settings) < len(SETTINGS) else "")  # fmt: skip

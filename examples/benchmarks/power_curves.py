@@ -103,9 +103,10 @@ def run_cheap(task: NPTGaussian, n: int, reps: int, null_reps: int, seed: int) -
     return cells
 
 
-def run_lc2st(
-    task: NPTGaussian, n: int, reps: int, null_reps: int, seed: int, norm_feature: bool = False
-) -> dict:
+def run_lc2st(task: NPTGaussian, n: int, reps: int, norm_feature: bool = False) -> dict:
+    """``LC2STNF``'s global p-values: ``reps`` datasets per strength, twice as many at
+    strength 0, on one ``x`` and one null seeded by ``D`` (every run of a ``D`` the same)."""
+    null_reps, seed = 2 * reps, 7 + task.dim
     g = torch.Generator().manual_seed(seed)
     x = task.sample_x(n, g)
     observations = task.sample_x(NUM_OBSERVATIONS, g)
@@ -294,7 +295,7 @@ def add_lc2st(path: Path, reps: int) -> None:
     n = max(saved["args"]["sizes"])
     for d in saved["args"]["dims"]:
         key, begin = f"D = {d}, N = {n}", time.perf_counter()
-        saved["results"][key]["lc2st"] = run_lc2st(NPTGaussian(dim=d), n, reps, 2 * reps, 7 + d)
+        saved["results"][key]["lc2st"] = run_lc2st(NPTGaussian(dim=d), n, reps)
         saved["seconds"][key] += time.perf_counter() - begin
         print(f"{key}: LC2STNF {time.perf_counter() - begin:.0f} s", flush=True)
     saved["args"]["lc2st_reps"] = reps
@@ -343,8 +344,7 @@ def main() -> None:
                 "cheap": run_cheap(task, n, args.reps[k], args.null_reps[k], 1000 * d + n)
             }
             if n == max(args.sizes) and args.lc2st_reps:
-                results[key]["lc2st"] = run_lc2st(task, n, args.lc2st_reps, 2 * args.lc2st_reps,
-                                                  7 + d)  # fmt: skip
+                results[key]["lc2st"] = run_lc2st(task, n, args.lc2st_reps)
             seconds[key] = time.perf_counter() - begin
             print(f"{key}: {seconds[key]:.0f} s", flush=True)
             run = {
