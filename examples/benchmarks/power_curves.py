@@ -249,23 +249,29 @@ def table(results: dict) -> list[str]:
 
 
 def figure(results: dict, path: Path) -> None:
+    """A panel per failure mode (three a row, two rows per block), a line per check, and
+    one legend under the panels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
-    keys = list(results)
-    fig, axes = plt.subplots(len(keys), len(STRENGTHS), figsize=(3.0 * len(STRENGTHS),
-                             2.6 * len(keys)), squeeze=False, sharey=True)  # fmt: skip
+    keys, columns = list(results), 3
+    per_block = -(-len(STRENGTHS) // columns)
+    rows = per_block * len(keys)
+    fig, axes = plt.subplots(rows, columns, squeeze=False, sharey=True,
+                             figsize=(3.6 * columns, 2.5 * rows + 0.8))  # fmt: skip
     styles = {"overall": ("black", "-", 2.5), "kccsd": ("C0", "-", 1.2), "ranks": ("C1", "-", 1.2),
               "ranks_marginal": ("C1", ":", 1.2), "ranks_joint": ("C1", "--", 1.2),
               "tarp": ("C2", "-", 1.2), "latent": ("C3", "-", 1.2),
               "lc2st_nf": ("C4", "-", 1.2), "cauchy": ("grey", "--", 1.5),
               "bonferroni": ("C5", ":", 1.5)}  # fmt: skip
+    legend: dict[str, object] = {}
     for i, key in enumerate(keys):
         cheap, lc2st = results[key]["cheap"], results[key].get("lc2st")
         for j, mode in enumerate(STRENGTHS):
-            ax = axes[i, j]
+            ax = axes[per_block * i + j // columns, j % columns]
             strengths = ["0", *cheap[mode]]
             for c in CHECKS:
                 ys = [rates(merged(cheap, lc2st, "exact" if s == "0" else mode, s), c)
@@ -273,18 +279,24 @@ def figure(results: dict, path: Path) -> None:
                 pts = [(float(s), y) for s, y in zip(strengths, ys, strict=True) if y is not None]
                 if len(pts) > 1:
                     color, style, width = styles[c]
-                    ax.plot(*zip(*pts, strict=True), color=color, ls=style, lw=width, marker=".",
-                            label=c)  # fmt: skip
+                    (line,) = ax.plot(*zip(*pts, strict=True), color=color, ls=style, lw=width,
+                                      marker=".", label=c)  # fmt: skip
+                    legend.setdefault(c, line)
             ax.axhline(LEVEL, color="grey", lw=0.5)
             ax.axhline(0.8, color="grey", lw=0.5, ls=":")
             ax.set_xscale("symlog", linthresh=min(STRENGTHS[mode]))
-            ax.set_title(f"{mode}, {key}", fontsize=8)
-            ax.tick_params(labelsize=7)
-    axes[-1, 0].legend(fontsize=6)  # the last row has every check (L-C2ST-NF at the largest N)
-    fig.supxlabel("strength")
-    fig.supylabel(f"rejection rate at {LEVEL}")
-    fig.tight_layout(rect=(0.015, 0.0, 1.0, 1.0))  # room for the shared y label
-    fig.savefig(path, dpi=80)
+            ax.set_xticks([float(s) for s in strengths], strengths)  # the grid, no overlaps
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_title(f"{mode}, {key}", fontsize=9)
+            ax.tick_params(labelsize=8)
+    order = [c for c in CHECKS if c in legend]
+    fig.legend([legend[c] for c in order], order, loc="lower center", ncol=5, fontsize=9,
+               frameon=False)  # fmt: skip
+    inch = 1 / fig.get_figheight()  # the legend takes the bottom 0.5 in, the label above it
+    fig.supxlabel("strength", y=0.55 * inch, va="bottom", fontsize=10)
+    fig.supylabel(f"rejection rate at {LEVEL}", fontsize=10)
+    fig.tight_layout(rect=(0.015, 0.8 * inch, 1.0, 1.0))
+    fig.savefig(path, dpi=100)
 
 
 def add_lc2st(path: Path, reps: int) -> None:
