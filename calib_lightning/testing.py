@@ -3,8 +3,10 @@
 :func:`run_distributed` forks ``world_size`` processes that join one gloo process
 group and run a function; it returns what each rank returned. Forking (rather than
 spawning) lets tests pass local closures; it is unsafe once CUDA is initialised in the
-process (a forked rank cannot use CUDA, nor autograd after CUDA work), so
-:func:`fork_is_safe` says whether it may run and :func:`run_distributed` refuses otherwise.
+process (a forked rank cannot use CUDA), and on a machine with a GPU once autograd has
+run a backward pass in it (autograd then keeps a thread per device, and a forked rank's
+backward raises). :func:`fork_is_safe` says whether it may run and
+:func:`run_distributed` refuses otherwise.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import io
 import multiprocessing as mp
 import os
 import queue as queues
+import signal
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -26,10 +30,35 @@ from calib_lightning._checks import check_positive
 __all__ = ["fork_is_safe", "run_distributed"]
 
 
-def fork_is_safe() -> bool:
-    """Whether this process may fork ranks: CUDA is not initialised in it (a test run on a
-    GPU machine after CUDA tests in the same worker cannot)."""
-    return not torch.cuda.is_initialized()
+def fork_is_safe(timeout: float = 30.0) -> bool:
+    """Whether this process may fork ranks that use autograd.
+
+    False where CUDA is initialised in it, or where a forked child cannot run a backward
+    pass: autograd starts a thread per accelerator at the first backward of a process on a
+    machine with a GPU, even on CPU tensors, and refuses a backward in a fork made after
+    it. That second case has no public flag, so a forked child tries a one-element backward
+    and reports (a child still running after ``timeout`` seconds counts as unsafe).
+    """
+    if torch.cuda.is_initialized():
+        return False
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if a backward pass works here
+        code = 1
+        try:
+            torch.ones(1, requires_grad=True).sum().backward()
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status) == 0
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return False
+        time.sleep(0.005)
 
 
 def _worker(
@@ -78,14 +107,16 @@ def run_distributed(
     Raises:
         RuntimeError: with the rank's traceback if any rank failed; naming the ranks
             that sent nothing within ``timeout`` and their exit codes; before
-            forking, if CUDA is initialised in this process (:func:`fork_is_safe`).
+            forking, if a forked rank could not use CUDA or autograd
+            (:func:`fork_is_safe`).
     """
     check_positive("world_size", world_size, integer=True)
     check_positive("timeout", timeout)
     if not fork_is_safe():
         raise RuntimeError(
-            "run_distributed forks its ranks, and CUDA is initialised in this process: a "
-            "forked rank could not use CUDA or autograd; run it in a fresh process"
+            "run_distributed forks its ranks, and a fork of this process could not use CUDA "
+            "or autograd (CUDA is initialised in it, or autograd's device threads started "
+            "at a backward pass on this GPU machine); run it in a fresh process"
         )
     ctx = mp.get_context("fork")
     queue = ctx.Queue()

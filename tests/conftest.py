@@ -18,7 +18,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 @pytest.fixture(autouse=True)
 def _forks_need_a_process_without_cuda(request):
-    """Tests marked ``forks`` (DDP ranks by fork) skip in a worker where CUDA is already
-    initialised (on a GPU machine, after the CUDA tests): a forked rank cannot use it."""
+    """Tests marked ``forks`` (DDP ranks by fork) skip in a worker whose forks could not
+    use CUDA or autograd: on a GPU machine, after the CUDA tests or after any backward
+    pass in the same worker (autograd's device threads do not survive a fork)."""
     if request.node.get_closest_marker("forks") is not None and not fork_is_safe():
-        pytest.skip("forks DDP ranks, and CUDA is initialised in this test worker")
+        pytest.skip("forks DDP ranks, and a fork of this test worker could not use CUDA or "
+                    "autograd (calib_lightning.testing.fork_is_safe)")

@@ -6,6 +6,7 @@ its result equals one process fed all the batches.
 """
 
 import os
+import time
 
 import pytest
 import torch
@@ -116,8 +117,29 @@ def test_run_distributed_refuses_to_fork_once_cuda_is_initialised(monkeypatch):
     says so before forking (and the ``forks`` tests skip there, tests/conftest.py)."""
     import calib_lightning.testing as testing
 
-    assert testing.fork_is_safe() == (not torch.cuda.is_initialized())
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     assert not testing.fork_is_safe()
-    with pytest.raises(RuntimeError, match="CUDA is initialised in this process"):
+    with pytest.raises(RuntimeError, match="CUDA is initialised in it"):
         run_distributed(lambda rank, world_size: rank)
+
+
+def test_fork_is_safe_asks_a_fork_to_run_a_backward_pass(monkeypatch):
+    """On a GPU machine, autograd's device threads start at a process's first backward
+    pass (CPU tensors too) and a fork made after it cannot run one: ``fork_is_safe`` tries
+    a backward in a fork. Seen on an H200: the two-rank KCCSD test failed there with
+    "Unable to handle autograd's threading in combination with fork-based
+    multiprocessing" after other tests of its worker had run a backward."""
+    import calib_lightning.testing as testing
+
+    torch.ones(1, requires_grad=True).sum().backward()
+    assert testing.fork_is_safe() == (not torch.cuda.is_available())  # safe without a GPU
+
+    def refused(*args, **kwargs):  # what autograd does in such a fork
+        raise RuntimeError("Unable to handle autograd's threading in combination with fork")
+
+    monkeypatch.setattr(torch.autograd, "backward", refused)
+    assert not testing.fork_is_safe()
+    with pytest.raises(RuntimeError, match="autograd's device threads"):
+        run_distributed(lambda rank, world_size: rank)
+    monkeypatch.setattr(torch.autograd, "backward", lambda *a, **k: time.sleep(30))
+    assert not testing.fork_is_safe(timeout=0.5)  # a fork that hangs is no safer
