@@ -64,6 +64,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lr 1e-3, patience 20, two layers of 256": {
         "learning_rate": 1e-3, "patience": 20, "hidden_features": (256, 256),
     },
+    "sbi's width (two layers of 10 x dim(theta))": {"width_per_parameter": 10},
+    "two layers of 5 x inputs": {"width_per_input": 5},
 }  # fmt: skip
 NUM_NULL = 100
 KEY = ("task", "estimator", "budget", "seed")
@@ -80,6 +82,12 @@ def run_variant(
     kwargs = dict(kwargs)
     ensemble = kwargs.pop("num_ensemble", 1)  # metric arguments, not classifier ones
     norm_feature = kwargs.pop("norm_feature", False)
+    dim = data["theta"].shape[1]  # widths per parameter (sbi's) or per input (D + dim x)
+    if "width_per_parameter" in kwargs:
+        kwargs["hidden_features"] = (kwargs.pop("width_per_parameter") * dim,) * 2
+    if "width_per_input" in kwargs:
+        inputs = dim + data["x"][0].numel()
+        kwargs["hidden_features"] = (kwargs.pop("width_per_input") * inputs,) * 2
 
     def metric() -> cl.LC2STNF:
         return cl.LC2STNF(data["x_o"], num_null=args.num_null, num_posterior_samples=args.num_eval,
@@ -88,7 +96,7 @@ def run_variant(
 
     base = metric()
     start = time.perf_counter()
-    base.null.fit(data["x"], dim=data["theta"].shape[1]).statistics(
+    base.null.fit(data["x"], dim=dim).statistics(
         base.flat_observations, base.pp_grid
     )
     s_null = time.perf_counter() - start
