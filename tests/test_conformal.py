@@ -88,7 +88,7 @@ def _coverage_over_repetitions(
             calibrated.append((cred < level).double().mean())
             noisy = region.credibility(theta_new, x_new, randomized=True)
             randomized.append((noisy <= level).double().mean())
-        if local:
+        if region.partition == "tree":
             counts = torch.bincount(region.leaves, minlength=len(region._leaf_index))
             leaf = region._leaf_of(region._features(x_new))
             bound.append(LEVEL + (1.0 / (counts[leaf] + 1)).mean())
@@ -152,6 +152,25 @@ def test_local_region_keeps_the_guarantee_per_leaf(
     _check_guarantee(calibrated, bound)
 
 
+@pytest.mark.parametrize(
+    ("embedding", "partition", "n", "seed", "conformity"),
+    [(None, 0, 300, 4, "credibility"), ("posterior", 150, 150, 21, "log_density"),
+     ("posterior", 0, 300, 16, "log_density")],
+)  # fmt: skip
+def test_a_regression_region_keeps_the_guarantee(
+    embedding: str | None, partition: int, n: int, seed: int, conformity: str
+) -> None:
+    """``local="regression"``: the location-scale model fitted on other pairs (a split of
+    the held-out ones, or ``fit_partition``), the conformal quantile of the normalized
+    residuals: at least 0.9 and at most 0.9 + 1 / (n_cal + 1) on fresh pairs."""
+    toy = GaussianToy(dim=2)
+    calibrated, _nominal, bound = _coverage_over_repetitions(
+        _heteroscedastic, toy.sample, local="regression", reps=60, n=n, draws=100, seed=seed,
+        min_leaf_size=30, embedding=embedding, partition=partition, conformity=conformity,
+    )  # fmt: skip
+    _check_guarantee(calibrated, bound)
+
+
 def _half_errors(region: cl.ConformalRegion, theta: torch.Tensor, x: torch.Tensor) -> list:
     """|coverage - 0.9| of the region on new pairs where ``_heteroscedastic`` is too narrow
     (``x_1 > 0``) and where it is too wide."""
@@ -172,6 +191,33 @@ def test_local_region_adapts_where_the_global_one_cannot() -> None:
         errors[local] = _half_errors(region, theta_new, x_new)
     assert min(errors[False]) > 0.08  # one level for both halves misses both by 0.1
     assert max(errors[True]) < 0.06  # the tree splits at x_1 = 0 (leaves of ~100 pairs)
+
+
+def test_a_regression_region_adapts_over_the_posterior_summary() -> None:
+    """Over-confident where x_1 > 0, under-confident elsewhere: the posterior's spread (a
+    summary feature) tells the halves apart, and the location-scale regression of the
+    log-density score on it calibrates both halves, where one level misses both by 0.1;
+    its coverage error over all levels on new pairs is near 0."""
+    toy = GaussianToy(dim=2)
+    g = torch.Generator().manual_seed(25)
+    torch.manual_seed(25)
+    theta, x = toy.sample(2000, g)
+    theta_new, x_new = toy.sample(4000, g)
+    region = cl.ConformalRegion(_heteroscedastic, local="regression", embedding="posterior",
+                                num_posterior_samples=200).fit(theta, x)  # fmt: skip
+    assert (region.partition, region.conformity, len(region.scores)) == (
+        "regression", "log_density", 1000)  # fmt: skip
+    assert max(_half_errors(region, theta_new, x_new)) < 0.04
+    levels = region.calibrated_level(LEVEL, x_new)  # the region's mass under q at each x
+    over = x_new[:, 0] > 0
+    # q's mass of the region that covers 0.9 of the truth: P(chi2_2 <= 4.61 / 0.6^2) = 0.998
+    # where q is too narrow, P(chi2_2 <= 4.61 / 1.5^2) = 0.64 where it is too wide
+    assert float(levels[over].mean()) > 0.99
+    assert float(levels[~over].mean()) < 0.7
+    assert abs(float(region.coverage_error(theta_new, x_new))) < 0.02
+    with pytest.raises(ValueError, match="local must be False, True, 'tree' or 'regression', "
+                       "got 'forest'"):  # fmt: skip
+        cl.ConformalRegion(_heteroscedastic, local="forest")
 
 
 def test_fit_partition_keeps_its_tree_and_calibrates_each_leaf_with_all_held_out_pairs() -> None:
@@ -297,15 +343,15 @@ def test_contains_agrees_with_the_log_density_threshold() -> None:
     assert bool((nominal >= threshold).all())  # the nominal region is inside
 
 
-@pytest.mark.parametrize("local", [False, True])
-def test_the_default_region_holds_its_level_as_users_build_it(local: bool) -> None:
-    """``ConformalRegion(posterior)`` (``local=True`` the only argument otherwise) with its
+@pytest.mark.parametrize("local", [False, True, "regression"])
+def test_the_default_region_holds_its_level_as_users_build_it(local: bool | str) -> None:
+    """``ConformalRegion(posterior)`` (``local`` the only argument otherwise) with its
     default seed, conformity and level, on a fresh dataset each repetition: its 90 % region
     covers new pairs at least 0.9 and at most 0.9 + 1 / (n_leaf + 1), up to 3 standard
     errors, for an exact and an over-confident posterior; the over-confident posterior's
     own 90 % HPD region covers far less (the sign the region corrects)."""
     toy = GaussianToy(dim=2)
-    g = torch.Generator().manual_seed(40 + local)
+    g = torch.Generator().manual_seed(40 + [False, True, "regression"].index(local))
     for variance_scale in (1.0, 0.5):
         post = toy.posterior(variance_scale=variance_scale)
         covered, bound, own = [], [], []
@@ -313,7 +359,8 @@ def test_the_default_region_holds_its_level_as_users_build_it(local: bool) -> No
             region = cl.ConformalRegion(post, local=local).fit(*toy.sample(400, g))
             theta_new, x_new = toy.sample(200, g)
             covered.append(region.contains(theta_new, x_new).double().mean())
-            n_leaf = torch.bincount(region.leaves).min() if local else len(region.scores)
+            tree = region.partition == "tree"
+            n_leaf = torch.bincount(region.leaves).min() if tree else len(region.scores)
             bound.append(LEVEL + 1 / (float(n_leaf) + 1))
             with torch.no_grad():  # the posterior's own region: the nominal log-density level
                 own.append((region.threshold(x_new, calibrated=False)
@@ -622,3 +669,18 @@ def test_the_report_says_which_tree_sets_a_local_region_and_how_many_pairs_calib
     grown, calibrating = (300, 400) if partition else (200, 200)  # else: half and half
     assert (f"one level per leaf of a tree over a summary of the posterior at x, grown on "
             f"{grown} other pairs, calibrated on {calibrating} held-out pairs") in page
+
+
+def test_the_report_names_a_regression_region(tmp_path) -> None:
+    toy = GaussianToy(dim=2)
+    g = torch.Generator().manual_seed(26)
+    torch.manual_seed(26)
+    narrow = toy.posterior(variance_scale=0.5)
+    region = cl.ConformalRegion(narrow, local="regression", num_posterior_samples=100,
+                                embedding="posterior").fit(*toy.sample(400, g))  # fmt: skip
+    theta, x = toy.sample(100, g)
+    report = cl.diagnose(narrow, theta, x, observations=x[:2], region=region, checks=("ranks",))
+    page = report.save(tmp_path).read_text()
+    assert ("a level from a linear location-scale regression of the scores on a summary of "
+            "the posterior at x, calibrated on 200 held-out pairs") in page  # (half: the model)
+    assert "regression" in repr(region)

@@ -93,6 +93,8 @@ Above {REGION_LEVEL:g}: the posterior is over-confident there; below: under-conf
         if not region.local:
             return "one level for all x"
         over = "a summary of the posterior at x" if region.embedding == "posterior" else "x"
+        if region.partition == "regression":
+            return f"a level from a linear location-scale regression of the scores on {over}"
         grown = int(region.tree.tree_.n_node_samples[0])  # the pairs the tree was fitted on
         return f"one level per leaf of a tree over {over}, grown on {grown} other pairs"
 

@@ -81,24 +81,30 @@ class ConformalRegion(TreePartition):
     :math:`\{\log q \ge -t\}`, no draws needed but for the summary), with
     :math:`\varepsilon_S = 0`; credibility regions beyond all ``S`` draws are everything.
 
-    With ``local=True`` the tree is fitted on a random ``tree_fraction`` of the pairs and
-    the quantiles are taken on the others, so the bounds hold within every leaf (with the
-    leaf's ``n``), conditionally on the tree, hence marginally: marginal coverage, closer
-    to coverage at every ``x``. Other pairs (an early-stopping split) can fit the tree
-    (:meth:`fit_partition`), all held-out ones then calibrate.
+    A local region fits its model over ``x`` (a tree, or a location-scale regression of
+    the scores) on a random ``tree_fraction`` of the pairs and takes the quantiles on the
+    others: the bounds hold within every leaf (with the leaf's ``n``), or for the
+    normalized residuals, conditionally on the model, hence marginally; the region moves
+    closer to coverage at every ``x``. Other pairs (an early-stopping split) can fit the
+    model (:meth:`fit_partition`), all held-out ones then calibrate.
 
     Arguments:
         posterior: anything :func:`calib_lightning.as_posterior` accepts.
-        local: one level per leaf of a regression tree over ``x`` (``sklearn``
-            ``DecisionTreeRegressor`` of the scores on the features of ``x``) instead of
-            one level for all ``x``.
+        local: ``False``: one level for all ``x``; ``True`` or ``"tree"``: one per leaf
+            of a regression tree of the scores on the features of ``x`` (``sklearn``
+            ``DecisionTreeRegressor``, LOCART); ``"regression"``: normalized split
+            conformal, a linear regression of the scores on the features (location) and
+            of their absolute residuals (scale), the conformal quantile taken of the
+            normalized residuals: smooth in ``x``, no leaves to fill (on sbibm's SLCP
+            the closest to the reference posteriors, ``conformal_sbibm.md``).
         score: ``"density"`` (log-density), ``"distance"`` (density-free; the only one
             for a samples-only posterior) or ``"auto"`` (density when available).
         num_posterior_samples: ``S``, the draws per observation, for fitting and for
             every region (more draws: a sharper region, the same guarantee).
-        min_leaf_size: the tree's minimum number of pairs per leaf (local only).
-        tree_fraction: share of the held-out pairs that fits the tree (local only).
-        embedding: the tree's features of ``x`` (local only): a callable ``x -> (N, F)``;
+        min_leaf_size: the tree's minimum number of pairs per leaf (local only; also the
+            fewest pairs a regression is fitted on).
+        tree_fraction: share of the held-out pairs that fits the model (local only).
+        embedding: the local model's features of ``x``: a callable ``x -> (N, F)``;
             ``None``: ``x`` flattened; ``"posterior"``: a summary of ``q(. | x)`` from its
             ``S`` draws, each coordinate's mean and standard deviation and (density
             score) the draws' mean log-density: where ``q`` is narrow or wide, i.e. where
@@ -132,7 +138,7 @@ class ConformalRegion(TreePartition):
         self,
         posterior: Any,
         *,
-        local: bool = False,
+        local: bool | str = False,
         score: str = "auto",
         num_posterior_samples: int = 1000,
         min_leaf_size: int = 100,
@@ -164,17 +170,21 @@ class ConformalRegion(TreePartition):
             raise ValueError(
                 f"embedding must be None, 'posterior' or a callable x -> (N, F), got {embedding!r}"
             )
-        self.local, self.embedding, self.seed = bool(local), embedding, int(seed)
+        if local not in (False, True, "tree", "regression"):
+            raise ValueError(f"local must be False, True, 'tree' or 'regression', got {local!r}")
+        self.partition = {False: None, True: "tree"}.get(local, local)
+        self.local, self.embedding, self.seed = self.partition is not None, embedding, int(seed)
         self._summary = self.local and embedding == "posterior"
         self.num_posterior_samples, self.min_leaf_size = num_posterior_samples, min_leaf_size
         self.tree_fraction, self.tree = float(tree_fraction), None
         self.scores: Tensor | None = None
         self.leaves: Tensor | None = None
+        self._residuals: Tensor | None = None
         self._leaf_index: dict[int, int] = {}
         self._partitioned = False  # the tree comes from fit_partition
 
     def __repr__(self) -> str:
-        kind = "local" if self.local else "global"
+        kind = {None: "global", "tree": "local"}.get(self.partition, self.partition)
         n = "unfitted" if self.scores is None else f"n={len(self.scores)}"
         return (f"ConformalRegion({self.posterior!r}, {kind}, score={self.score!r}, "
                 f"conformity={self.conformity!r}, {n})")  # fmt: skip
@@ -213,7 +223,7 @@ class ConformalRegion(TreePartition):
     # --- fit ----------------------------------------------------------------------------
 
     def fit(self, theta: Tensor, x: Tensor, *, scores: Tensor | None = None) -> ConformalRegion:
-        """Score the held-out pairs (and fit the tree when ``local``); returns ``self``.
+        """Score the held-out pairs (and fit the local model); returns ``self``.
 
         Arguments:
             theta: held-out true parameters ``(n, D)``, never used to train or select it.
@@ -225,36 +235,37 @@ class ConformalRegion(TreePartition):
         """
         generator = torch.Generator().manual_seed(self.seed)
         scores, features = self._scored(theta, x, scores, generator)
-        self.scores, self.leaves = scores, None
+        self.scores, self.leaves, self._residuals = scores, None, None
         if not self.local:
             return self
         features = self._features(x) if features is None else features
-        if self._partitioned:  # every pair calibrates its leaf of the given tree
-            self.leaves = self._leaf_of(features)
+        if self._partitioned:  # every pair calibrates the given model
+            self._calibrate(features, scores)
             return self
         n = len(scores)
         n_tree = round(self.tree_fraction * n)
         if n_tree < self.min_leaf_size or n - n_tree < 2:
             raise ValueError(
-                f"local=True needs at least min_leaf_size = {self.min_leaf_size} pairs to fit "
-                f"the tree (tree_fraction = {self.tree_fraction} of n) and 2 to calibrate, "
-                f"got n = {n}"
+                f"local={self.partition!r} needs at least min_leaf_size = {self.min_leaf_size} "
+                f"pairs to fit its model (tree_fraction = {self.tree_fraction} of n) and 2 to "
+                f"calibrate, got n = {n}"
             )
         order = torch.randperm(n, generator=generator)
         fit_rows, cal_rows = order[:n_tree].numpy(), order[n_tree:]
         self._grow(features[fit_rows], scores[fit_rows])
-        self.scores, self.leaves = scores[cal_rows], self._leaf_of(features[cal_rows.numpy()])
+        self._calibrate(features[cal_rows.numpy()], scores[cal_rows])
         return self
 
     def fit_partition(
         self, theta: Tensor, x: Tensor, *, scores: Tensor | None = None
     ) -> ConformalRegion:
-        """Fit the local tree on pairs apart from the held-out ones; returns ``self``.
+        """Fit the local model on pairs apart from the held-out ones; returns ``self``.
 
-        Call it before :meth:`fit`, which then keeps this tree and lets every held-out pair
-        calibrate its leaf instead of splitting them (``tree_fraction``). The guarantee
-        needs the tree independent of the held-out pairs only: these may be any pairs that
-        did not train the posterior's weights, typically the early-stopping split.
+        Call it before :meth:`fit`, which then keeps this model (tree or regression) and
+        lets every held-out pair calibrate instead of splitting them (``tree_fraction``).
+        The guarantee needs the model independent of the held-out pairs only: these may be
+        any pairs that did not train the posterior's weights, typically the early-stopping
+        split.
 
         Arguments:
             theta: parameters ``(m, D)``, at least ``min_leaf_size`` pairs.
@@ -262,14 +273,15 @@ class ConformalRegion(TreePartition):
             scores: their scores, as in :meth:`fit`.
         """
         if not self.local:
-            raise ValueError("fit_partition fits the tree of a local region: use local=True")
+            raise ValueError("fit_partition fits the model of a local region: use local=True "
+                             "or 'regression'")  # fmt: skip
         generator = torch.Generator().manual_seed(self.seed + 3)
         scores, features = self._scored(theta, x, scores, generator)
         if len(scores) < self.min_leaf_size:
             raise ValueError(f"fit_partition needs at least min_leaf_size = "
                              f"{self.min_leaf_size} pairs, got {len(scores)}")  # fmt: skip
         self._grow(self._features(x) if features is None else features, scores)
-        self._partitioned, self.scores, self.leaves = True, None, None
+        self._partitioned, self.scores, self.leaves, self._residuals = True, None, None, None
         return self
 
     def _scored(self, theta: Tensor, x: Tensor, scores: Tensor | None,
@@ -315,19 +327,6 @@ class ConformalRegion(TreePartition):
             ValueError: too few held-out pairs for ``level`` (global), or an unfitted region.
         """
         return self._level(level, x)
-
-    def _level(self, level: float, x: Tensor | None, samples: Tensor | None = None,
-               ell: Tensor | None = None) -> Tensor:  # fmt: skip
-        if not self._raw:
-            return self._quantile(level, x, samples, ell)
-        self._fitted()
-        if x is None:
-            raise ValueError("conformity='log_density' needs x (N, *X): one level per x")
-        if ell is None:
-            samples, ell = self._draws_log_prob(x)
-        t = self._quantile(level, x, samples, ell).to(ell)
-        inside = (-ell <= t).sum(0).double().cpu()  # draws (S, N) in {log q >= -t}
-        return (inside + 1) / (ell.shape[0] + 1)
 
     def contains(self, theta: Tensor, x: Tensor, level: float = 0.9) -> Tensor:
         r"""Whether ``theta`` lies in the calibrated ``level`` region at ``x``.
@@ -386,8 +385,11 @@ class ConformalRegion(TreePartition):
             new = credibility.double().cpu()
         if not self.local:
             return conformal_coverage_error(scores, new)
-        leaves_new = self._leaf_of(self._features(x, samples, ell_samples))
-        return conformal_coverage_error(scores, new, self.leaves, leaves_new)
+        features = self._features(x, samples, ell_samples)
+        if self.partition == "regression":  # a global quantile of the normalized residuals
+            mu, sigma = self._location_scale(features)
+            return conformal_coverage_error(self._residuals, (new - mu) / sigma)
+        return conformal_coverage_error(scores, new, self.leaves, self._leaf_of(features))
 
     def threshold(self, x: Tensor, level: float = 0.9, *, calibrated: bool = True) -> Tensor:
         r"""Log-density threshold of the region at each ``x``: the region is

@@ -11,7 +11,10 @@ of ``conformal_sbibm.py`` (same simulations, training recipe and seeds):
 * ``min_leaf_size`` 50, 100 and 200 for each;
 * ``... early-stopping tree``: the tree fitted on the flow's early-stopping pairs
   (``fit_partition``: 10 % of the training pairs, 800, never used for its weights), so
-  that all 2,000 held-out pairs calibrate the leaves, for ``x`` and ``summary``.
+  that all 2,000 held-out pairs calibrate the leaves, for ``x`` and ``summary``;
+* ``... regression``: ``local="regression"`` in place of the tree (a linear location-scale
+  regression of the log-density score on the summary; normalized split conformal), on a
+  split of the held-out pairs or on the early-stopping pairs.
 
 Per (task, seed) the cache keeps the trained flow, the held-out pairs' scores and summary
 features (from the scoring draws, as ``fit`` takes them), per sbibm observation the flow
@@ -158,7 +161,7 @@ def _features(kind: str, x: torch.Tensor, summary: torch.Tensor) -> torch.Tensor
 
 
 def evaluate(run: dict, seed: int, kind: str | None, leaf: int, stop: bool = False,
-             raw: bool = False) -> dict:  # fmt: skip
+             raw: bool = False, regression: bool = False) -> dict:  # fmt: skip
     """One variant (``kind=None``: the global region) on one cached run; ``stop``: the
     tree fitted on the early-stopping pairs, every held-out pair calibrating; ``raw``: the
     log-density score instead of the credibility (a region ``{-log q <= t}``, ``t`` the
@@ -181,7 +184,8 @@ def evaluate(run: dict, seed: int, kind: str | None, leaf: int, stop: bool = Fal
     def unused(x: torch.Tensor) -> Independent:  # scores are given: never sampled
         return Independent(Normal(torch.zeros(len(x), d), 1.0), 1)
 
-    region = cl.ConformalRegion(unused, local=kind is not None, min_leaf_size=leaf,
+    local = "regression" if regression else kind is not None
+    region = cl.ConformalRegion(unused, local=local, min_leaf_size=leaf,
                                 embedding=lookup, seed=seed,
                                 conformity="log_density" if raw else "credibility")  # fmt: skip
     if stop:
@@ -217,6 +221,8 @@ def main() -> None:
     parser.add_argument("--fresh", type=int, default=2000)
     parser.add_argument("--samples", type=int, default=cs.NUM_POSTERIOR_SAMPLES)
     parser.add_argument("--leaves", type=int, nargs="+", default=[50, 100, 200])
+    parser.add_argument("--out", default="conformal_sbibm_variants.json",
+                        help="the json's name in the results folder")  # fmt: skip
     add_smoke_argument(parser)
     args = parser.parse_args()
     if not has_sbibm():
@@ -228,33 +234,38 @@ def main() -> None:
     torch.set_num_threads(1)
     cache = args.cache or Path(tempfile.mkdtemp(prefix="conformal_variants_"))
     cache.mkdir(parents=True, exist_ok=True)
-    variants = [("global", None, 1, False, False)]
-    variants += [(f"{k} leaf {m}", k, m, False, False) for k in KINDS for m in args.leaves]
-    variants += [(f"{k} leaf {m}, early-stopping tree", k, m, True, False)
+    variants = [("global", None, 1, False, False, False)]
+    variants += [(f"{k} leaf {m}", k, m, False, False, False) for k in KINDS
+                 for m in args.leaves]  # fmt: skip
+    variants += [(f"{k} leaf {m}, early-stopping tree", k, m, True, False, False)
                  for k in ("x", "summary") for m in args.leaves]  # fmt: skip
     leaf = args.leaves[len(args.leaves) // 2]  # the package's default, 100
-    variants += [("log-density score: global", None, 1, False, True),
-                 (f"log-density score: summary leaf {leaf}", "summary", leaf, False, True),
+    variants += [("log-density score: global", None, 1, False, True, False),
+                 (f"log-density score: summary leaf {leaf}", "summary", leaf, False, True,
+                  False),
                  (f"log-density score: x leaf {leaf}, early-stopping tree", "x", leaf, True,
-                  True),
+                  True, False),
                  (f"log-density score: summary leaf {leaf}, early-stopping tree", "summary",
-                  leaf, True, True)]  # fmt: skip
+                  leaf, True, True, False),
+                 ("log-density score: summary regression", "summary", leaf, False, True, True),
+                 ("log-density score: summary regression, early-stopping pairs", "summary",
+                  leaf, True, True, True)]  # fmt: skip
     out: dict = {}
     for task_name in args.tasks:
         for seed in args.seeds:
             run = cache_run(task_name, seed, args, cache)
-            for name, kind, leaf, stop, raw in variants:
-                result = evaluate(run, seed, kind, leaf, stop, raw)
+            for name, kind, leaf, stop, raw, regression in variants:
+                result = evaluate(run, seed, kind, leaf, stop, raw, regression)
                 out.setdefault(task_name, {}).setdefault(name, []).append({"seed": seed, **result})
     folder = output_folder(Path(__file__).parent / "results", args.smoke)
-    (folder / "conformal_sbibm_variants.json").write_text(json.dumps(out, indent=1))
+    (folder / args.out).write_text(json.dumps(out, indent=1))
     for task_name, rows in out.items():
         print(f"## {task_name}")
         for name, rs in rows.items():
             print(f"{name:20s} " + "  ".join(f"{key} {_mean_se([r[key] for r in rs])}"
                                              for key in ("error", "pinball", "fresh_coverage")
                                              if rs[0][key] is not None))
-    print(f"wrote {folder / 'conformal_sbibm_variants.json'}")
+    print(f"wrote {folder / args.out}")
 
 
 def _mean_se(values: list[float]) -> str:
