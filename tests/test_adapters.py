@@ -279,6 +279,16 @@ def test_conformal_levels_of_every_adapter_are_nominal_on_its_own_draws(adapter)
     with torch.no_grad():
         assert torch.equal(inside[0], post.log_prob(theta[n:], x[n:]) >= raw.threshold(x[n:]))
     assert abs(float(inside[0].double().mean()) - 0.9) < 4 * (0.18 / n) ** 0.5  # fresh pairs
+    # the location-scale regression (over the summary; over x for the slow ODEs) from the
+    # other pairs, every held-out pair calibrating: 0.9 on fresh pairs of the adapter's own
+    reg = cl.ConformalRegion(post, local="regression", num_posterior_samples=draws,
+                             embedding=None if name in SLOW else "posterior")  # fmt: skip
+    reg.fit_partition(theta[n:], x[n:]).fit(theta[:n], x[:n])
+    _, x_new = simulate(n, seed=9)
+    torch.manual_seed(10)
+    theta_new = post.sample(x_new, 1)[0]
+    cover = float(reg.contains(theta_new, x_new).double().mean())
+    assert abs(cover - 0.9) < 4 * (0.09 / n) ** 0.5 + 1 / (n + 1), (name, cover)
 
 
 def test_the_check_sees_a_flow_that_skips_its_embedding():
