@@ -96,7 +96,7 @@ class ConformalRegion(TreePartition):
             conformal, a linear regression of the scores on the features (location) and
             of their absolute residuals (scale), the conformal quantile taken of the
             normalized residuals: smooth in ``x``, no leaves to fill (on sbibm's SLCP
-            the closest to the reference posteriors, ``conformal_sbibm.md``).
+            closer to the reference posteriors than the tree, ``conformal_sbibm.md``).
         score: ``"density"`` (log-density), ``"distance"`` (density-free; the only one
             for a samples-only posterior) or ``"auto"`` (density when available).
         num_posterior_samples: ``S``, the draws per observation, for fitting and for

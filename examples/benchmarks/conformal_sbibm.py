@@ -286,9 +286,9 @@ REGRESSION_RULE = (
 REGRESSION = "log-density score: summary regression, early-stopping pairs"
 TREE = "log-density score: summary leaf 100, early-stopping tree"
 SPLIT = "log-density score: summary regression"
-#: the second rule, written (2026-11-27T09:03Z) after seeds 5-9, before seeds 10-14 trained
+#: the second rule, written (2026-11-27T09:00Z) after seeds 5-9, before seeds 10-14 trained
 SPLIT_RULE = (
-    "The second rule, written down (2026-11-27, 09:03 UTC) after the first rule's outcome "
+    "The second rule, written down (2026-11-27, 09:00 UTC) after the first rule's outcome "
     "(below) and before any flow of seeds 10-14 was trained: the split form, the same "
     "region fitted on the held-out pairs alone (half fit the model, half calibrate: the "
     "package's default `tree_fraction`; the row 'log-density score: summary regression'), "
