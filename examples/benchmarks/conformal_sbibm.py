@@ -582,7 +582,25 @@ def regression_table(folder: Path) -> list[str]:
                 "draws). " + rule)
         title = f"The regression form on new training seeds ({seeds})"
         out += [*variants_table(folder, name, title, text), "", outcome]
-    return out
+    return out + pooled_regression(folder)
+
+
+def pooled_regression(folder: Path) -> list[str]:
+    """Both regression forms, the log-density tree and global region over every seed of
+    the three variants jsons (each flow once, one Monte Carlo draw)."""
+    names = ["conformal_sbibm_variants.json", "conformal_sbibm_variants_confirm.json",
+             "conformal_sbibm_variants_confirm2.json"]  # fmt: skip
+    if not all((folder / n).exists() for n in names):
+        return []
+    found = [json.loads((folder / n).read_text()) for n in names]
+    rows = ["log-density score: global", TREE, SPLIT, REGRESSION]
+    lines = ["", "Over all their seeds (0-14, 15 flows per task, one Monte Carlo draw each):", "",
+             "| form | slcp | two_moons |", "| --- | --- | --- |"]  # fmt: skip
+    for row in rows:
+        cells = [summary([r["error"] for f in found for r in f[t][row]]) for t in
+                 ("slcp", "two_moons")]  # fmt: skip
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def variants_table(folder: Path, name: str = "conformal_sbibm_variants.json",
