@@ -326,7 +326,8 @@ class ConformalRegion(TreePartition):
         Raises:
             ValueError: too few held-out pairs for ``level`` (global), or an unfitted region.
         """
-        return self._level(level, x)
+        out = self._level(level, x)
+        return out if x is None else out.to(x.device)
 
     def contains(self, theta: Tensor, x: Tensor, level: float = 0.9) -> Tensor:
         r"""Whether ``theta`` lies in the calibrated ``level`` region at ``x``.
@@ -337,15 +338,16 @@ class ConformalRegion(TreePartition):
             level: nominal coverage :math:`1 - \alpha`.
 
         Returns:
-            Boolean ``(*, N)``.
+            Boolean ``(*, N)``, on ``x``'s device.
         """
         if self._raw:  # exact: -log q(theta | x) <= t(x), no draws but the summary's
             theta, x = check_points(theta, x)
             score = negative_log_prob(self.posterior, theta, x)
-            return score <= self._quantile(level, x).to(score)
+            return (score <= self._quantile(level, x).to(score)).to(x.device)
         samples, ell_samples, ell_theta = self._statistics(theta, x)
         target = self._level(level, x if self.local else None, samples, ell_samples)
-        return self._credibility(ell_samples, ell_theta, False) < target.to(theta.dtype)
+        cred = self._credibility(ell_samples, ell_theta, False)
+        return (cred < target.to(device=cred.device, dtype=theta.dtype)).to(x.device)
 
     def coverage_error(
         self, theta: Tensor, x: Tensor, *, credibility: Tensor | None = None
@@ -402,7 +404,7 @@ class ConformalRegion(TreePartition):
                 the nominal level, estimated with the same draws).
 
         Returns:
-            ``(N,)``; ``-inf`` where the region is everything.
+            ``(N,)`` on ``x``'s device; ``-inf`` where the region is everything.
         """
         if self.score != "density":
             raise ValueError(
@@ -411,8 +413,8 @@ class ConformalRegion(TreePartition):
             )
         _check_probability("level", level)
         if self._raw and calibrated:  # the calibrated score itself
-            return -self._quantile(level, x)
+            return -self._quantile(level, x).to(x.device)
         samples, ell = self._draws_log_prob(x)
         target = (self._level(level, x if self.local else None, samples, ell) if calibrated
                   else level)  # fmt: skip
-        return density_threshold(ell, target)
+        return density_threshold(ell, target).to(x.device)
