@@ -15,9 +15,8 @@ import io
 import multiprocessing as mp
 import os
 import queue as queues
-import signal
+import sys
 import tempfile
-import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -41,24 +40,22 @@ def fork_is_safe(timeout: float = 30.0) -> bool:
     """
     if torch.cuda.is_initialized():
         return False
-    pid = os.fork()
-    if pid == 0:  # the child: exit 0 only if a backward pass works here
-        code = 1
-        try:
-            torch.ones(1, requires_grad=True).sum().backward()
-            code = 0
-        finally:
-            os._exit(code)
-    deadline = time.monotonic() + timeout
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status) == 0
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return False
-        time.sleep(0.005)
+    probe = mp.get_context("fork").Process(target=_backward_probe)
+    probe.start()
+    probe.join(timeout)
+    if probe.is_alive():
+        probe.kill()
+        probe.join()
+        return False
+    return probe.exitcode == 0
+
+
+def _backward_probe() -> None:
+    """A forked child's one-element backward pass; exit code 1 if autograd refuses it."""
+    try:
+        torch.ones(1, requires_grad=True).sum().backward()
+    except RuntimeError:
+        sys.exit(1)
 
 
 def _worker(

@@ -48,6 +48,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 if not __package__:  # run as a file (python examples/x.py): make `examples` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -63,6 +64,18 @@ from examples.benchmarks import conformal_sbibm as cs
 
 LEVEL = 0.9
 KINDS = ("x", "summary", "x+summary", "scale")
+
+
+class Variant(NamedTuple):
+    """One region: its features (``None``: global), leaf size, and whether its model is
+    fitted on the early-stopping pairs, on the log-density score, or is the regression."""
+
+    name: str
+    kind: str | None
+    leaf: int
+    stop: bool = False
+    raw: bool = False
+    regression: bool = False
 
 
 def _score(flow: object, theta: torch.Tensor, x: torch.Tensor, seed: int, draws: int) -> dict:
@@ -234,29 +247,30 @@ def main() -> None:
     torch.set_num_threads(1)
     cache = args.cache or Path(tempfile.mkdtemp(prefix="conformal_variants_"))
     cache.mkdir(parents=True, exist_ok=True)
-    variants = [("global", None, 1, False, False, False)]
-    variants += [(f"{k} leaf {m}", k, m, False, False, False) for k in KINDS
-                 for m in args.leaves]  # fmt: skip
-    variants += [(f"{k} leaf {m}, early-stopping tree", k, m, True, False, False)
+    variants = [Variant("global", None, 1)]
+    variants += [Variant(f"{k} leaf {m}", k, m) for k in KINDS for m in args.leaves]
+    variants += [Variant(f"{k} leaf {m}, early-stopping tree", k, m, stop=True)
                  for k in ("x", "summary") for m in args.leaves]  # fmt: skip
     leaf = args.leaves[len(args.leaves) // 2]  # the package's default, 100
-    variants += [("log-density score: global", None, 1, False, True, False),
-                 (f"log-density score: summary leaf {leaf}", "summary", leaf, False, True,
-                  False),
-                 (f"log-density score: x leaf {leaf}, early-stopping tree", "x", leaf, True,
-                  True, False),
-                 (f"log-density score: summary leaf {leaf}, early-stopping tree", "summary",
-                  leaf, True, True, False),
-                 ("log-density score: summary regression", "summary", leaf, False, True, True),
-                 ("log-density score: summary regression, early-stopping pairs", "summary",
-                  leaf, True, True, True)]  # fmt: skip
+    raw = "log-density score: "
+    variants += [
+        Variant(raw + "global", None, 1, raw=True),
+        Variant(raw + f"summary leaf {leaf}", "summary", leaf, raw=True),
+        Variant(raw + f"x leaf {leaf}, early-stopping tree", "x", leaf, stop=True, raw=True),
+        Variant(raw + f"summary leaf {leaf}, early-stopping tree", "summary", leaf, stop=True,
+                raw=True),
+        Variant(raw + "summary regression", "summary", leaf, raw=True, regression=True),
+        Variant(raw + "summary regression, early-stopping pairs", "summary", leaf, stop=True,
+                raw=True, regression=True),
+    ]  # fmt: skip
     out: dict = {}
     for task_name in args.tasks:
         for seed in args.seeds:
             run = cache_run(task_name, seed, args, cache)
-            for name, kind, leaf, stop, raw, regression in variants:
-                result = evaluate(run, seed, kind, leaf, stop, raw, regression)
-                out.setdefault(task_name, {}).setdefault(name, []).append({"seed": seed, **result})
+            for v in variants:
+                result = evaluate(run, seed, v.kind, v.leaf, v.stop, v.raw, v.regression)
+                out.setdefault(task_name, {}).setdefault(v.name, []).append({"seed": seed,
+                                                                             **result})
     folder = output_folder(Path(__file__).parent / "results", args.smoke)
     (folder / args.out).write_text(json.dumps(out, indent=1))
     for task_name, rows in out.items():
