@@ -318,3 +318,33 @@ def test_an_sbi_estimator_without_a_flow_has_no_latent():
     assert post.sample(x[:5].float(), 2).shape == (2, 5, D)
     with pytest.raises(ValueError, match="to_latent needs an sbi flow estimator"):
         post.to_latent(theta[:5].float(), x[:5].float())
+
+
+def test_the_support_check_counts_each_adapters_draws_outside_a_box(adapter):
+    """Every adapter at once: ``cl.diagnose``'s support check (the calibration pairs whose
+    theta lie in the box [-1, 1]^2, taken as the prior, which the adapter's draws overflow
+    near its edges) reads the adapter's own mass outside the box, estimated apart from
+    fresh draws, within Monte Carlo error; with a prior of full support it never rejects."""
+    name, post = adapter
+    n, draws = (40, 25) if name in SLOW else (200, 50)
+    theta, x = simulate(4 * n, seed=11)
+    bound = 1.0
+    keep = (theta.abs() < bound).all(-1).nonzero()[:n, 0]
+    theta, x = theta[keep], x[keep]
+    box = Independent(torch.distributions.Uniform(torch.full((D,), -bound, dtype=torch.float64),
+                                                  torch.full((D,), bound, dtype=torch.float64)),
+                      1)  # fmt: skip
+    report = cl.diagnose(post, theta, x, checks=("support",), prior=box,
+                         num_posterior_samples=draws)  # fmt: skip
+    result = report.checks["support"]
+    assert result.leakage.shape == (n,)
+    torch.manual_seed(12)
+    fresh = post.sample(x, draws)  # (draws, n, D)
+    expected = (fresh.abs() > bound).any(-1).double().mean()
+    spread = (expected * (1 - expected) / (n * draws)) ** 0.5
+    assert float(expected) > 0.02, (name, float(expected))  # the box cuts the draws
+    assert abs(float(result.statistic) - float(expected)) < 5 * float(spread), name
+    full = cl.diagnose(post, theta, x, checks=("support",), num_posterior_samples=5,
+                       prior=MultivariateNormal(torch.zeros(D, dtype=torch.float64),
+                                                torch.eye(D, dtype=torch.float64)))  # fmt: skip
+    assert float(full.checks["support"].p_value) == 1.0

@@ -162,3 +162,17 @@ def test_conformal_regions_run_on_cuda(local):
             x_new, calibrated=False)  # fmt: skip
     assert float(own.double().mean()) < 0.75
     assert abs(float(region.coverage_error(theta_new, x_new))) < 0.03
+
+
+def test_the_support_check_reads_a_cpu_prior_with_cuda_draws():
+    """A prior built on the CPU (sbi's ``BoxUniform`` by default) and a posterior and pairs
+    on CUDA: the support check reads it, on the CPU, and reports on the pairs' device."""
+    toy, theta, x = _pairs(200, seed=5, dim=2)
+    bound = float(theta.abs().max()) + 1e-3
+    box = torch.distributions.Independent(
+        torch.distributions.Uniform(torch.full((2,), -bound), torch.full((2,), bound)), 1)
+    report = cl.diagnose(toy.posterior(variance_scale=4.0), theta, x, checks=("support",),
+                         prior=box)  # fmt: skip
+    result = report.checks["support"]
+    assert result.leakage.device.type == "cuda"
+    assert float(result.p_value) == 0.0  # four times the variance overflows the box

@@ -40,8 +40,9 @@ def test_the_report_has_every_check_table_figure_and_summary(tmp_path):
         torch.manual_seed(9)
         reference = TOY.posterior()(observations).sample((300,))  # exact posterior samples
     report = run(TOY.posterior(), theta, x, observations=observations, labels=["a", "b"],
-                 reference_samples=reference)  # fmt: skip
+                 reference_samples=reference, prior=TOY.prior())  # fmt: skip
     assert set(report.checks) == {*cl.diagnosis.CHECKS, "reference"}
+    assert float(report.checks["support"].p_value) == 1.0  # a normal prior: no draw outside
     assert report.checks["reference"].mmd_p_value.shape == (3,)
     assert float(report.checks["reference"].mmd_p_value.min()) > 0.01  # the same posterior
     calibrated = report.overall_p_value >= 0.05
@@ -284,7 +285,8 @@ def test_command_line_diagnoses_a_checkpoint(tmp_path, monkeypatch, capsys):
     assert "report:" in printed
     assert (tmp_path / "out" / "report.html").exists()
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert {row["check"] for row in summary["checks"]} == set(cl.diagnosis.CHECKS)
+    # every check but the support check, which needs the prior
+    assert {row["check"] for row in summary["checks"]} == set(cl.diagnosis.CHECKS) - {"support"}
     assert summary["verdict"].split(":")[0] in ("calibrated", "miscalibrated")
     with pytest.raises(ValueError, match="--module must be"):
         main(["diagnose", "--module", "toy_npe", "--checkpoint", "x", "--data", "y"])

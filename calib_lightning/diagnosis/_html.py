@@ -21,6 +21,7 @@ TITLES = {
     "lc2st_nf": "L-C2ST-NF (local test at each observation)",
     "misspecification": "Misspecification (observation vs simulations)",
     "reference": "Reference samples (MMD test per observation)",
+    "support": "Prior support (posterior draws outside it; none if exact)",
 }
 
 

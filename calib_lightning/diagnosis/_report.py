@@ -50,7 +50,7 @@ class Diagnosis:
         checks: check name -> its typed result (``KCCSDResult``,
             ``RankCalibrationResult``, ``TARPResult``, ``JointC2STResult``, ``Recovery``,
             ``LC2STResult``,
-            ``MisspecificationResult``).
+            ``MisspecificationResult``, ``SupportResult`` given the prior).
         verdict: one plain sentence (calibrated; over-/under-confident; biased in a
             parameter; wrong at an observation; an observation outside the simulator;
             a check that cannot reject at this size), each backed by a test
@@ -242,6 +242,9 @@ class Diagnosis:
             "</figure>"
             for key, data in images
         )
+        how = "weighted Bonferroni combination of the checks' verdicts"
+        if "support" in self.findings.rejected:
+            how = "0: posterior draws outside the prior's support"
         budget = f"{self.num_pairs} calibration pairs"
         if self.num_posterior_samples:
             budget += f", {self.num_posterior_samples} posterior draws per pair"
@@ -250,8 +253,8 @@ class Diagnosis:
 {style(color)}</head><body>
 <h1>Calibration report</h1>
 <p class="verdict">{html.escape(self.verdict[0].upper() + self.verdict[1:])}</p>
-<p>{html.escape(overall)} (weighted Bonferroni combination of the checks' verdicts, level
-{self.level:g}); {html.escape(budget)}.</p>
+<p>{html.escape(overall)} ({html.escape(how)}, level {self.level:g});
+{html.escape(budget)}.</p>
 <h2>Checks</h2>
 {table(header, self._tab_rows())}
 <p class="note">p-values: small means evidence of miscalibration. Where a check runs

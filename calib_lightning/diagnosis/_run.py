@@ -6,7 +6,8 @@ scores only and L-C2ST-NF latents; the misspecification test compares the observ
 with the calibration ``x`` (simulator outputs). A check the posterior cannot support
 (KCCSD without a score, L-C2ST-NF without latents: a samples-only posterior; KCCSD when
 the log-density has no gradient in theta, L-C2ST-NF when the base is not normal) is
-skipped and listed in the report with the reason.
+skipped and listed in the report with the reason. Given the prior, the support check
+counts the shared draws that fall outside its support.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import Tensor
 
 from calib_lightning._checks import check_pairs, check_positive, check_probability
 from calib_lightning._fit_check import check_fits
+from calib_lightning._prior import outside_support
 from calib_lightning._random import cuda_devices, seeded
 from calib_lightning.diagnosis._regions import summarize_region
 from calib_lightning.diagnosis._report import Diagnosis
@@ -28,6 +30,7 @@ from calib_lightning.evaluation import draw_chunks, draws
 from calib_lightning.functional.recovery import recovery
 from calib_lightning.functional.reference import compare_to_reference
 from calib_lightning.functional.sbc import rank_calibration
+from calib_lightning.functional.support import support_leakage
 from calib_lightning.functional.tarp import tarp
 from calib_lightning.metrics import KCCSD, LC2STNF
 from calib_lightning.metrics.joint_c2st import joint_c2st
@@ -39,16 +42,17 @@ from calib_lightning.posteriors.base import UnsupportedError
 __all__ = ["CHECKS", "NEEDS", "diagnose", "skipped_checks"]
 
 #: every check ``diagnose`` can run, in the order of the report
-CHECKS = ("kccsd", "ranks", "tarp", "joint_c2st", "recovery", "lc2st_nf", "misspecification")
-_SAMPLING = ("ranks", "tarp", "joint_c2st", "recovery")
+CHECKS = ("kccsd", "ranks", "tarp", "joint_c2st", "recovery", "lc2st_nf", "misspecification",
+          "support")
+_SAMPLING = ("ranks", "tarp", "joint_c2st", "recovery", "support")
 _LOCAL = ("lc2st_nf", "misspecification")
 #: the posterior capability each check needs beyond sampling
 NEEDS = {"kccsd": "score", "lc2st_nf": "to_latent"}
 #: the random stream of each step (with ``seed``): a check's numbers do not depend on
 #: which other checks run
 _STREAMS = {name: k for k, name in enumerate(
-    ("draws", *(c for c in CHECKS if c != "joint_c2st"), "reference", "joint_c2st", "region"),
-    start=1)}
+    ("draws", *(c for c in CHECKS if c not in ("joint_c2st", "support")), "reference",
+     "joint_c2st", "region", "support"), start=1)}
 MAP_NUM_POSTERIOR_SAMPLES = 2000  # posterior draws per observation of the probability maps
 
 
@@ -110,6 +114,7 @@ def diagnose(
     seed: int = 0,
     before: Any = None,
     region: Any = None,
+    prior: Any = None,
 ) -> Diagnosis:
     r"""Is this posterior calibrated, and where not? Every check, one verdict, one report.
 
@@ -162,6 +167,13 @@ def diagnose(
             credibility for a 90 % region at each observation (with ``reference_samples``,
             the exact posterior mass of the nominal and the calibrated region there) and
             draws both regions (``.regions``).
+        prior: the prior ``theta`` was drawn from (a torch ``Distribution`` such as sbi's
+            ``BoxUniform``, or anything with ``log_prob``): adds the check ``support``,
+            the share of the shared draws outside its support
+            (:func:`~calib_lightning.functional.support.support_leakage`: the true
+            posterior puts none there, so one draw outside rejects with certainty; at
+            each observation too, reported beside). The estimator is diagnosed as
+            trained: sbi's ``DirectPosterior`` rejects those draws when it samples.
 
     Returns:
         :class:`~calib_lightning.diagnosis.Diagnosis`: ``.verdict``, ``.table()``,
@@ -195,13 +207,16 @@ def diagnose(
     select_parameters(theta.shape[1], parameters, labels)  # ValueError now, not at .figures
     by_default = checks is None
     if checks is None:
-        checks = [c for c in CHECKS if observations is not None or c not in _LOCAL]
+        checks = [c for c in CHECKS if (observations is not None or c not in _LOCAL)
+                  and (prior is not None or c != "support")]  # fmt: skip
     unknown = [c for c in checks if c not in CHECKS]
     if unknown:
         raise ValueError(f"checks must be among {list(CHECKS)}, got {unknown}")
     if observations is None and any(c in _LOCAL for c in checks):
         raise ValueError(f"checks {[c for c in checks if c in _LOCAL]} need observations, "
                          "got observations=None")  # fmt: skip
+    if "support" in checks:
+        _check_prior(prior, theta)
     post = as_posterior(posterior)
     check_fits(post, theta, x, observations=observations)  # names the argument that is wrong
     _check_before(before, theta, x, observations, num_posterior_samples, level)
@@ -269,6 +284,13 @@ def diagnose(
                 theta, x.reshape(x.shape[0], -1), samples, seed=seed))
         if "recovery" in checks:
             timed("recovery", lambda generator: recovery(samples, theta))
+        if "support" in checks:
+            def run_support(generator: torch.Generator) -> Any:
+                at = None if observations is None else outside_support(
+                    prior, draws(post, observations, num_posterior_samples))  # fmt: skip
+                return support_leakage(outside_support(prior, samples), at)
+
+            timed("support", run_support)
     maps = None  # L-C2ST-NF's classifier on posterior draws at each observation, for the report
     if "lc2st_nf" in checks:
         def run_lc2st(generator: torch.Generator) -> Any:
@@ -295,7 +317,7 @@ def diagnose(
         before = diagnose(
             before, theta, x, observations, reference_samples, requested, labels,
             parameters=parameters, num_posterior_samples=num_posterior_samples, level=level,
-            embedding=embedding, seed=seed,
+            embedding=embedding, seed=seed, prior=prior,
         )  # fmt: skip
     return Diagnosis(
         results, level=level, labels=labels, parameters=parameters, seconds=seconds,
@@ -303,6 +325,19 @@ def diagnose(
         reference_samples=reference_samples, probability_maps=maps, skipped=skipped,
         before=before, regions=regions,
     )  # fmt: skip
+
+
+def _check_prior(prior: Any, theta: Tensor) -> None:
+    """Raise a ``ValueError`` naming ``prior`` if there is none, or if calibration
+    parameters (drawn from it) lie outside its support."""
+    if prior is None:
+        raise ValueError("checks ['support'] need the prior, got prior=None")
+    outside = outside_support(prior, theta)
+    if bool(outside.any()):
+        raise ValueError(
+            f"prior must be the prior theta was drawn from, but {int(outside.sum())} of the "
+            f"N = {theta.shape[0]} calibration theta lie outside its support"
+        )
 
 
 def _check_before(

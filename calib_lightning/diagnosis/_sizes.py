@@ -35,6 +35,13 @@ def size(name: str, result: Any, findings: Verdict, level: float) -> str:
     if name == "joint_c2st":
         return (f"mean conformal rank {float(result.mean_rank):.3f} over {result.ranks.numel()} "
                 "held-out pairs (0.5 if calibrated)")  # fmt: skip
+    if name == "support":
+        text = (f"{float(result.statistic):.2%} of {int(result.num_draws)} draws outside the "
+                f"prior's support (at most {float(result.leakage.max()):.0%} of a pair's)")
+        at = result.observation_leakage
+        if at is not None:
+            text += f"; at the observations {float(at.min()):.0%}-{float(at.max()):.0%}"
+        return text
     if name == "misspecification":
         return (f"smallest p {float(result.p_value.min()):.3g} over {result.p_value.shape[0]} "
                 f"observations (attainable: {result.smallest_p_value:.2g})")  # fmt: skip

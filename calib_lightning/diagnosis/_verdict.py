@@ -9,7 +9,9 @@ the checks that ran: exact under any dependence, and the check that carries the 
 the level, so the verdict loses little against it; the equal-weight Cauchy combination
 it replaces was diluted by the checks that saw nothing (their terms are Cauchy noise of
 either sign), see ``docs/design.md``. At or above the level the sentence says
-"calibrated".
+"calibrated". The support check (draws outside the prior's support, given the prior) is
+exact, p-value 0 or 1, and takes no share: a draw outside sets the overall p-value to 0,
+none leaves the combination of the others unchanged.
 
 **Directions** (over-confident, under-confident, biased in a parameter) are named only
 when a test *of that direction* rejects: the one-sided t-tests of
@@ -71,6 +73,7 @@ VERDICT_CHECKS = {
     "tarp": "p_value",
     "lc2st_nf": "global_p_value",
     "joint_c2st": "p_value",
+    "support": "p_value",
 }
 
 #: the share of the level each check's verdict gets in the overall verdict (weighted
@@ -98,6 +101,7 @@ NAMES = {
     "lc2st_nf": ("L-C2ST-NF", "the PP-plots and probability maps"),
     "joint_c2st": ("the joint classifier test", ""),  # no figure of its own
     "misspecification": ("the misspecification test", "the misspecification figure"),
+    "support": ("the prior-support check", ""),  # no figure of its own
 }
 
 
@@ -169,10 +173,13 @@ def combine_verdicts(p_values: Mapping[str, float]) -> float:
     """The overall p-value from the verdict p-values of the checks that ran, by name
     (keys of :data:`VERDICT_CHECKS`; others are ignored), weighted by
     :data:`VERDICT_WEIGHTS` (a check without a weight there gets L-C2ST-NF's);
-    ``nan`` when none ran."""
-    names = [name for name in VERDICT_CHECKS if name in p_values]
+    ``nan`` when none ran. The support check's exact p-value (0 or 1) takes no weight:
+    0 when it is 0, else the others' combination (1 when it ran alone)."""
+    if "support" in p_values and float(p_values["support"]) == 0:
+        return 0.0
+    names = [name for name in VERDICT_CHECKS if name in p_values and name != "support"]
     if not names:
-        return math.nan
+        return 1.0 if "support" in p_values else math.nan
     values = torch.tensor([float(p_values[name]) for name in names], dtype=torch.float64)
     weights = torch.tensor([VERDICT_WEIGHTS.get(name, VERDICT_WEIGHTS["lc2st_nf"])
                             for name in names], dtype=torch.float64)  # fmt: skip
@@ -352,6 +359,10 @@ def verdict(
             # the joint test cannot tell too narrow from misplaced: do not claim "narrow"
             found[0] = (f"credible regions cover the truth too rarely ({directions[0].size()}; "
                         "a bias alone does this)")  # fmt: skip
+        if "support" in rejected:  # exact: the true posterior has no mass there
+            share = float(checks["support"].statistic)
+            found.insert(0, f"{share:.1%} of its draws at the calibration x lie outside the "
+                            "prior's support, where the true posterior puts none")  # fmt: skip
         local = lists.get("lc2st_nf")
         if local is not None and local.named:
             found.append(f"wrong at {_observations(local.named)} "
@@ -364,6 +375,7 @@ def verdict(
                          f"one after Holm's correction{why}")  # fmt: skip
         shown = {"ranks"} if any(d.named for d in directions) else set()
         shown |= {"lc2st_nf"} if local is not None and "lc2st_nf" in rejected else set()
+        shown |= {"support"}
         others = [n for n in rejected if n in VERDICT_CHECKS and n not in shown]
         if others:
             words = _and([f"{NAMES[n][0]} ({format_p_value(_verdict_p_value(n, checks[n]), 3)})"

@@ -92,6 +92,7 @@ from calib_lightning.functional.sbc import (
     summarize_ranks,
     uniformity_test,
 )
+from calib_lightning.functional.support import SupportResult, support_leakage
 from calib_lightning.functional.tarp import (
     TARPResult,
     expected_coverage,
@@ -117,6 +118,7 @@ __all__ = [
     "Recovery",
     "ReferenceComparison",
     "Sharpness",
+    "SupportResult",
     "SymmetricBlocks",
     "TARPResult",
     "ball_counts",
@@ -179,6 +181,7 @@ __all__ = [
     "simultaneous_band",
     "standardization",
     "summarize_ranks",
+    "support_leakage",
     "tarp",
     "tarp_counts",
     "tarp_fit_points",

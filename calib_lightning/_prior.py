@@ -1,0 +1,59 @@
+"""Which parameters lie outside a prior's support: the one place the package reads a prior."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["outside_support"]
+
+
+def _inside(prior: Any, theta: Tensor) -> Tensor | None:
+    """``prior.support.check(theta)`` reduced to ``theta.shape[:-1]``; ``None`` when the
+    prior has no checkable support."""
+    try:
+        check = prior.support.check
+    except (AttributeError, NotImplementedError):
+        return None
+    inside = check(theta)
+    return inside.all(-1) if inside.shape == theta.shape else inside
+
+
+def outside_support(prior: Any, theta: Tensor) -> Tensor:
+    """Whether each parameter ``theta (..., D)`` lies outside ``prior``'s support:
+    ``(...)`` bool.
+
+    ``prior``: a torch ``Distribution`` (its ``support``, e.g. sbi's ``BoxUniform``) or any
+    object with ``log_prob`` (outside where it is not finite). Evaluated on ``theta``'s
+    device, or on the CPU when the prior lives there.
+    """
+    shape = getattr(prior, "batch_shape", ()) + getattr(prior, "event_shape", (theta.shape[-1],))
+    if tuple(shape) != (theta.shape[-1],):
+        raise ValueError(
+            f"prior must have event shape (D,) = ({theta.shape[-1]},) like theta (batch and "
+            f"event shape together), got {tuple(shape)}"
+        )
+    for where in (theta, theta.cpu()):
+        try:
+            inside = _inside(prior, where)
+            if inside is None:
+                log_prob = getattr(prior, "log_prob", None)
+                if log_prob is None:
+                    raise ValueError(
+                        "prior must be a torch Distribution or have log_prob, got "
+                        f"{type(prior).__name__}"
+                    )
+                with torch.no_grad():
+                    inside = torch.isfinite(log_prob(where))
+            break
+        except RuntimeError:  # a CPU prior and CUDA parameters
+            if where.device.type == "cpu":
+                raise
+    if inside.shape != theta.shape[:-1]:
+        raise ValueError(
+            f"prior must have event shape (D,) = ({theta.shape[-1]},) like theta: its "
+            f"support check of theta {tuple(theta.shape)} gave shape {tuple(inside.shape)}"
+        )
+    return ~inside.to(device=theta.device, dtype=torch.bool)
