@@ -27,7 +27,7 @@ for N = 2,000 and 4,000 (at 4,000 also ``--budgets 1000``). The 1,000-pair run i
 ``lc2st_training_source.jsonl``: the same command with ``--num-cal 1000`` and both
 budgets, which made the cache of estimators. Then::
 
-    PYTHONPATH=. python examples/benchmarks/lc2st_calibration_size.py --repeat
+    PYTHONPATH=. python examples/benchmarks/lc2st_calibration_size.py --repeat --leakage
     python examples/benchmarks/lc2st_calibration_size.py --smoke   (sbibm_validation's
         smoke, read as two runs, and the oracle repeated; a temp folder)
 
@@ -46,6 +46,13 @@ computes it a second time at the largest budget, on other samples (reference sam
 ``sbibm_validation.py``'s ``--cache``) and keeps it in
 ``lc2st_calibration_oracle.jsonl``: the within-task Spearman correlation of the two
 oracles is as high as any statistic's correlation with one of them can be expected to go.
+
+``--leakage`` draws 10,000 samples of each estimator of the largest run at the 10
+observations and keeps the share outside the support of sbibm's prior (the estimators
+are diagnosed as trained, without sbi's rejection to the prior's support, and so are the
+oracle's draws), and runs ``cl.diagnose``'s support check on the run's calibration pairs,
+in ``lc2st_calibration_leakage.jsonl``; the report sets them beside the oracle and the
+statistics.
 """
 
 from __future__ import annotations
@@ -131,9 +138,87 @@ def repeat_oracle(
     return out
 
 
+def prior_leakage(
+    keys: list[tuple], cache: Path, path: Path, num_cal: int, size: int = 10_000
+) -> dict[tuple, dict]:
+    """Each key's estimator's mass outside the prior's support: at the task's 10
+    observations, the share of ``size`` draws (seed 0) where sbibm's prior has
+    log-density ``-inf``; and ``cl.diagnose``'s support check (its default 100 draws a
+    pair) on the run's ``num_cal`` calibration pairs (resumed from ``path``)."""
+    import sbibm
+
+    import calib_lightning as cl
+    from examples.benchmarks.sbibm_validation import task_data, train
+
+    lines = path.read_text().splitlines() if path.exists() else []
+    out = {tuple(r["key"]): r for r in map(json.loads, lines)}
+    for key in (k for k in keys if k not in out):
+        if not (cache / "{}_{}_{}_{}.pt".format(*key)).exists():  # train() would retrain
+            raise ValueError(f"cache: no estimator {key} in {cache}; run sbibm_validation.py")
+        task, data = sbibm.get_task(key[0]), task_data(key[0], num_cal, 1)
+        post = cl.as_posterior(train(*key, cache, 100))
+        torch.manual_seed(0)
+        with torch.no_grad():
+            samples = post.sample(data["x_o"], size)  # (S, 10, D)
+            outside = task.get_prior_dist().log_prob(samples).isneginf()
+        check = cl.diagnose(post, data["theta"], data["x"], checks=("support",),
+                            prior=task.get_prior_dist()).checks["support"]  # fmt: skip
+        out[key] = {"key": list(key), "leakage": outside.double().mean(0).tolist(),
+                    "pairs_leakage": float(check.statistic),
+                    "support_p": float(check.p_value)}  # fmt: skip
+        with path.open("a") as f:
+            f.write(json.dumps(out[key]) + "\n")
+        print("prior leakage:", key, flush=True)
+    return out
+
+
+def leakage_lines(rows: dict[tuple, dict], leaks: dict[tuple, dict], pairs: int) -> list[str]:
+    """What the oracle sees: the estimators' mass outside the prior's support."""
+    from examples.benchmarks.sbibm_validation import spearman
+
+    keys = sorted((k for k in rows if k in leaks), key=lambda k: (k[0], -k[2], k[1]))
+    if not keys:
+        return []
+    lines = [
+        "",
+        "## What the oracle sees: mass outside the prior's support",
+        "",
+        "The estimators are diagnosed as trained, without the rejection to the prior's "
+        "support that sbi's `DirectPosterior` adds when sampling (`cl.as_posterior`'s sbi "
+        "adapter, `docs/diagnostics.md`), and so are the oracle's draws. Leakage: the share "
+        "of the draws at each observation (10,000; 200 in `--smoke`) outside the support "
+        "of sbibm's prior "
+        "(`--leakage`, kept in `lc2st_calibration_leakage.jsonl`); Spearman over the "
+        f"estimator's 10 observations; statistics of the {pairs:,}-pair run. Under the true "
+        "posterior the leakage is 0, and a draw outside the support is a sample the "
+        "reference can never produce, which a classifier separates at once. Last column: "
+        "`cl.diagnose(..., checks=('support',), prior=task.get_prior_dist())` on the "
+        f"run's {pairs:,} calibration pairs (100 draws a pair): the share of its draws "
+        "outside, and its exact p-value (0: a draw outside, the verdict rejects).",
+        "",
+        "| task | simulations | estimator | leakage (min-max) | oracle (min-max) | "
+        "Spearman: leakage vs oracle | ours vs oracle | ours vs leakage | sbi vs leakage | "
+        "support check on the pairs |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for key in keys:
+        leak, row = leaks[key]["leakage"], rows[key]
+        check = f"{leaks[key]['pairs_leakage']:.1%} (p = {leaks[key]['support_p']:g})"
+        lines.append(
+            f"| {key[0]} | {key[2]:,} | {key[1]} | {min(leak):.3f}-{max(leak):.3f} | "
+            f"{min(row['oracle']):.2f}-{max(row['oracle']):.2f} | "
+            f"{spearman(leak, row['oracle']):.2f} | "
+            f"{spearman(row['ours_nf_stat'], row['oracle']):.2f} | "
+            f"{spearman(row['ours_nf_stat'], leak):.2f} | "
+            f"{spearman(row['sbi_nf_stat'], leak):.2f} | {check} |"
+        )
+    return lines
+
+
 def report(
     runs: dict[int, dict[tuple, dict]], names: dict[int, str],
     repeated: dict[tuple, list[float]] | None = None, seed_cases: dict | None = None,
+    leaks: dict[tuple, dict] | None = None,
 ) -> str:  # fmt: skip
     """One row per group (task and budget, all tasks per budget, everything) and number of
     calibration pairs, for the runs that hold every estimator of the group."""
@@ -198,7 +283,8 @@ def report(
             )
     first = runs[min(runs)]
     lines += seeds(runs, seed_cases or {})
-    return "\n".join(lines + ceiling(first, [k for k in shared if k in first], repeated)) + "\n"
+    lines += ceiling(first, [k for k in shared if k in first], repeated)
+    return "\n".join(lines + leakage_lines(runs[max(runs)], leaks or {}, max(runs))) + "\n"
 
 
 def seeds(runs: dict[int, dict[tuple, dict]], cases: dict[int, Path]) -> list[str]:
@@ -302,6 +388,7 @@ def main() -> None:
     parser.add_argument("--runs", nargs="*", help="N=CASES.jsonl: a sbibm_validation run")
     parser.add_argument("--budgets", nargs="*", type=int, help="simulations (default: all)")
     parser.add_argument("--repeat", action="store_true", help="compute the oracle again")
+    parser.add_argument("--leakage", action="store_true", help="the mass outside the prior")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/sbibm_validation_cache"))
     add_smoke_argument(parser)
     args = parser.parse_args()
@@ -320,7 +407,7 @@ def main() -> None:
         )
         cases = Path(out.stdout.strip().splitlines()[-1].split()[-1]).with_suffix(".jsonl")
         runs, args.cache = {300: cases, 600: cases}, cases.parent / "cache"
-        args.repeat = True
+        args.repeat = args.leakage = True
     loaded = {n: load(p) for n, p in runs.items()}
     if args.budgets:
         loaded = {n: {k: r for k, r in rows.items() if k[2] in args.budgets}
@@ -333,8 +420,13 @@ def main() -> None:
         torch.set_num_threads(1)
         size = 100 if args.smoke else 500
         repeated = repeat_oracle(keys if args.repeat else [], args.cache, path, size)
+    path = folder / "lc2st_calibration_leakage.jsonl"
+    leaks = None
+    if args.leakage or path.exists():
+        keys = sorted(loaded[max(loaded)]) if args.leakage else []
+        leaks = prior_leakage(keys, args.cache, path, max(loaded), 200 if args.smoke else 10_000)
     text = report(loaded, {n: p.name for n, p in runs.items()}, repeated,
-                  {} if args.smoke else SEED_CASES)  # fmt: skip
+                  {} if args.smoke else SEED_CASES, leaks)  # fmt: skip
     text += "\n![sensitivity against the calibration pairs](lc2st_calibration_size.png)\n"
     (folder / "lc2st_calibration_size.md").write_text(text)
     figure(loaded, folder / "lc2st_calibration_size.png")
