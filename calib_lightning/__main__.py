@@ -11,6 +11,10 @@ and ``x`` ``(N, *X)`` (held-out calibration pairs) and optionally ``observations
 ``(O, *X)``; it is read with ``weights_only=True``. ``--seed`` (default 0) seeds every
 check (:func:`calib_lightning.diagnose`): the same seed gives the same report.
 
+``--prior pkg.mod:NAME`` names the prior the calibration ``theta`` were drawn from (a
+torch ``Distribution``, or a function of no argument that returns one): it adds the
+support check (posterior draws outside the prior's support).
+
 ``--recalibrated`` diagnoses the recalibrated posterior that a
 :class:`~calib_lightning.callbacks.RecalibrationCallback` saved in the checkpoint, beside
 the estimator before it (one report, before and after side by side).
@@ -29,15 +33,24 @@ import torch
 __all__ = ["main"]
 
 
-def _load_class(spec: str) -> type:
-    module_name, _, class_name = spec.partition(":")
-    if not module_name or not class_name:
-        raise ValueError(f"--module must be 'package.module:ClassName', got {spec!r}")
+def _load(spec: str, option: str = "--module", what: str = "ClassName") -> Any:
+    """The attribute ``spec = 'package.module:Name'`` names (a ValueError naming ``option``)."""
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name:
+        raise ValueError(f"{option} must be 'package.module:{what}', got {spec!r}")
     module = importlib.import_module(module_name)
     try:
-        return getattr(module, class_name)
+        return getattr(module, name)
     except AttributeError:
-        raise ValueError(f"--module: {module_name} has no class {class_name!r}") from None
+        raise ValueError(f"{option}: {module_name} has no attribute {name!r}") from None
+
+
+def _load_prior(spec: str | None) -> Any:
+    """The prior ``--prior`` names: the object, or what a function of no argument returns."""
+    if spec is None:
+        return None
+    prior = _load(spec, "--prior", "NAME")
+    return prior() if callable(prior) and not hasattr(prior, "log_prob") else prior
 
 
 def _load_data(path: str) -> dict[str, torch.Tensor]:
@@ -82,6 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--level", type=float, default=0.05)
     run.add_argument("--seed", type=int, default=0,
                      help="seeds every check's randomness: one seed, the same report (default: 0)")
+    run.add_argument("--prior", default=None,
+                     help="'pkg.mod:NAME': the prior (or a function returning it); adds the "
+                     "support check")
     run.add_argument("--recalibrated", action="store_true",
                      help="diagnose the RecalibrationCallback's posterior in the checkpoint, "
                      "beside the estimator before it")
@@ -90,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from calib_lightning.callbacks._plumbing import find_estimator
     from calib_lightning.diagnosis import diagnose
 
-    module = _load_class(args.module).load_from_checkpoint(args.checkpoint, map_location="cpu")
+    module = _load(args.module).load_from_checkpoint(args.checkpoint, map_location="cpu")
     module.eval()
     data = _load_data(args.data)
     estimator, before = find_estimator(module, args.estimator), None
@@ -104,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             checks=args.checks.split(",") if args.checks else None,
             labels=args.labels.split(",") if args.labels else None,
             num_posterior_samples=args.num_posterior_samples, level=args.level,
-            seed=args.seed, before=before,
+            seed=args.seed, before=before, prior=_load_prior(args.prior),
         )  # fmt: skip
     page = diagnosis.save(args.out)
     print(diagnosis.verdict[0].upper() + diagnosis.verdict[1:])

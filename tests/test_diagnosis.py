@@ -257,6 +257,10 @@ class ToyNPE(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+def prior():
+    return torch.distributions.MultivariateNormal(torch.zeros(2), torch.eye(2))
 '''
 
 
@@ -290,6 +294,20 @@ def test_command_line_diagnoses_a_checkpoint(tmp_path, monkeypatch, capsys):
     assert summary["verdict"].split(":")[0] in ("calibrated", "miscalibrated")
     with pytest.raises(ValueError, match="--module must be"):
         main(["diagnose", "--module", "toy_npe", "--checkpoint", "x", "--data", "y"])
+    # --prior: a function of the user's module that returns the prior adds the support check
+    code = main([
+        "diagnose", "--module", "toy_npe:ToyNPE", "--checkpoint", str(tmp_path / "last.ckpt"),
+        "--data", str(tmp_path / "cal.pt"), "--out", str(tmp_path / "support"),
+        "--num-posterior-samples", "20", "--checks", "support", "--prior", "toy_npe:prior",
+    ])  # fmt: skip
+    assert code == 0
+    summary = json.loads((tmp_path / "support" / "summary.json").read_text())
+    assert [row["check"] for row in summary["checks"]] == ["support"]
+    assert summary["checks"][0]["p_value"] == 1.0  # a normal prior: nothing outside
+    with pytest.raises(ValueError, match="--prior: toy_npe has no attribute 'box'"):
+        main(["diagnose", "--module", "toy_npe:ToyNPE", "--checkpoint",
+              str(tmp_path / "last.ckpt"), "--data", str(tmp_path / "cal.pt"),
+              "--prior", "toy_npe:box"])  # fmt: skip
 
 
 def test_command_line_diagnoses_the_recalibrated_posterior_beside_the_flow(

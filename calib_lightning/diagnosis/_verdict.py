@@ -350,7 +350,7 @@ def verdict(
                           for n in alone])  # fmt: skip
             verb = "rejects" if len(alone) == 1 else "reject"
             head += (f" (overall p = {overall:.2g}); {words} alone {verb}, which the "
-                     f"combination of the {sum(n in checks for n in VERDICT_CHECKS)} checks "
+                     f"combination of the {sum(n in checks for n in VERDICT_WEIGHTS)} checks "
                      "does not confirm")  # fmt: skip
     else:
         found = [f"{d.words} ({d.size()})" for d in directions if d.named]
