@@ -75,7 +75,7 @@ def test_diagnose_twice_with_one_seed_gives_identical_numbers_and_keeps_the_glob
     before = global_states()
     runs = [
         cl.diagnose(posterior, theta, x, observations=observations, seed=7,
-                    num_posterior_samples=50)
+                    num_posterior_samples=50, prior=TOY.prior())
         for _ in range(2)
     ]
     after = global_states()
