@@ -14,9 +14,7 @@ draw is outside and 1 otherwise, so it never rejects an exact posterior (level 0
 adds nothing to the level of a combination with other tests. A flow on
 :math:`\mathbb{R}^D` trained on a bounded prior puts mass outside it unless it is
 truncated; sbi's ``DirectPosterior`` rejects such draws when sampling, an estimator used
-as trained does not (on sbibm, sbi's default NPE puts 28-75 % of its draws outside
-Gaussian Linear Uniform's box at 10,000 simulations:
-``examples/benchmarks/results/lc2st_calibration_size.md``).
+as trained does not (measured on sbibm's estimators in ``docs/diagnostics.md``).
 
 References:
     Greenberg, Nonnenmacher, Macke. "Automatic Posterior Transformation for
