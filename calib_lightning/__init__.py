@@ -33,6 +33,7 @@ from calib_lightning.metrics import (
     FrechetDistance,
     JointC2ST,
     LatentCalibration,
+    PriorSupport,
     RankCalibration,
 )
 from calib_lightning.misspecification import MisspecificationResult, misspecification_test
@@ -52,6 +53,7 @@ _LAZY_CALLBACKS = (
     "KCCSDCallback",
     "LC2STNFCallback",
     "LatentCalibrationCallback",
+    "PriorSupportCallback",
     "RankCalibrationCallback",
     "RecalibrationCallback",
     "TARPCallback",
@@ -79,6 +81,8 @@ __all__ = [
     "LatentScale",
     "MisspecificationResult",
     "Posterior",
+    "PriorSupport",
+    "PriorSupportCallback",
     "RankCalibration",
     "RankCalibrationCallback",
     "RecalibratedPosterior",

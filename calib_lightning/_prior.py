@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["outside_support"]
+__all__ = ["check_prior", "outside_support"]
 
 
 def _inside(prior: Any, theta: Tensor) -> Tensor | None:
@@ -57,3 +57,16 @@ def outside_support(prior: Any, theta: Tensor) -> Tensor:
             f"support check of theta {tuple(theta.shape)} gave shape {tuple(inside.shape)}"
         )
     return ~inside.to(device=theta.device, dtype=torch.bool)
+
+
+def check_prior(prior: Any, theta: Tensor) -> None:
+    """Raise a ``ValueError`` naming ``prior`` if there is none, or if calibration parameters
+    ``theta (N, D)`` (drawn from it) lie outside its support."""
+    if prior is None:
+        raise ValueError("prior must be the prior theta were drawn from, got None")
+    outside = outside_support(prior, theta)
+    if bool(outside.any()):
+        raise ValueError(
+            f"prior must be the prior theta were drawn from, but {int(outside.sum())} of the "
+            f"N = {theta.shape[0]} calibration theta lie outside its support"
+        )

@@ -34,15 +34,19 @@ def test_a_process_without_batches_neither_hangs_nor_changes_the_result():
     mgm = MGM(delta=0.0)
     k_theta, k_x = mgm.sample(120, gen(1))
     points = 1e6 + 0.01 * torch.randn(2, 400, 2, generator=gen(2), dtype=F64)
+    bound = float((theta - 1e6).abs().max()) + 1e-3  # a box prior around the offset theta
+    box = torch.distributions.Independent(torch.distributions.Uniform(
+        torch.full((2,), 1e6 - bound, dtype=F64), torch.full((2,), 1e6 + bound, dtype=F64)), 1)
 
     def feed(metrics, rank_with_data, rank):
         """Every metric gets all batches on ``rank_with_data`` and none elsewhere."""
-        ranks, frechet, tarp, kccsd = metrics
+        ranks, frechet, tarp, kccsd, support = metrics
         if rank == rank_with_data:
-            torch.manual_seed(3)  # posterior sampling in RankCalibration
+            torch.manual_seed(3)  # posterior sampling in RankCalibration and PriorSupport
             for rows in (slice(0, 120), slice(120, 300)):
                 ranks.update(_shifted(toy), theta[rows], x[rows])
                 tarp.update(tarp_samples[:, rows], theta[rows], x[rows])
+                support.update(_shifted(toy), theta[rows], x[rows])
             for rows in (slice(0, 150), slice(150, 400)):
                 frechet.update(samples=points[0, rows], reference=points[1, rows])
             for rows in (slice(0, 50), slice(50, 120)):
@@ -52,12 +56,13 @@ def test_a_process_without_batches_neither_hangs_nor_changes_the_result():
             "frechet": frechet.compute(),
             "tarp": tarp.compute(),
             "kccsd": kccsd.compute(),
+            "support": support.compute(),
         }
 
     def make():
         return (cl.RankCalibration(30), FrechetDistance(dim=2),
                 cl.TARP(num_posterior_samples=40, num_null=200),
-                cl.KCCSD(distribution_kernel="kgfd", num_null=100))
+                cl.KCCSD(distribution_kernel="kgfd", num_null=100), cl.PriorSupport(box, 50))
 
     expected = feed(make(), 0, 0)
     for rank_with_data in (0, 1):
@@ -80,10 +85,15 @@ def test_a_process_without_batches_neither_hangs_nor_changes_the_result():
             for key in ("statistic", "p_value", "num_pairs"):
                 torch.testing.assert_close(getattr(result["kccsd"], key),
                                            getattr(expected["kccsd"], key))
+            for key in ("num_outside", "num_draws", "p_value", "leakage"):
+                assert torch.equal(getattr(result["support"], key),
+                                   getattr(expected["support"], key)), key
     # the data were not degenerate: the metrics see what they should
     assert int(expected["ranks"].num_pairs) == 300
     assert float(expected["tarp"].p_value) <= 0.05  # doubled variance detected
     assert int(expected["kccsd"].num_pairs) == 120
+    assert int(expected["support"].num_draws) == 300 * 50
+    assert int(expected["support"].num_outside) > 0  # the box cuts the draws near its edges
 
 
 def _shifted(toy):

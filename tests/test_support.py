@@ -6,12 +6,14 @@ the untruncated normal leaks exactly its mass outside the box, a closed form.
 """
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from torch.distributions import Independent, Normal
 
 import calib_lightning as cl
+from calib_lightning.callbacks import PriorSupportCallback
 from calib_lightning.diagnosis._verdict import combine_verdicts
 from calib_lightning.functional.support import support_leakage
 from calib_lightning.tasks import GaussianLinearUniform
@@ -104,7 +106,7 @@ def test_bad_priors_raise_naming_prior():
     narrow = Independent(torch.distributions.Uniform(torch.full((10,), -0.5, dtype=torch.float64),
                                                      torch.full((10,), 0.5, dtype=torch.float64)),
                          1)  # fmt: skip
-    with pytest.raises(ValueError, match="prior must be the prior theta was drawn from"):
+    with pytest.raises(ValueError, match="prior must be the prior theta were drawn from"):
         cl.diagnose(untruncated, theta, x, checks=("support",), prior=narrow)
     with pytest.raises(ValueError, match="prior must be a torch Distribution or have log_prob"):
         cl.diagnose(untruncated, theta, x, checks=("support",), prior=object())
@@ -125,3 +127,77 @@ def test_a_prior_with_log_prob_only_is_read_by_its_log_density():
     with_support = cl.diagnose(untruncated, theta, x, checks=("support",), prior=TASK.prior())
     by_density = cl.diagnose(untruncated, theta, x, checks=("support",), prior=BoxLogProb())
     assert torch.equal(with_support.checks["support"].leakage, by_density.checks["support"].leakage)
+
+
+def test_the_prior_support_metric_streams_counts_as_diagnose_reads_them():
+    """``cl.PriorSupport`` over two batches: counts add, shares concatenate, the share of
+    the untruncated normal is its closed form; the exact posterior stays inside."""
+    theta, x = TASK.sample(400, torch.Generator().manual_seed(4))
+    metric = cl.PriorSupport(TASK.prior())
+    torch.manual_seed(0)
+    for rows in (slice(0, 150), slice(150, 400)):
+        metric.update(untruncated, theta[rows], x[rows])
+    out = metric.compute()
+    assert out.leakage.shape == (400,)
+    assert int(out.num_draws) == 400 * 100
+    assert float(out.p_value) == 0.0
+    torch.testing.assert_close(out.statistic, out.num_outside / out.num_draws)
+    expected = outside_mass(x)
+    spread = (expected * (1 - expected) / 100).mean().sqrt() / 400**0.5
+    assert abs(float((out.leakage.double() - expected).mean())) < 4 * float(spread)
+    exact = cl.SamplePosterior(
+        lambda x, s: TASK.reference_posterior_samples(x, s, torch.Generator().manual_seed(5)),
+        num_dims=10,
+    )
+    metric.reset()
+    metric.update(exact, theta, x)
+    assert float(metric.compute().p_value) == 1.0
+    metric.reset()
+    with pytest.raises(ValueError, match="needs at least one update"):
+        metric.compute()
+    with pytest.raises(ValueError, match="prior must be the prior theta were drawn from"):
+        cl.PriorSupport(None)
+    with pytest.raises(ValueError, match="calibration theta lie outside its support"):
+        metric.update(untruncated, 3 * theta, x)
+
+
+def test_the_callback_logs_the_share_outside_while_training(tmp_path):
+    """``cl.PriorSupportCallback`` in ``Trainer.fit``: the share outside and the exact
+    p-value reach the logger every check, and the summary gives the verdict."""
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from calib_lightning.callbacks import summary_table
+
+    class Untruncated(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dummy = torch.nn.Parameter(torch.zeros((), dtype=torch.float64))
+            self.flow = untruncated
+
+        def training_step(self, batch, batch_idx):
+            return self.dummy**2
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    theta, x = TASK.sample(200, torch.Generator().manual_seed(6))
+    callback = PriorSupportCallback(theta, x, prior=TASK.prior())
+    logger = CSVLogger(tmp_path, name="csv", version=0)
+    train = DataLoader(TensorDataset(theta[:32], x[:32]), batch_size=16)
+    L.Trainer(max_epochs=2, logger=logger, callbacks=[callback], enable_progress_bar=False,
+              enable_model_summary=False, enable_checkpointing=False,
+              default_root_dir=tmp_path).fit(Untruncated().double(), train)  # fmt: skip
+    assert callback.epochs == [0, 1]
+    shares = callback.history["statistic"]
+    assert all(abs(s - float(outside_mass(x).mean())) < 0.05 for s in shares), shares
+    text = (Path(logger.log_dir) / "metrics.csv").read_text()
+    assert "calibration/support/statistic" in text
+    row = next(line for line in summary_table([callback]).splitlines() if "p_value" in line)
+    assert row.endswith(" rejected")
+    assert sorted(p.name for p in (Path(logger.log_dir) / "calibration" / "support" /
+                                   "history").glob("*.png")) == ["epoch=0000.png",
+                                                                 "epoch=0001.png"]  # fmt: skip
+    with pytest.raises(ValueError, match="needs exactly one of prior and metric"):
+        PriorSupportCallback(theta, x)

@@ -12,6 +12,7 @@ from calib_lightning.callbacks.lc2st import LC2STNFCallback
 from calib_lightning.callbacks.ranks import RankCalibrationCallback
 from calib_lightning.callbacks.recalibration import RecalibrationCallback
 from calib_lightning.callbacks.summary import summary_table
+from calib_lightning.callbacks.support import PriorSupportCallback
 from calib_lightning.callbacks.tarp import TARPCallback
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "KCCSDCallback",
     "LC2STNFCallback",
     "LatentCalibrationCallback",
+    "PriorSupportCallback",
     "RankCalibrationCallback",
     "RecalibrationCallback",
     "TARPCallback",

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from calib_lightning._checks import check_pairs, check_positive, check_probability
 from calib_lightning._fit_check import check_fits
-from calib_lightning._prior import outside_support
+from calib_lightning._prior import check_prior, outside_support
 from calib_lightning._random import cuda_devices, seeded
 from calib_lightning.diagnosis._regions import summarize_region
 from calib_lightning.diagnosis._report import Diagnosis
@@ -216,7 +216,9 @@ def diagnose(
         raise ValueError(f"checks {[c for c in checks if c in _LOCAL]} need observations, "
                          "got observations=None")  # fmt: skip
     if "support" in checks:
-        _check_prior(prior, theta)
+        if prior is None:
+            raise ValueError("checks ['support'] need the prior, got prior=None")
+        check_prior(prior, theta)
     post = as_posterior(posterior)
     check_fits(post, theta, x, observations=observations)  # names the argument that is wrong
     _check_before(before, theta, x, observations, num_posterior_samples, level)
@@ -325,19 +327,6 @@ def diagnose(
         reference_samples=reference_samples, probability_maps=maps, skipped=skipped,
         before=before, regions=regions,
     )  # fmt: skip
-
-
-def _check_prior(prior: Any, theta: Tensor) -> None:
-    """Raise a ``ValueError`` naming ``prior`` if there is none, or if calibration
-    parameters (drawn from it) lie outside its support."""
-    if prior is None:
-        raise ValueError("checks ['support'] need the prior, got prior=None")
-    outside = outside_support(prior, theta)
-    if bool(outside.any()):
-        raise ValueError(
-            f"prior must be the prior theta was drawn from, but {int(outside.sum())} of the "
-            f"N = {theta.shape[0]} calibration theta lie outside its support"
-        )
 
 
 def _check_before(

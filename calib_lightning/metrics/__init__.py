@@ -3,7 +3,7 @@
 Each ``compute()`` returns a typed result (:class:`~calib_lightning.results.Result`):
 :class:`KCCSDResult`, :class:`RankCalibrationResult`, :class:`TARPResult`,
 :class:`LC2STResult`, :class:`JointC2STResult`, :class:`FrechetDistanceResult`,
-:class:`DensityCoverageResult`.
+:class:`DensityCoverageResult`, :class:`SupportResult`.
 """
 
 from calib_lightning.functional.sbc import RankCalibrationResult
@@ -20,6 +20,7 @@ from calib_lightning.metrics.samples import (
     FrechetDistance,
     FrechetDistanceResult,
 )
+from calib_lightning.metrics.support import PriorSupport, SupportResult
 from calib_lightning.metrics.tarp import TARP
 
 __all__ = [
@@ -37,8 +38,10 @@ __all__ = [
     "LC2STResult",
     "LatentCalibration",
     "LatentCalibrationResult",
+    "PriorSupport",
     "ProbabilityMap",
     "RankCalibration",
     "RankCalibrationResult",
+    "SupportResult",
     "TARPResult",
 ]
