@@ -303,3 +303,19 @@ def test_bound_holds_when_the_posterior_does_not_know_its_dimension():
     first, *rest = posterior.calls  # that chunk (a probe of at most 256 draws), then the
     assert first[0] * first[1] <= 256  # unshared draws of every pair
     assert sum(rows * draws for rows, draws in rest) == 50 * 20
+
+
+def test_the_prior_support_callback_samples_through_the_shared_draws(pairs):
+    """With the rank callback in the same epoch, the support check counts the rank
+    check's draws: one sampling pass over the calibration x per epoch."""
+    from calib_lightning.callbacks import PriorSupportCallback
+
+    theta, x = pairs
+    bound = torch.full((2,), float(theta.abs().max()) + 1e-3, dtype=theta.dtype)
+    box = torch.distributions.Independent(torch.distributions.Uniform(-bound, bound), 1)
+    support = PriorSupportCallback(theta, x, metric=cl.PriorSupport(box, M), estimator="counted")
+    module, _ = fit([three_callbacks(theta, x)[0], support])
+    assert calibration_draws(module.counted.calls) == [M, M]
+    assert support.epochs == [0, 1]
+    assert not support.errors
+    assert len(support.history["statistic"]) == 2
