@@ -6,10 +6,11 @@ validation pairs, then calls :func:`calib_lightning.diagnose` on 1,000 other hel
 pairs and three observations, for the recalibrated flow with the trained one as
 ``before``: KCCSD, rank calibration, TARP, recovery plots, L-C2ST-NF at each observation
 and the misspecification test of each observation (here with one deliberately impossible
-observation), sharing one set of posterior draws. It prints both verdicts and the table
-of the recalibrated flow and writes ``report/report.html`` (before and after side by
-side; open it in a browser), each flow's own report in ``report/before/`` and
-``report/after/``, ``report/summary.json`` and the figures.
+observation), sharing one set of posterior draws, and with the task's prior the support
+check (draws outside the prior's box, where the true posterior has none). It prints both
+verdicts and the table of the recalibrated flow and writes ``report/report.html`` (before
+and after side by side; open it in a browser), each flow's own report in
+``report/before/`` and ``report/after/``, ``report/summary.json`` and the figures.
 
 Run (about two minutes on two cores)::
 
@@ -74,6 +75,7 @@ def main() -> None:
     report = cl.diagnose(
         fixed, theta_cal, x_cal, observations=observations, labels=["theta_1", "theta_2"],
         num_posterior_samples=20 if args.smoke else 100, seed=args.seed, before=model.flow,
+        prior=task.prior(),
     )  # fmt: skip
     page = report.save(out)
     print(f"Verdict before: {report.before.verdict}")
