@@ -10,13 +10,19 @@ from torch import Tensor
 __all__ = ["check_prior", "outside_support"]
 
 
-def _inside(prior: Any, theta: Tensor) -> Tensor | None:
-    """``prior.support.check(theta)`` reduced to ``theta.shape[:-1]``; ``None`` when the
-    prior has no checkable support."""
+def _inside(prior: Any, theta: Tensor) -> Tensor:
+    """Whether each ``theta (..., D)`` is in the support: ``prior.support.check`` reduced
+    over ``D``, or where ``log_prob`` is finite when the prior has no checkable support."""
     try:
         check = prior.support.check
     except (AttributeError, NotImplementedError):
-        return None
+        log_prob = getattr(prior, "log_prob", None)
+        if log_prob is None:
+            raise ValueError(
+                f"prior must be a torch Distribution or have log_prob, got {type(prior).__name__}"
+            ) from None
+        with torch.no_grad():
+            return torch.isfinite(log_prob(theta))
     inside = check(theta)
     return inside.all(-1) if inside.shape == theta.shape else inside
 
@@ -35,22 +41,12 @@ def outside_support(prior: Any, theta: Tensor) -> Tensor:
             f"prior must have event shape (D,) = ({theta.shape[-1]},) like theta (batch and "
             f"event shape together), got {tuple(shape)}"
         )
-    for where in (theta, theta.cpu()):
-        try:
-            inside = _inside(prior, where)
-            if inside is None:
-                log_prob = getattr(prior, "log_prob", None)
-                if log_prob is None:
-                    raise ValueError(
-                        "prior must be a torch Distribution or have log_prob, got "
-                        f"{type(prior).__name__}"
-                    )
-                with torch.no_grad():
-                    inside = torch.isfinite(log_prob(where))
-            break
-        except RuntimeError:  # a CPU prior and CUDA parameters
-            if where.device.type == "cpu":
-                raise
+    try:
+        inside = _inside(prior, theta)
+    except RuntimeError:  # a CPU prior and CUDA parameters
+        if theta.device.type == "cpu":
+            raise
+        inside = _inside(prior, theta.cpu())
     if inside.shape != theta.shape[:-1]:
         raise ValueError(
             f"prior must have event shape (D,) = ({theta.shape[-1]},) like theta: its "

@@ -128,8 +128,9 @@ class CalibrationCallback(CostWarning, DrawSharing, SetupCheck):
     """
 
     name: ClassVar[str] = "calibration"
-    #: history keys drawn in the ``history`` figure; subclasses choose.
+    #: history keys in the ``history`` figure (less ``unplotted_keys``) and the summary
     history_keys: ClassVar[tuple[str, ...]] = ("p_value",)
+    unplotted_keys: ClassVar[tuple[str, ...]] = ()
     #: the ``history`` figure's panel titles by key (first part): which test a p-value is
     history_titles: ClassVar[dict[str, str]] = {}
     #: the metric class a subclass requires (``None``: any metric with update/compute).
@@ -211,7 +212,7 @@ class CalibrationCallback(CostWarning, DrawSharing, SetupCheck):
 
         Called on rank zero only, and only when a TensorBoard logger will receive them.
         """
-        keys = self.headline_keys()
+        keys = [k for k in self.headline_keys() if k.split("/")[0] not in self.unplotted_keys]
         if not keys or not self.epochs:
             return {}
         title = f"{self.tag_name}: calibration over training"

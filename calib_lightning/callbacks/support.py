@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from matplotlib.figure import Figure
 from torch import Tensor
 
 from calib_lightning.callbacks.base import CalibrationCallback
-from calib_lightning.metrics.support import PriorSupport, SupportResult
-from calib_lightning.plots.history import plot_history
+from calib_lightning.metrics.support import PriorSupport
 
 __all__ = ["PriorSupportCallback"]
 
@@ -46,6 +44,9 @@ class PriorSupportCallback(CalibrationCallback):
 
     name: ClassVar[str] = "support"
     history_keys: ClassVar[tuple[str, ...]] = ("statistic", "p_value")
+    # the exact p-value (0 or 1, read by the summary) would fill a log axis to the float64
+    # floor: the figure draws the share only
+    unplotted_keys: ClassVar[tuple[str, ...]] = ("p_value",)
     history_titles: ClassVar[dict[str, str]] = {
         "statistic": "share of draws outside the prior's support",
     }
@@ -67,13 +68,3 @@ class PriorSupportCallback(CalibrationCallback):
                 f"metric={'None' if metric is None else type(metric).__name__}"
             )
         super().__init__(metric if metric is not None else PriorSupport(prior), theta, x, **kwargs)
-
-    def figures(self, result: SupportResult) -> dict[str, Figure]:
-        """The history of the share only: the exact p-value (0 or 1, read by the summary)
-        would fill a log axis down to the float64 floor."""
-        if not self.epochs or "statistic" not in self.history:
-            return {}
-        title = f"{self.tag_name}: calibration over training"
-        figure = plot_history(self.epochs, {"statistic": self.history["statistic"]},
-                              level=self.level, title=title, titles=self.history_titles)
-        return {"history": figure}
