@@ -42,6 +42,7 @@ from calib_lightning.recalibration import (
     ConformalRegion,
     LatentScale,
     RecalibratedPosterior,
+    TruncatedPosterior,
     recalibrate,
 )
 
@@ -89,6 +90,7 @@ __all__ = [
     "RecalibrationCallback",
     "SamplePosterior",
     "TARPCallback",
+    "TruncatedPosterior",
     "as_posterior",
     "baselines",
     "callbacks",

@@ -348,3 +348,40 @@ def test_the_support_check_counts_each_adapters_draws_outside_a_box(adapter):
                        prior=MultivariateNormal(torch.zeros(D, dtype=torch.float64),
                                                 torch.eye(D, dtype=torch.float64)))  # fmt: skip
     assert float(full.checks["support"].p_value) == 1.0
+
+
+def test_every_adapter_truncated_to_a_box_samples_inside_with_one_normalizer(adapter):
+    """Every adapter at once, restricted to the box [-1, 1]^2 (``cl.TruncatedPosterior``):
+    its draws lie inside and keep the adapter's own distribution there (at each observation,
+    the share in the box's left half is the adapter's among its fresh draws in the box,
+    within Monte Carlo error); their log-densities are the adapter's minus one cached
+    log-normalizer per observation (``sample_and_log_prob`` and ``log_prob`` agree); the
+    support check passes it."""
+    name, post = adapter
+    n, draws = (10, 100) if name in SLOW else (40, 400)
+    theta, x = simulate(4 * n, seed=13)
+    keep = (theta.abs() < 1).all(-1).nonzero()[:n, 0]
+    theta, x = theta[keep], x[keep]
+    box = Independent(torch.distributions.Uniform(-torch.ones(D, dtype=torch.float64),
+                                                  torch.ones(D, dtype=torch.float64)), 1)
+    truncated = cl.TruncatedPosterior(post, box, num_normalizer_samples=draws)
+    torch.manual_seed(14)
+    inside, log_q = truncated.sample_and_log_prob(x, draws)
+    assert inside.shape == (draws, n, D)
+    assert bool((inside.abs() <= 1).all()), name
+    with torch.no_grad():
+        torch.testing.assert_close(log_q, truncated.log_prob(inside, x), rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(
+            log_q, post.log_prob(inside, x) - truncated.log_normalizer(x).to(log_q),
+            rtol=1e-3, atol=1e-3)  # fmt: skip
+    fresh = post.sample(x, 4 * draws)
+    in_box = (fresh.abs() <= 1).all(-1)  # (4 draws, n)
+    count = in_box.double().sum(0).clamp_min(1)
+    left = ((fresh[..., 0] < 0) & in_box).double().sum(0) / count  # per observation
+    share = (inside[..., 0] < 0).double().mean(0)
+    spread = (left * (1 - left) * (1 / draws + 1 / count)).sum() ** 0.5 / n
+    error = float((share - left).mean())
+    assert abs(error) <= 5 * float(spread), (name, error, float(spread))
+    report = cl.diagnose(truncated, theta, x, checks=("support",), prior=box,
+                         num_posterior_samples=5)  # fmt: skip
+    assert float(report.checks["support"].p_value) == 1.0

@@ -19,17 +19,23 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
 from calib_lightning._checks import check_pairs
+from calib_lightning._prior import check_prior
 from calib_lightning._random import seeded
 from calib_lightning.callbacks._plumbing import eval_mode, find_estimator, selecting_monitors
-from calib_lightning.posteriors import as_posterior
-from calib_lightning.recalibration import LatentMap, RecalibratedPosterior, recalibrate
+from calib_lightning.posteriors import Posterior, as_posterior
+from calib_lightning.recalibration import (
+    LatentMap,
+    RecalibratedPosterior,
+    TruncatedPosterior,
+    recalibrate,
+)
 from calib_lightning.recalibration.api import AUTO_CANDIDATES, MIN_PAIRS, cross_fit_scores
 
 __all__ = ["RecalibrationCallback"]
 
 
 class RecalibrationCallback(Callback):
-    """Fit :func:`calib_lightning.recalibrate` on held-out pairs at the end of ``fit``.
+    r"""Fit :func:`calib_lightning.recalibrate` on held-out pairs at the end of ``fit``.
 
     Logged under ``{prefix}/{name}/`` at the last global step, to every logger:
     ``coverage_error_before`` / ``_after`` and ``nll_before`` / ``_after`` (the held-out
@@ -51,6 +57,15 @@ class RecalibrationCallback(Callback):
         prefix: first part of the logged keys.
         name: second part, and the callback's checkpoint key.
         seed: the cross-fitting split and any random draw of the fit.
+        prior: the prior the pairs' ``theta`` were drawn from; when given, the recalibrated
+            posterior is then restricted to its support
+            (:class:`~calib_lightning.TruncatedPosterior`, what
+            ``recalibrate(..., prior=prior)`` returns), and two more scalars are logged at
+            the held-out ``x``: ``support_mass_outside`` (the mean mass of the map's
+            posterior outside the support, removed) and ``support_nll_gain`` (the mean of
+            :math:`-\log Z(x)`, by which the restriction lowers the expected NLL). The
+            prior is not saved in the checkpoint: give it again to :meth:`posterior`'s
+            callback.
         options: more arguments of :func:`~calib_lightning.recalibrate` (``band``,
             ``scale_target``).
 
@@ -69,13 +84,17 @@ class RecalibrationCallback(Callback):
         prefix: str = "calibration",
         name: str = "recalibration",
         seed: int = 0,
+        prior: Any = None,
         **options: Any,
     ) -> None:
         super().__init__()
         check_pairs(theta, x, min_rows=2)
+        if prior is not None:
+            check_prior(prior, theta)
+        self.prior = prior
         self.theta, self.x, self.method, self.estimator = theta, x, method, estimator
         self.prefix, self.name, self.seed, self.options = prefix.rstrip("/"), name, seed, options
-        self.recalibrated: RecalibratedPosterior | None = None
+        self.recalibrated: Posterior | None = None
         self.scores: dict[str, float] = {}
         self._state: dict[str, Any] = {}
 
@@ -104,11 +123,17 @@ class RecalibrationCallback(Callback):
             fixed = recalibrate(post, theta, x, self.method, seed=self.seed, **self.options)
             seconds = time.perf_counter() - start
             scores = self._before_after(post, fixed, theta, x)
+            if isinstance(fixed, RecalibratedPosterior):
+                self._state = {"method": fixed.method, "selection": fixed.selection,
+                               "map": fixed.latent_map.state_dict(),
+                               "dim": theta.shape[1]}  # fmt: skip
+            if self.prior is not None:
+                fixed = TruncatedPosterior(fixed, self.prior)
+                log_z = fixed.log_normalizer(x)
+                scores["support_mass_outside"] = float(1 - log_z.exp().mean())
+                scores["support_nll_gain"] = float(-log_z.mean())
         scores["fit_seconds"] = seconds
         self.recalibrated, self.scores = fixed, scores
-        if isinstance(fixed, RecalibratedPosterior):
-            self._state = {"method": fixed.method, "selection": fixed.selection,
-                           "map": fixed.latent_map.state_dict(), "dim": theta.shape[1]}  # fmt: skip
         metrics = {f"{self.prefix}/{self.name}/{key}": value for key, value in scores.items()}
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
@@ -138,9 +163,10 @@ class RecalibrationCallback(Callback):
             out["method_index"] = float(AUTO_CANDIDATES.index(method))
         return out
 
-    def posterior(self, estimator: Any) -> RecalibratedPosterior:
+    def posterior(self, estimator: Any) -> Posterior:
         """The recalibrated posterior of ``estimator`` (e.g. reloaded from a checkpoint)
-        with the latent map this callback fitted or loaded."""
+        with the latent map this callback fitted or loaded, restricted to the support of
+        the callback's ``prior`` when it has one."""
         if not self._state:
             raise ValueError(
                 "the callback has no fitted map: it fits at the end of Trainer.fit, or loads "
@@ -151,8 +177,9 @@ class RecalibrationCallback(Callback):
         post = as_posterior(estimator)
         if post.device is not None:
             latent_map = latent_map.to(post.device)
-        return RecalibratedPosterior(post, latent_map, self._state["method"],
-                                     self._state["selection"])  # fmt: skip
+        fixed = RecalibratedPosterior(post, latent_map, self._state["method"],
+                                      self._state["selection"])  # fmt: skip
+        return fixed if self.prior is None else TruncatedPosterior(fixed, self.prior)
 
     def state_dict(self) -> dict[str, Any]:
         return {"recalibration": dict(self._state), "scores": dict(self.scores)}

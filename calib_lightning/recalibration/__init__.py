@@ -9,6 +9,9 @@ from pairs the estimator never trained on (the validation split):
   of the latent space, before the flow, with an explicit density;
 * :class:`LatentScale`: per-coordinate scales of a flow's latent (:mod:`.scale`), the
   flow counterpart of temperature scaling;
+* :class:`TruncatedPosterior` (:mod:`.truncation`): a posterior restricted to the prior's
+  support (``recalibrate(..., prior=prior)``), which removes the leakage ``cl.diagnose``
+  reports, with a lower expected NLL;
 * :class:`ConformalRegion` (:mod:`.conformal`): split-conformal credible regions, global
   or local over ``x``, with finite-sample marginal coverage, for every estimator.
 """
@@ -17,6 +20,7 @@ from calib_lightning.recalibration.api import METHODS, recalibrate, register_met
 from calib_lightning.recalibration.conformal import ConformalRegion
 from calib_lightning.recalibration.radial import LatentMap, RecalibratedPosterior
 from calib_lightning.recalibration.scale import LatentScale
+from calib_lightning.recalibration.truncation import TruncatedPosterior
 
 __all__ = [
     "METHODS",
@@ -24,6 +28,7 @@ __all__ = [
     "LatentMap",
     "LatentScale",
     "RecalibratedPosterior",
+    "TruncatedPosterior",
     "recalibrate",
     "register_method",
 ]

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from calib_lightning._checks import check_pairs, check_positive
+from calib_lightning._prior import check_prior
 from calib_lightning.functional.radial import latent_ball_levels, radial_knots
 from calib_lightning.posteriors import Posterior, UnsupportedError, as_posterior
 from calib_lightning.recalibration._hpd import LatentDraws, hpd_levels, latent_draws
@@ -41,6 +42,7 @@ from calib_lightning.recalibration.scale import (
     latent_log_scale,
     shared_hpd_log_scale,
 )
+from calib_lightning.recalibration.truncation import TruncatedPosterior
 
 __all__ = [
     "METHODS",
@@ -262,6 +264,7 @@ def recalibrate(
     band: int | None = None,
     scale_target: str | None = None,
     seed: int = 0,
+    prior: Any = None,
     **options: Any,
 ) -> Posterior:
     r"""Recalibrate ``posterior`` on held-out pairs; returns a posterior for every check.
@@ -292,16 +295,24 @@ def recalibrate(
             each candidate by its cross-fitted held-out HPD coverage error
             (:func:`select_method`; ``AUTO_NUM_POSTERIOR_SAMPLES`` draws per pair at 3
             latent scales, one flow pass each, shared by every candidate).
+        prior: the prior ``theta`` were drawn from (a torch ``Distribution``, e.g. sbi's
+            ``BoxUniform``, or anything with ``log_prob``); when given, the result is
+            restricted to its support and renormalized after the method's map
+            (:class:`~.truncation.TruncatedPosterior`): this removes the mass outside the
+            support that ``cl.diagnose(..., prior=prior)`` reports and, as the true
+            posterior has none there, never raises the expected NLL. The result then has
+            no latent space (the latent checks do not apply to it).
         options: passed to a registered method.
 
     Returns:
-        The recalibrated posterior; ``.method`` says what was fitted and, for ``"auto"``,
-        ``.selection`` holds every candidate's held-out scores (:func:`select_method`;
-        also logged at INFO).
+        The recalibrated posterior; ``.method`` says what was fitted (``"+support"``
+        appended with ``prior``) and, for ``"auto"``, ``.selection`` holds every
+        candidate's held-out scores (:func:`select_method`; also logged at INFO).
 
     Raises:
         ValueError: too few pairs, non-finite latents, a posterior without the inverse
-            the method needs, or an unknown method.
+            the method needs, an unknown method, or held-out ``theta`` outside ``prior``'s
+            support.
 
     Example:
         >>> from calib_lightning.tasks import GaussianToy
@@ -328,6 +339,11 @@ def recalibrate(
             f"theta_val must have at least {need} held-out pairs for method={method!r}, "
             f"got {theta_val.shape[0]}"
         )
+    if prior is not None:
+        check_prior(prior, theta_val)
+        fixed = recalibrate(posterior, theta_val, x_val, method, band=band,
+                            scale_target=scale_target, seed=seed, **options)  # fmt: skip
+        return TruncatedPosterior(fixed, prior)
     post = as_posterior(posterior)
     if method != "auto" and method not in _NEEDS_LATENT:
         return METHODS[method](post, theta_val, x_val, None, **options)
