@@ -88,6 +88,11 @@ def test_the_exact_posterior_never_leaks_and_an_untruncated_one_leaks_its_closed
     half = 4 * (at * (1 - at) / draws).sqrt() + 1e-12
     assert ((result.observation_leakage.double() - at).abs() <= half).all()
     assert "draws outside the prior's support" in report.table()
+    page = report._html([])
+    assert "cl.recalibrate(posterior, theta_val, x_val, prior=prior)" in page
+    fixed = cl.recalibrate(untruncated, theta, x, method="none", prior=TASK.prior())
+    assert "prior=prior" not in cl.diagnose(fixed, theta[:50], x[:50], checks=("support",),
+                                            prior=TASK.prior())._html([])  # fmt: skip
 
 
 def test_the_support_check_takes_no_share_of_the_level():

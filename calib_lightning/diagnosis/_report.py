@@ -243,8 +243,14 @@ class Diagnosis:
             for key, data in images
         )
         how = "weighted Bonferroni combination of the checks' verdicts"
+        fix = ""
         if "support" in self.findings.rejected:
             how = "0: posterior draws outside the prior's support"
+            fix = ('<p class="note">The draws outside the support can be removed: '
+                   "<code>cl.recalibrate(posterior, theta_val, x_val, prior=prior)</code> "
+                   "restricts the posterior to the prior's support and renormalizes it "
+                   "(<code>cl.TruncatedPosterior</code>); the true posterior has no mass "
+                   "outside, so its expected NLL can only fall.</p>")  # fmt: skip
         budget = f"{self.num_pairs} calibration pairs"
         if self.num_posterior_samples:
             budget += f", {self.num_posterior_samples} posterior draws per pair"
@@ -255,6 +261,7 @@ class Diagnosis:
 <p class="verdict">{html.escape(self.verdict[0].upper() + self.verdict[1:])}</p>
 <p>{html.escape(overall)} ({html.escape(how)}, level {self.level:g});
 {html.escape(budget)}.</p>
+{fix}
 <h2>Checks</h2>
 {table(header, self._tab_rows())}
 <p class="note">p-values: small means evidence of miscalibration. Where a check runs
