@@ -17,6 +17,12 @@ scale), and reweighted by :math:`p_g(z_k) / \text{mixture}(z_k)`:
 Every map (every scale of a grid, every candidate of ``method="auto"``, both folds of a
 cross-fit) is then scored with tensor arithmetic on the same draws: common random
 numbers, so differences between maps carry no Monte Carlo noise of their own draws.
+
+Given a prior, the levels are those of the map's posterior restricted to the prior's
+support (:class:`~.truncation.TruncatedPosterior`, what ``recalibrate(..., prior=...)``
+returns): the draws outside get weight 0, the others are renormalized (the normalizer
+:math:`Z(x)` cancels within a pair), so the maps are fitted and scored as they will be
+used.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from calib_lightning._prior import outside_support
 from calib_lightning.posteriors import as_posterior
 
 __all__ = ["LatentDraws", "hpd_levels", "latent_draws", "normal_log_kernel"]
@@ -51,6 +58,8 @@ class LatentDraws:
         base: ``(K, n)`` the same for the draws.
         log_mixture: ``(K, n)`` log-density of the proposal mixture at ``z`` (the
             constant of :func:`normal_log_kernel`).
+        inside: ``(K, n)`` whether each draw lies in the prior's support (``None``:
+            no prior, every draw counts).
     """
 
     z_true: Tensor
@@ -58,6 +67,7 @@ class LatentDraws:
     z: Tensor
     base: Tensor
     log_mixture: Tensor
+    inside: Tensor | None = None
 
 
 def latent_draws(
@@ -68,13 +78,15 @@ def latent_draws(
     proposal_scales: tuple[float, ...] = (0.5, 1.0, 2.0),
     seed: int = 0,
     truth: tuple[Tensor, Tensor] | None = None,
+    prior: Any = None,
 ) -> LatentDraws:
     r"""``num_posterior_samples`` draws per pair at each of the ``proposal_scales``
     (latent :math:`s_j u`, :math:`u \sim N(0, I)`, pushed through the flow), with their
     latents and log-densities; seeded by ``seed`` without touching the caller's random
     state. Needs ``to_latent`` and ``from_latent``. ``truth``: the latents ``(n, D)``
     and log-densities ``(n,)`` at the pairs when the caller has them (one ODE solve
-    each for sbi's vector-field estimators), else computed here."""
+    each for sbi's vector-field estimators), else computed here. ``prior``: mark the
+    draws inside its support (``LatentDraws.inside``)."""
     post = as_posterior(posterior)
     n, dim = theta.shape
     proposals = torch.tensor(proposal_scales, dtype=torch.float64).log()
@@ -84,16 +96,19 @@ def latent_draws(
             truth = (post.to_latent(theta, x), post.log_prob(theta, x))
         z_true = truth[0].double()
         base_true = truth[1].double() + 0.5 * z_true.pow(2).sum(-1)
-        latents, bases = [], []
+        latents, bases, inside = [], [], []
         for log_s in proposals:
             u = torch.randn(num_posterior_samples, n, dim, dtype=theta.dtype, device=theta.device)
             z = (u * log_s.exp()).to(theta.dtype)
             draws = post.from_latent(z, x)
             latents.append(z.double())
             bases.append(post.log_prob(draws, x).double() + 0.5 * z.double().pow(2).sum(-1))
+            if prior is not None:
+                inside.append(~outside_support(prior, draws))
     z, base = torch.cat(latents), torch.cat(bases)
     log_mixture = torch.logsumexp(torch.stack([normal_log_kernel(z, p) for p in proposals]), 0)
-    return LatentDraws(z_true, base_true, z, base, log_mixture - math.log(len(proposal_scales)))
+    return LatentDraws(z_true, base_true, z, base, log_mixture - math.log(len(proposal_scales)),
+                       torch.cat(inside) if inside else None)  # fmt: skip
 
 
 def hpd_levels(
@@ -102,13 +117,20 @@ def hpd_levels(
     r"""HPD levels ``(n,)`` (or ``(len(rows),)``) of the true parameters under the
     posterior whose latent density is ``exp(log_latent_density(z))`` up to a constant
     (:math:`p_g`; :func:`normal_log_kernel` for a shared scale, the standard normal for
-    the flow itself); uniform on ``[0, 1]`` when that posterior is calibrated."""
-    z, base, mixture = draws.z, draws.base, draws.log_mixture
+    the flow itself); uniform on ``[0, 1]`` when that posterior is calibrated. With
+    ``draws.inside``, of that posterior restricted to the prior's support (a pair with
+    no draw inside keeps all of its draws)."""
+    z, base, mixture, inside = draws.z, draws.base, draws.log_mixture, draws.inside
     z_true, base_true = draws.z_true, draws.base_true
     if rows is not None:
         z, base, mixture = z[:, rows], base[:, rows], mixture[:, rows]
         z_true, base_true = z_true[rows], base_true[rows]
+        inside = None if inside is None else inside[:, rows]
     log_density = log_latent_density(z)
-    weight = torch.softmax(log_density - mixture, 0)
+    log_weight = log_density - mixture
+    if inside is not None:
+        keep = inside.to(log_weight.device) | ~inside.any(0).to(log_weight.device)
+        log_weight = log_weight.masked_fill(~keep, -math.inf)
+    weight = torch.softmax(log_weight, 0)
     higher = base + log_density > (base_true + log_latent_density(z_true)).unsqueeze(0)
     return (weight * higher).sum(0)

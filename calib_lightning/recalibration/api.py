@@ -87,7 +87,8 @@ def _latent_method(method: str) -> Callable[..., RecalibratedPosterior]:
     def fit(posterior: Posterior, theta: Tensor, x: Tensor, z: Tensor, **options: Any) -> Any:
         hpd, draws = None, options.get("hpd_draws")  # "auto" passes the draws it scored with
         if "scale" in method and options.get("scale_target", "latent") == "hpd":
-            hpd = shared_hpd_log_scale(draws) if draws else hpd_log_scale(posterior, theta, x)
+            hpd = (shared_hpd_log_scale(draws) if draws
+                   else hpd_log_scale(posterior, theta, x, prior=options.get("prior")))  # fmt: skip
         return RecalibratedPosterior(posterior, _fit_map(z, method, options.get("band"), hpd),
                                      method)  # fmt: skip
 
@@ -300,8 +301,10 @@ def recalibrate(
             restricted to its support and renormalized after the method's map
             (:class:`~.truncation.TruncatedPosterior`): this removes the mass outside the
             support that ``cl.diagnose(..., prior=prior)`` reports and, as the true
-            posterior has none there, never raises the expected NLL. The result then has
-            no latent space (the latent checks do not apply to it).
+            posterior has none there, never raises the expected NLL. The HPD-targeted
+            scale (``scale_target="hpd"``) and the HPD scores of ``"auto"`` then measure
+            the restricted posterior (draws outside count for nothing), the one returned.
+            The result has no latent space (the latent checks do not apply to it).
         options: passed to a registered method.
 
     Returns:
@@ -341,20 +344,23 @@ def recalibrate(
         )
     if prior is not None:
         check_prior(prior, theta_val)
-        fixed = recalibrate(posterior, theta_val, x_val, method, band=band,
-                            scale_target=scale_target, seed=seed, **options)  # fmt: skip
-        return TruncatedPosterior(fixed, prior)
+
+    def restrict(fixed: Posterior) -> Posterior:
+        return fixed if prior is None else TruncatedPosterior(fixed, prior)
+
     post = as_posterior(posterior)
     if method != "auto" and method not in _NEEDS_LATENT:
-        return METHODS[method](post, theta_val, x_val, None, **options)
+        return restrict(METHODS[method](post, theta_val, x_val, None, **options))
     with torch.no_grad():
         z = _checked_latents(post, theta_val, x_val, method)
         if method != "auto":
-            return METHODS[method](post, theta_val, x_val, z, band=band,
-                                   scale_target=scale_target, **options)  # fmt: skip
+            if method in AUTO_CANDIDATES:  # the HPD scale then targets the restricted one
+                options = {"prior": prior, **options}
+            return restrict(METHODS[method](post, theta_val, x_val, z, band=band,
+                                            scale_target=scale_target, **options))  # fmt: skip
         log_prob = post.log_prob(theta_val, x_val)
         draws = latent_draws(post, theta_val, x_val, AUTO_NUM_POSTERIOR_SAMPLES, seed=seed,
-                             truth=(z, log_prob))  # fmt: skip
+                             truth=(z, log_prob), prior=prior)  # fmt: skip
         chosen, scores = select_method(z, log_prob, draws, band=band, seed=seed,
                                        scale_target=scale_target)  # fmt: skip
         fixed = METHODS[chosen](post, theta_val, x_val, z, band=band, scale_target=scale_target,
@@ -367,7 +373,7 @@ def recalibrate(
     )
     log.info("recalibrate(method='auto') picked %r (scales targeting %s; held-out HPD "
              "coverage error/NLL: %s)", chosen, scale_target, summary)  # fmt: skip
-    return fixed
+    return restrict(fixed)
 
 
 def _checked_latents(post: Posterior, theta: Tensor, x: Tensor, method: str) -> Tensor:

@@ -177,6 +177,7 @@ def hpd_log_scale(
     num_posterior_samples: int = 100,
     num_scales: int = 41,
     proposal_scales: tuple[float, ...] = (0.5, 1.0, 2.0),
+    prior: Any = None,
 ) -> Tensor:
     r"""The shared :math:`\log s` ``(1,)`` on a log grid over ``[1/2, 2]`` whose held-out
     HPD levels are closest to uniform (mean squared gap of the sorted levels to
@@ -191,9 +192,11 @@ def hpd_log_scale(
     proposal scales), and the level of :math:`\theta^*` is the weighted fraction of
     draws of higher density :math:`q_s`. Three flow passes instead of one per grid scale;
     the grid costs only tensor arithmetic. Works for any posterior with ``to_latent`` and
-    ``from_latent``.
+    ``from_latent``. With ``prior``, the levels are those of the scaled posterior
+    restricted to the prior's support (the draws outside it count for nothing).
     """
-    draws = latent_draws(posterior, theta, x, num_posterior_samples, proposal_scales)
+    draws = latent_draws(posterior, theta, x, num_posterior_samples, proposal_scales,
+                         prior=prior)  # fmt: skip
     return shared_hpd_log_scale(draws, num_scales)
 
 
