@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from calib_lightning.functional.radial import radial_map
-from calib_lightning.posteriors import Posterior, as_posterior
+from calib_lightning.posteriors import WrappedPosterior
 
 __all__ = ["LatentMap", "RecalibratedPosterior"]
 
@@ -104,7 +104,7 @@ class LatentMap(nn.Module):
         return f"scale=[{scales}{more}], radial knots={self.knots.shape[1]}"
 
 
-class RecalibratedPosterior(Posterior):
+class RecalibratedPosterior(WrappedPosterior):
     """A posterior whose latent space goes through a fitted :class:`LatentMap` first.
 
     Built by :func:`calib_lightning.recalibrate`; accepted by every metric, callback and
@@ -133,31 +133,15 @@ class RecalibratedPosterior(Posterior):
         method: str = "",
         selection: dict[str, dict[str, float]] | None = None,
     ) -> None:
-        self.inner = as_posterior(posterior)
-        super().__init__(self.inner.module)
+        super().__init__(posterior)
         self.latent_map, self.method, self.selection = latent_map, method, selection
 
     def __repr__(self) -> str:
         picked = ", picked by 'auto'" if self.selection is not None else ""
         return f"RecalibratedPosterior({self.inner!r}, method={self.method!r}{picked})"
 
-    @property
-    def costly(self) -> frozenset[str]:  # type: ignore[override]
-        return self.inner.costly
-
-    @property
-    def dtype(self) -> torch.dtype | None:
-        return self.inner.dtype
-
-    @property
-    def device(self) -> torch.device | None:
-        return self.inner.device
-
     def event_size(self) -> int | None:
         return self.latent_map.log_scale.numel()
-
-    def context_shape(self) -> tuple[int, ...] | None:
-        return self.inner.context_shape()
 
     def _density_change(self, z: Tensor) -> tuple[Tensor, Tensor]:
         """``u = g(z)`` and ``log q' - log q`` at the same ``theta``."""

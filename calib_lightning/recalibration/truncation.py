@@ -37,7 +37,7 @@ from torch import Tensor
 from calib_lightning._checks import check_positive
 from calib_lightning._chunks import pair_blocks
 from calib_lightning._prior import outside_support
-from calib_lightning.posteriors import Posterior, as_posterior, supports, unsupported
+from calib_lightning.posteriors import WrappedPosterior, supports, unsupported
 
 __all__ = ["TruncatedPosterior"]
 
@@ -49,7 +49,7 @@ MIN_INSIDE = 100
 ROUND_NUMBERS = 2**24
 
 
-class TruncatedPosterior(Posterior):
+class TruncatedPosterior(WrappedPosterior):
     r"""``posterior`` restricted to ``prior``'s support and renormalized.
 
     Built by ``cl.recalibrate(..., prior=prior)`` (after its latent map), or directly;
@@ -93,10 +93,9 @@ class TruncatedPosterior(Posterior):
                 "prior must be a torch Distribution or have log_prob, got "
                 f"{type(prior).__name__}"
             )
-        self.inner = as_posterior(posterior)
+        super().__init__(posterior)
         if not supports(self.inner, "sample"):
             raise unsupported(self.inner, "sample")
-        super().__init__(self.inner.module)
         self.prior, self.num_normalizer_samples = prior, num_normalizer_samples
         self.min_acceptance = min_acceptance
         inner_method = getattr(self.inner, "method", "")
@@ -110,24 +109,6 @@ class TruncatedPosterior(Posterior):
     @property
     def capabilities(self) -> frozenset[str]:  # type: ignore[override]
         return self.inner.capabilities - {"to_latent"}
-
-    @property
-    def costly(self) -> frozenset[str]:  # type: ignore[override]
-        return self.inner.costly
-
-    @property
-    def dtype(self) -> torch.dtype | None:
-        return self.inner.dtype
-
-    @property
-    def device(self) -> torch.device | None:
-        return self.inner.device
-
-    def event_size(self) -> int | None:
-        return self.inner.event_size()
-
-    def context_shape(self) -> tuple[int, ...] | None:
-        return self.inner.context_shape()
 
     def _outside(self, theta: Tensor) -> Tensor:
         return outside_support(self.prior, theta)
