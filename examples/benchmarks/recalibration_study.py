@@ -30,6 +30,11 @@ and each method is fitted on its validation split only (100 pairs at 1,000 simul
   The guarantee puts it near ``+1 / (2 (n + 1))`` (``n`` the calibration pairs of a cell):
   the price of the finite-sample bound. Global and local regions share the test pairs'
   draws (one credibility per pair);
+* ``support``: ``cl.recalibrate(flow, ..., method="none", prior=task.prior())``, the
+  flow restricted to the prior's box (``cl.TruncatedPosterior``); ``scale hpd+support``:
+  the HPD-targeted scale (``method="scale", scale_target="hpd"``) fitted on the restricted
+  posterior's HPD levels, then restricted (rows added later, on the same cached flows).
+  The restricted posteriors have no latent space: ``-`` in the latent columns;
 * ``kccsd fine-tune``: the trained plain NPE fine-tuned on the validation split, whose
   pairs are split in two halves (seeded): full-batch Adam steps (lr ``FINE_TUNE_LR``,
   gradient clipping at 5) on ``nll + FINE_TUNE_WEIGHT * cl.KCCSDLoss()`` (latent space,
@@ -89,21 +94,26 @@ from examples.benchmarks import regularizer_study as study
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CACHE = RESULTS / "recalibration_study_runs.json"
-Fit = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], object]
+Fit = Callable[..., object]  # (flow, theta_val, x_val, prior=) -> posterior or region
 METHODS: dict[str, Fit] = {
-    "npe": lambda flow, theta, x: flow,
-    "scale": lambda flow, theta, x: cl.recalibrate(flow, theta, x, method="scale"),
-    "latent-scale hpd": lambda flow, theta, x: cl.LatentScale(copy.deepcopy(flow), shared=True).fit(
-        theta, x, target="hpd"
-    ),
-    "radial": lambda flow, theta, x: cl.recalibrate(flow, theta, x, method="radial"),
-    "scale+radial": lambda flow, theta, x: cl.recalibrate(flow, theta, x, "scale+radial"),
-    "auto": lambda flow, theta, x: cl.recalibrate(flow, theta, x, method="auto"),
-    "conformal (global)": lambda flow, theta, x: _conformal(flow, theta, x, local=False),
-    "conformal (local)": lambda flow, theta, x: _conformal(flow, theta, x, local=True),
-    "conformal (regression)": lambda flow, theta, x: _conformal(flow, theta, x, local="regression"),
-    "kccsd fine-tune": lambda flow, theta, x: kccsd_fine_tune(flow, theta, x)[0],
-    "radial (band 1)": lambda flow, theta, x: cl.recalibrate(flow, theta, x, "radial", band=1),
+    "npe": lambda flow, theta, x, **_: flow,
+    "scale": lambda flow, theta, x, **_: cl.recalibrate(flow, theta, x, method="scale"),
+    "latent-scale hpd": lambda flow, theta, x, **_: cl.LatentScale(
+        copy.deepcopy(flow), shared=True).fit(theta, x, target="hpd"),
+    "radial": lambda flow, theta, x, **_: cl.recalibrate(flow, theta, x, method="radial"),
+    "scale+radial": lambda flow, theta, x, **_: cl.recalibrate(flow, theta, x, "scale+radial"),
+    "auto": lambda flow, theta, x, **_: cl.recalibrate(flow, theta, x, method="auto"),
+    "conformal (global)": lambda flow, theta, x, **_: _conformal(flow, theta, x, local=False),
+    "conformal (local)": lambda flow, theta, x, **_: _conformal(flow, theta, x, local=True),
+    "conformal (regression)": lambda flow, theta, x, **_: _conformal(flow, theta, x,
+                                                                     local="regression"),
+    "kccsd fine-tune": lambda flow, theta, x, **_: kccsd_fine_tune(flow, theta, x)[0],
+    "support": lambda flow, theta, x, prior: cl.recalibrate(flow, theta, x, method="none",
+                                                            prior=prior),
+    "scale hpd+support": lambda flow, theta, x, prior: cl.recalibrate(
+        flow, theta, x, method="scale", scale_target="hpd", prior=prior),
+    "radial (band 1)": lambda flow, theta, x, **_: cl.recalibrate(flow, theta, x, "radial",
+                                                                  band=1),
 }
 DEFAULT_METHODS = list(METHODS)[:-1]
 CONFORMAL = ("conformal (global)", "conformal (local)", "conformal (regression)")
@@ -169,11 +179,12 @@ def evaluate(posterior: object, task: object, seed: int) -> dict:
     ranks = cl.RankCalibration(num_posterior_samples=study.NUM_RANK_SAMPLES)
     ranks.update(post, theta, x)
     out = ranks.compute()
-    latent = cl.LatentCalibration()
-    latent.update(post, theta, x)
-    return {"nll": nll, "coverage_error": float(out.coverage_error),
-            "p_value": float(out.p_value),
-            "latent_coverage_error": float(latent.compute().coverage_error)}  # fmt: skip
+    row = {"nll": nll, "coverage_error": float(out.coverage_error), "p_value": float(out.p_value)}
+    if cl.posteriors.supports(post, "to_latent"):  # not one restricted to the prior's support
+        latent = cl.LatentCalibration()
+        latent.update(post, theta, x)
+        row["latent_coverage_error"] = float(latent.compute().coverage_error)
+    return row
 
 
 def evaluate_regions(regions: dict[str, cl.ConformalRegion], task: object, seed: int
@@ -236,7 +247,7 @@ def run(tasks: list[str], budgets: list[int], seeds: list[int], methods: list[st
                     if method == "kccsd fine-tune":
                         posterior, kept = kccsd_fine_tune(flow, theta[val], x[val], seed)
                     else:
-                        posterior = METHODS[method](flow, theta[val], x[val])
+                        posterior = METHODS[method](flow, theta[val], x[val], prior=task.prior())
                     seconds = time.perf_counter() - start
                     if method in CONFORMAL:
                         regions[method] = (posterior, seconds)
