@@ -176,3 +176,22 @@ def test_the_support_check_reads_a_cpu_prior_with_cuda_draws():
     result = report.checks["support"]
     assert result.leakage.device.type == "cuda"
     assert float(result.p_value) == 0.0  # four times the variance overflows the box
+
+
+def test_a_posterior_restricted_to_a_cpu_prior_samples_and_scores_on_cuda():
+    """``cl.recalibrate(..., prior=...)`` with the pairs and the flow on CUDA and the prior
+    on the CPU: draws inside the box and log-densities on CUDA, the HPD scale fitted on
+    the restricted posterior's levels, the support check passing it."""
+    toy, theta, x = _pairs(200, seed=6, dim=2)
+    bound = float(theta.abs().max()) + 1e-3
+    box = torch.distributions.Independent(
+        torch.distributions.Uniform(torch.full((2,), -bound), torch.full((2,), bound)), 1)
+    fixed = cl.recalibrate(toy.posterior(variance_scale=4.0), theta, x, method="scale",
+                           scale_target="hpd", prior=box)  # fmt: skip
+    draws, log_q = fixed.sample_and_log_prob(x[:20], 50)
+    assert draws.device.type == "cuda"
+    assert log_q.device.type == "cuda"
+    assert bool((draws.abs() <= bound).all())
+    assert fixed.log_prob(theta, x).device.type == "cuda"
+    report = cl.diagnose(fixed, theta, x, checks=("support",), prior=box)
+    assert float(report.checks["support"].p_value) == 1.0
