@@ -59,9 +59,10 @@ class RecalibrationCallback(Callback):
         seed: the cross-fitting split and any random draw of the fit.
         prior: the prior the pairs' ``theta`` were drawn from; when given, the recalibrated
             posterior is then restricted to its support
-            (:class:`~calib_lightning.TruncatedPosterior`, what
-            ``recalibrate(..., prior=prior)`` returns), and two more scalars are logged at
-            the held-out ``x``: ``support_mass_outside`` (the mean mass of the map's
+            (:class:`~calib_lightning.TruncatedPosterior`: ``recalibrate(..., prior=prior)``,
+            whose HPD scale and HPD scores measure the restricted posterior; the logged
+            latent coverage and NLL are the map's, before the restriction), and two more
+            scalars are logged at the held-out ``x``: ``support_mass_outside`` (the mean mass of the map's
             posterior outside the support, removed) and ``support_nll_gain`` (the mean of
             :math:`-\log Z(x)`, by which the restriction lowers the expected NLL). The
             prior is not saved in the checkpoint: give it again to :meth:`posterior`'s
@@ -120,15 +121,16 @@ class RecalibrationCallback(Callback):
         theta, x = self.theta.to(device, dtype), self.x.to(device)
         start = time.perf_counter()
         with eval_mode(pl_module, estimator), seeded(self.seed), torch.no_grad():
-            fixed = recalibrate(post, theta, x, self.method, seed=self.seed, **self.options)
+            fixed = recalibrate(post, theta, x, self.method, seed=self.seed, prior=self.prior,
+                                **self.options)  # fmt: skip
             seconds = time.perf_counter() - start
-            scores = self._before_after(post, fixed, theta, x)
-            if isinstance(fixed, RecalibratedPosterior):
-                self._state = {"method": fixed.method, "selection": fixed.selection,
-                               "map": fixed.latent_map.state_dict(),
+            mapped = fixed.inner if isinstance(fixed, TruncatedPosterior) else fixed
+            scores = self._before_after(post, mapped, theta, x)
+            if isinstance(mapped, RecalibratedPosterior):
+                self._state = {"method": mapped.method, "selection": mapped.selection,
+                               "map": mapped.latent_map.state_dict(),
                                "dim": theta.shape[1]}  # fmt: skip
-            if self.prior is not None:
-                fixed = TruncatedPosterior(fixed, self.prior)
+            if isinstance(fixed, TruncatedPosterior):
                 log_z = fixed.log_normalizer(x)
                 scores["support_mass_outside"] = float(1 - log_z.exp().mean())
                 scores["support_nll_gain"] = float(-log_z.mean())
