@@ -62,11 +62,11 @@ class RecalibrationCallback(Callback):
             (:class:`~calib_lightning.TruncatedPosterior`: ``recalibrate(..., prior=prior)``,
             whose HPD scale and HPD scores measure the restricted posterior; the logged
             latent coverage and NLL are the map's, before the restriction), and two more
-            scalars are logged at the held-out ``x``: ``support_mass_outside`` (the mean mass of the map's
-            posterior outside the support, removed) and ``support_nll_gain`` (the mean of
-            :math:`-\log Z(x)`, by which the restriction lowers the expected NLL). The
-            prior is not saved in the checkpoint: give it again to :meth:`posterior`'s
-            callback.
+            scalars are logged at the held-out ``x``: ``support_mass_outside`` (the mean
+            mass of the map's posterior outside the support, removed) and
+            ``support_nll_gain`` (the mean of :math:`-\log Z(x)`, by which the restriction
+            lowers the expected NLL). The prior is not saved in the checkpoint: give it
+            again to the callback that calls :meth:`posterior`.
         options: more arguments of :func:`~calib_lightning.recalibrate` (``band``,
             ``scale_target``).
 
