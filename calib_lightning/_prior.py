@@ -7,7 +7,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["check_prior", "outside_support"]
+__all__ = ["check_prior", "not_a_prior", "outside_support"]
+
+
+def not_a_prior(prior: Any) -> ValueError:
+    """The error for a ``prior`` the package cannot read."""
+    return ValueError(
+        f"prior must be a torch Distribution or have log_prob, got {type(prior).__name__}"
+    )
 
 
 def _inside(prior: Any, theta: Tensor) -> Tensor:
@@ -18,9 +25,7 @@ def _inside(prior: Any, theta: Tensor) -> Tensor:
     except (AttributeError, NotImplementedError):
         log_prob = getattr(prior, "log_prob", None)
         if log_prob is None:
-            raise ValueError(
-                f"prior must be a torch Distribution or have log_prob, got {type(prior).__name__}"
-            ) from None
+            raise not_a_prior(prior) from None
         with torch.no_grad():
             return torch.isfinite(log_prob(theta))
     inside = check(theta)

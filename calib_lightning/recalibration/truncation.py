@@ -36,7 +36,7 @@ from torch import Tensor
 
 from calib_lightning._checks import check_positive
 from calib_lightning._chunks import pair_blocks
-from calib_lightning._prior import outside_support
+from calib_lightning._prior import not_a_prior, outside_support
 from calib_lightning.posteriors import WrappedPosterior, supports, unsupported
 
 __all__ = ["TruncatedPosterior"]
@@ -45,7 +45,8 @@ __all__ = ["TruncatedPosterior"]
 CACHE_ROWS = 200_000
 #: draws inside the support the normalizer of a row is estimated from, at least
 MIN_INSIDE = 100
-#: candidate numbers drawn per round of rejection sampling, at most (but one draw a row)
+#: candidate numbers drawn per round of rejection sampling or of the normalizer's
+#: draws, at most (but one draw a row)
 ROUND_NUMBERS = 2**24
 
 
@@ -89,10 +90,7 @@ class TruncatedPosterior(WrappedPosterior):
         if not 0 < min_acceptance < 1:
             raise ValueError(f"min_acceptance must be in (0, 1), got {min_acceptance!r}")
         if prior is None or not (hasattr(prior, "support") or hasattr(prior, "log_prob")):
-            raise ValueError(
-                "prior must be a torch Distribution or have log_prob, got "
-                f"{type(prior).__name__}"
-            )
+            raise not_a_prior(prior)
         super().__init__(posterior)
         if not supports(self.inner, "sample"):
             raise unsupported(self.inner, "sample")
@@ -134,7 +132,9 @@ class TruncatedPosterior(WrappedPosterior):
                 inside[short] += (~self._outside(draws)).sum(0).cpu().float()
                 drawn[short] += size
                 short = short[(inside[short] < MIN_INSIDE) & (drawn[short] * 2 <= cap)]
-                size = int(drawn[short].max()) if short.numel() else 0
+                # doubling the draws, at most ROUND_NUMBERS numbers a round
+                limit = ROUND_NUMBERS // max(1, short.numel() * (self.event_size() or 1))
+                size = min(int(drawn[short].max()), max(1, limit)) if short.numel() else 0
             log_z = (inside.clamp_min(1) / drawn).log().tolist()
             self._log_z.update((keys[i], v) for i, v in zip(rows.tolist(), log_z, strict=True))
         out = torch.tensor([self._log_z[key] for key in keys], dtype=torch.float64)
