@@ -459,11 +459,12 @@ def test_a_model_on_another_device_than_the_data_is_named(entry):
 
 def test_diagnose_skips_lc2st_nf_when_the_base_is_not_normal():
     """A box uniform has no score and no standard-normal latents: both checks are skipped
-    with the adapter's reason, the sampling checks and the misspecification test run."""
+    with the adapter's reason, the sampling checks, L-C2ST in L-C2ST-NF's place and the
+    misspecification test run."""
     theta, x = cl.tasks.GaussianToy(dim=2).sample(100, torch.Generator().manual_seed(0))
     report = cl.diagnose(NOT_DIFFERENTIABLE["box-uniform"], theta, x, observations=x[:2],
                          num_posterior_samples=20)  # fmt: skip
     assert set(report.skipped) == {"kccsd", "lc2st_nf"}
     assert "to_latent needs a flow or a Gaussian" in report.skipped["lc2st_nf"]
-    assert {"ranks", "tarp", "recovery", "misspecification"} <= set(report.checks)
+    assert {"ranks", "tarp", "recovery", "lc2st", "misspecification"} <= set(report.checks)
     assert "skipped: to_latent needs" in report.table()

@@ -239,8 +239,9 @@ def test_diagnose_runs_what_a_sampler_supports_and_lists_the_skipped_checks(tmp_
     reference = TOY.posterior()(x_o).sample((100,))
     report = cl.diagnose(_samples_only(), theta, x, observations=x_o,
                          reference_samples=reference, seed=0)
-    assert set(report.checks) == {"ranks", "tarp", "joint_c2st", "recovery", "misspecification",
-                                 "reference"}  # fmt: skip
+    assert set(report.checks) == {"ranks", "tarp", "joint_c2st", "recovery", "lc2st",
+                                 "misspecification", "reference"}  # fmt: skip
+    assert report.checks["lc2st"].p_value.shape == (2,)  # in L-C2ST-NF's place
     assert report.checks["ranks"].joint_statistic == "distance"
     assert set(report.skipped) == {"kccsd", "lc2st_nf"}
     assert "does not provide score" in report.skipped["kccsd"]

@@ -7,6 +7,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from calib_lightning.diagnosis._verdict import LOCAL_TESTS, NAMES
 from calib_lightning.plots.lc2st import MAX_MAP_PARAMETERS, plot_pp, plot_probability_map
 from calib_lightning.plots.misspecification import plot_misspecification
 from calib_lightning.plots.ranks import (
@@ -47,8 +48,9 @@ def draw_figures(
     if recovery is not None:
         out["recovery_mean_vs_truth"] = plot_recovery(recovery, **chosen)
         out["recovery_z_score_vs_contraction"] = plot_z_score_contraction(recovery, **chosen)
-    local = checks.get("lc2st_nf")
-    if local is not None:
+    name = next((n for n in LOCAL_TESTS if n in checks), None)  # the one whose maps were drawn
+    if name is not None:
+        local = checks[name]
         if adjusted_p_values is None:
             out["lc2st_pp"] = plot_pp(local, level=level)
         else:  # each panel's "rejected" must agree with the verdict's Holm-corrected list
@@ -57,7 +59,7 @@ def draw_figures(
             chosen_maps = None if parameters is None else list(parameters)[:MAX_MAP_PARAMETERS]
             for o, (samples, probs) in enumerate(zip(
                     probability_maps.samples, probability_maps.probabilities, strict=True)):
-                title = f"L-C2ST-NF at observation {o}: p = {float(local.p_value[o]):.3g}"
+                title = f"{NAMES[name][0]} at observation {o}: p = {float(local.p_value[o]):.3g}"
                 if adjusted_p_values is not None:
                     title += f", Holm-adjusted p = {adjusted_p_values[o]:.3g}"
                 pp = (local.pp_grid, local.pp_ecdf[o], local.pp_band[:, o])

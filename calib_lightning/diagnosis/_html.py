@@ -19,6 +19,7 @@ TITLES = {
     "joint_c2st": "Joint classifier test (theta and x together; sees a posterior ignoring x)",
     "recovery": "Recovery (posterior mean vs truth, z-scores)",
     "lc2st_nf": "L-C2ST-NF (local test at each observation)",
+    "lc2st": "L-C2ST (local test at each observation, from posterior draws)",
     "misspecification": "Misspecification (observation vs simulations)",
     "reference": "Reference samples (MMD test per observation)",
     "support": "Prior support (posterior draws outside it; none if exact)",
@@ -44,7 +45,7 @@ figcaption {{ font-weight: 600; margin-bottom: .3em; }}
 DISAGREE = """
 <h2>When checks disagree</h2>
 <ul>
-<li><b>Global checks pass, L-C2ST-NF rejects at an observation:</b> the posterior is right
+<li><b>Global checks pass, L-C2ST-NF (or L-C2ST) rejects at an observation:</b> the posterior is right
 on average but wrong there. Trust the local result for that observation; look at its
 PP-plot and, with more budget, simulate near it.</li>
 <li><b>Ranks reject, KCCSD does not:</b> rank tests are the most powerful against a small,

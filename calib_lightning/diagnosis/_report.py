@@ -24,7 +24,7 @@ from calib_lightning.diagnosis._compare import Comparison
 from calib_lightning.diagnosis._html import DISAGREE, TITLES, caption, style, table
 from calib_lightning.diagnosis._sizes import quantile as _quantile
 from calib_lightning.diagnosis._sizes import size as _size
-from calib_lightning.diagnosis._verdict import VERDICT_CHECKS, Verdict, verdict
+from calib_lightning.diagnosis._verdict import LOCAL_TESTS, NAMES, VERDICT_CHECKS, Verdict, verdict
 from calib_lightning.plots._format import format_p_value
 
 if TYPE_CHECKING:
@@ -172,7 +172,8 @@ class Diagnosis:
         if self._figures is None:
             from calib_lightning.diagnosis._figures import draw_figures
 
-            local = self.findings.observations.get("lc2st_nf")
+            local = next((self.findings.observations[n] for n in LOCAL_TESTS
+                          if n in self.findings.observations), None)  # the maps' test
             self._figures = draw_figures(
                 self.checks, self.level, self.labels, self.parameters, self.probability_maps,
                 None if local is None else local.adjusted_p_value,
@@ -322,23 +323,25 @@ high or too low.</p>
             return ""
         count = len(next(iter(lists.values())).p_value)
         header = ["observation"]
-        local, misspec = lists.get("lc2st_nf"), lists.get("misspecification")
-        result = self.checks.get("lc2st_nf")
-        if local is not None:
-            header += ["L-C2ST statistic", f"null {1 - self.level:.0%} quantile", "p",
+        locals_ = [(n, lists[n], self.checks[n]) for n in LOCAL_TESTS if n in lists]
+        misspec = lists.get("misspecification")
+        nulls = {}
+        for name, _, result in locals_:
+            prefix = f"{NAMES[name][0]}: " if len(locals_) > 1 else ""
+            header += [f"{prefix}L-C2ST statistic", f"null {1 - self.level:.0%} quantile", "p",
                        "Holm-adjusted p"]  # fmt: skip
-            null = _quantile(result.null_statistics, 1 - self.level)
+            nulls[name] = _quantile(result.null_statistics, 1 - self.level)
         if misspec is not None:
             header += ["outside the simulator: p", "Holm-adjusted p"]
         header.append("in the verdict")
         rows, classes = [], []
         for o in range(count):
             row, named = [str(o)], []
-            if local is not None:
-                row += [f"{float(result.statistic[o]):.3g}", f"{null[o]:.3g}",
+            for name, local, result in locals_:
+                row += [f"{float(result.statistic[o]):.3g}", f"{nulls[name][o]:.3g}",
                         format_p_value(local.p_value[o], 3, name=""),
                         format_p_value(local.adjusted_p_value[o], 3, name="")]  # fmt: skip
-                named += ["wrong here (L-C2ST-NF)"] if o in local.named else []
+                named += [f"wrong here ({NAMES[name][0]})"] if o in local.named else []
             if misspec is not None:
                 row += [format_p_value(misspec.p_value[o], 3, name=""),
                         format_p_value(misspec.adjusted_p_value[o], 3, name="")]  # fmt: skip
@@ -355,7 +358,7 @@ high or too low.</p>
 <p class="note">Holm's step-down correction over the {count} observations (family-wise
 error at {self.level:g} under any dependence), separately for each test. An observation is
 named in the verdict (last column) when its Holm-adjusted p-value is below the level and the
-check's own verdict rejects (for L-C2ST-NF, the overall verdict too). {html.escape(
+check's own verdict rejects (for L-C2ST-NF and L-C2ST, the overall verdict too). {html.escape(
 ' '.join(notes))}</p>
 {table(header, rows, classes)}"""
 

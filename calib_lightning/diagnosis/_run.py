@@ -6,8 +6,10 @@ scores only and L-C2ST-NF latents; the misspecification test compares the observ
 with the calibration ``x`` (simulator outputs). A check the posterior cannot support
 (KCCSD without a score, L-C2ST-NF without latents: a samples-only posterior; KCCSD when
 the log-density has no gradient in theta, L-C2ST-NF when the base is not normal) is
-skipped and listed in the report with the reason. Given the prior, the support check
-counts the shared draws that fall outside its support.
+skipped and listed in the report with the reason. At the observations of a posterior
+without latents, L-C2ST (posterior draws in place of latents, its null retrained on
+them) runs in L-C2ST-NF's place. Given the prior, the support check counts the shared
+draws that fall outside its support.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from calib_lightning.functional.reference import compare_to_reference
 from calib_lightning.functional.sbc import rank_calibration
 from calib_lightning.functional.support import support_leakage
 from calib_lightning.functional.tarp import tarp
-from calib_lightning.metrics import KCCSD, LC2STNF
+from calib_lightning.metrics import KCCSD, LC2ST, LC2STNF
 from calib_lightning.metrics.joint_c2st import joint_c2st
+from calib_lightning.metrics.lc2st import ProbabilityMap
 from calib_lightning.misspecification import misspecification_test
 from calib_lightning.plots._grid import select_parameters
 from calib_lightning.posteriors import as_posterior, density_draws, supports, unsupported
@@ -42,17 +45,17 @@ from calib_lightning.posteriors.base import UnsupportedError
 __all__ = ["CHECKS", "NEEDS", "diagnose", "skipped_checks"]
 
 #: every check ``diagnose`` can run, in the order of the report
-CHECKS = ("kccsd", "ranks", "tarp", "joint_c2st", "recovery", "lc2st_nf", "misspecification",
-          "support")
+CHECKS = ("kccsd", "ranks", "tarp", "joint_c2st", "recovery", "lc2st_nf", "lc2st",
+          "misspecification", "support")
 _SAMPLING = ("ranks", "tarp", "joint_c2st", "recovery", "support")
-_LOCAL = ("lc2st_nf", "misspecification")
+_LOCAL = ("lc2st_nf", "lc2st", "misspecification")
 #: the posterior capability each check needs beyond sampling
 NEEDS = {"kccsd": "score", "lc2st_nf": "to_latent"}
 #: the random stream of each step (with ``seed``): a check's numbers do not depend on
 #: which other checks run
 _STREAMS = {name: k for k, name in enumerate(
-    ("draws", *(c for c in CHECKS if c not in ("joint_c2st", "support")), "reference",
-     "joint_c2st", "region", "support"), start=1)}
+    ("draws", *(c for c in CHECKS if c not in ("joint_c2st", "support", "lc2st")),
+     "reference", "joint_c2st", "region", "support", "lc2st"), start=1)}
 MAP_NUM_POSTERIOR_SAMPLES = 2000  # posterior draws per observation of the probability maps
 
 
@@ -125,7 +128,8 @@ def diagnose(
         x: their simulated observations ``(N, *X)``.
         observations: observations ``(O, *X)`` you will analyse; enables L-C2ST-NF at
             each (with :func:`local_num_null` null classifiers, so Holm's correction over
-            the ``O`` observations can name any of them) and the misspecification test
+            the ``O`` observations can name any of them; L-C2ST, check ``"lc2st"``, in
+            its place for a posterior without latents) and the misspecification test
             against ``x``.
         reference_samples: exact posterior samples ``(S_ref, O, D)`` at the
             observations, if you have them (MCMC, a known posterior): adds the check
@@ -133,10 +137,12 @@ def diagnose(
             of ``S_ref`` posterior draws at each observation,
             :func:`~calib_lightning.functional.compare_to_reference`).
         checks: a subset of :data:`CHECKS`; default every check that applies
-            (the local ones need ``observations``). A check the posterior cannot
-            support (:data:`NEEDS`: KCCSD needs the score, L-C2ST-NF the latents; a
-            ``log_prob`` without a gradient in ``theta`` gives no score, a base that is
-            not normal no latents) is skipped and listed in the report's table with the
+            (the local ones need ``observations``; ``"lc2st"`` only where L-C2ST-NF
+            cannot run: it asks the same question from posterior draws, and trains its
+            null anew on them at every call). A check the posterior cannot support
+            (:data:`NEEDS`: KCCSD needs the score, L-C2ST-NF the latents; a ``log_prob``
+            without a gradient in ``theta`` gives no score, a base that is not normal no
+            latents) is skipped and listed in the report's table with the
             reason (``Diagnosis.skipped``); for a samples-only posterior, and one whose
             log-density integrates an ODE's trace, the joint rank is the distance rank
             (``costly``: :class:`~calib_lightning.posteriors.Posterior`). KCCSD on a
@@ -305,6 +311,18 @@ def diagnose(
             return result
 
         timed("lc2st_nf", run_lc2st)
+    if "lc2st" in checks and not (by_default and "lc2st_nf" in results):  # asked, or in its place
+        def run_lc2st_draws(generator: torch.Generator) -> Any:
+            nonlocal maps
+            metric = LC2ST(observations=observations, level=level, seed=seed,
+                           num_null=local_num_null(observations.shape[0], level))  # fmt: skip
+            metric.update(post, theta, x)
+            result = metric.compute()
+            if maps is None:  # its evaluation draws and the classifier's output there
+                maps = ProbabilityMap(samples=result.samples, probabilities=result.probabilities)
+            return result
+
+        timed("lc2st", run_lc2st_draws)
     if reference_samples is not None:
         def run_reference(generator: torch.Generator) -> Any:
             samples = draws(post, observations, reference_samples.shape[0])
@@ -317,7 +335,8 @@ def diagnose(
             observations, x, embedding=embedding, seed=seed, global_method="holm"))
     if before is not None and not isinstance(before, Diagnosis):
         before = diagnose(
-            before, theta, x, observations, reference_samples, requested, labels,
+            before, theta, x, observations, reference_samples,
+            None if by_default else requested, labels,  # its own defaults (L-C2ST's place)
             parameters=parameters, num_posterior_samples=num_posterior_samples, level=level,
             embedding=embedding, seed=seed, prior=prior,
         )  # fmt: skip

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from calib_lightning.diagnosis._verdict import Verdict
+from calib_lightning.diagnosis._verdict import LOCAL_TESTS, Verdict
 
 __all__ = ["quantile", "size"]
 
@@ -25,7 +25,7 @@ def size(name: str, result: Any, findings: Verdict, level: float) -> str:
     if name == "tarp":
         return (f"largest coverage gap {float(result.statistic):.3f} (band "
                 f"{float(result.band):.3f}); ATC {float(result.coverage_error):+.3f}")  # fmt: skip
-    if name == "lc2st_nf":
+    if name in LOCAL_TESTS:
         null = quantile(result.null_statistics, 1 - level)
         ratio = [float(t) / max(q, 1e-300) for t, q in zip(result.statistic, null, strict=True)]
         worst = max(range(len(ratio)), key=ratio.__getitem__)

@@ -72,6 +72,7 @@ VERDICT_CHECKS = {
     "ranks": "global_p_value",
     "tarp": "p_value",
     "lc2st_nf": "global_p_value",
+    "lc2st": "global_p_value",
     "joint_c2st": "p_value",
     "support": "p_value",
 }
@@ -88,8 +89,11 @@ VERDICT_WEIGHTS = {
     "ranks": 0.9,
     "tarp": 0.05,
     "lc2st_nf": 0.25,
+    "lc2st": 0.25,
     "joint_c2st": 0.05,
 }
+#: the local tests at each observation (L-C2ST in L-C2ST-NF's place without latents)
+LOCAL_TESTS = ("lc2st_nf", "lc2st")
 #: how the overall verdict combines the weighted checks (functional.combine_p_values)
 VERDICT_METHOD = "holm"
 
@@ -99,6 +103,7 @@ NAMES = {
     "ranks": ("the rank tests", "the expected-coverage, rank ECDF and histogram figures"),
     "tarp": ("TARP", "the TARP coverage figure"),
     "lc2st_nf": ("L-C2ST-NF", "the PP-plots and probability maps"),
+    "lc2st": ("L-C2ST", "the PP-plots and probability maps"),
     "joint_c2st": ("the joint classifier test", ""),  # no figure of its own
     "misspecification": ("the misspecification test", "the misspecification figure"),
     "support": ("the prior-support check", ""),  # no figure of its own
@@ -140,7 +145,7 @@ class ObservationList:
     """A per-observation test with Holm's correction.
 
     Attributes:
-        check: ``"lc2st_nf"`` or ``"misspecification"``.
+        check: ``"lc2st_nf"``, ``"lc2st"`` or ``"misspecification"``.
         p_value: raw p-values ``(O,)``.
         adjusted_p_value: Holm-adjusted ``(O,)``.
         named: indices the sentence lists (adjusted below the level, gates passed).
@@ -296,7 +301,7 @@ def _cannot(name: str, result: Any, smallest: float, level: float) -> str:
         return (f"{what} cannot reject with {result.num_simulations} simulations "
                 f"({result.num_calibration} for calibration): smallest p-value "
                 f"1/{result.num_calibration + 1} = {single:.2g}, not below {level:g}")  # fmt: skip
-    if name == "lc2st_nf":
+    if name in LOCAL_TESTS:
         size = f"{result.null_statistics.shape[0]} null classifiers"
     else:
         size = "this many null draws"
@@ -319,9 +324,9 @@ def verdict(
     directions = [] if ranks is None else direction_tests(
         ranks, level, overall_rejects and "ranks" in rejected, labels)  # fmt: skip
     lists: dict[str, ObservationList] = {}
-    if "lc2st_nf" in checks:
-        gate = overall_rejects and "lc2st_nf" in rejected
-        lists["lc2st_nf"] = observation_list("lc2st_nf", checks["lc2st_nf"], level, gate)
+    for name in (n for n in LOCAL_TESTS if n in checks):
+        lists[name] = observation_list(name, checks[name], level,
+                                       overall_rejects and name in rejected)  # fmt: skip
     if "misspecification" in checks:
         result = checks["misspecification"]
         lists["misspecification"] = observation_list(
@@ -363,19 +368,19 @@ def verdict(
             share = float(checks["support"].statistic)
             found.insert(0, f"{share:.1%} of its draws at the calibration x lie outside the "
                             "prior's support, where the true posterior puts none")  # fmt: skip
-        local = lists.get("lc2st_nf")
-        if local is not None and local.named:
-            found.append(f"wrong at {_observations(local.named)} "
-                         f"({_lc2st_size(checks['lc2st_nf'], local.named, level)})")  # fmt: skip
-        elif local is not None and "lc2st_nf" in rejected:
-            why = "" if local.can_reject else (
-                f"; with {len(local.p_value)} observations the smallest Holm-adjusted p-value "
-                f"is {local.smallest_adjusted:.2g}")  # fmt: skip
-            found.append(f"L-C2ST-NF rejects over the observations together, at no single "
-                         f"one after Holm's correction{why}")  # fmt: skip
-        shown = {"ranks"} if any(d.named for d in directions) else set()
-        shown |= {"lc2st_nf"} if local is not None and "lc2st_nf" in rejected else set()
-        shown |= {"support"}
+        shown = {"ranks", "support"} if any(d.named for d in directions) else {"support"}
+        for name in (n for n in LOCAL_TESTS if n in lists):
+            local = lists[name]
+            if local.named:
+                found.append(f"wrong at {_observations(local.named)} "
+                             f"({_lc2st_size(checks[name], local.named, level)})")  # fmt: skip
+            elif name in rejected:
+                why = "" if local.can_reject else (
+                    f"; with {len(local.p_value)} observations the smallest Holm-adjusted "
+                    f"p-value is {local.smallest_adjusted:.2g}")  # fmt: skip
+                found.append(f"{NAMES[name][0]} rejects over the observations together, at "
+                             f"no single one after Holm's correction{why}")  # fmt: skip
+            shown |= {name} if name in rejected else set()
         others = [n for n in rejected if n in VERDICT_CHECKS and n not in shown]
         if others:
             words = _and([f"{NAMES[n][0]} ({format_p_value(_verdict_p_value(n, checks[n]), 3)})"
