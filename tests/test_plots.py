@@ -497,3 +497,29 @@ def test_pp_panels_judged_by_adjusted_p_values_say_so():
     assert "p = 0.01" in fig.axes[0].get_title()  # the raw p stays beside its adjustment
     with pytest.raises(ValueError, match="adjusted_p_values must have one entry"):
         plot_pp(result, adjusted_p_values=[0.1])
+
+
+def test_rank_figures_name_the_joint_rank_they_draw():
+    """A samples-only posterior's joint rank is the distance rank: the figures say so (and
+    its regions are central, not HPD); a density's figures say energy and HPD."""
+    import calib_lightning as cl
+    from calib_lightning.tasks import GaussianToy
+
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(200, torch.Generator().manual_seed(0))
+    exact = toy.posterior()
+    samples_only = cl.SamplePosterior(lambda x_, n: exact(x_).sample((n,)))
+    for posterior, joint, region in ((exact, "energy", "HPD region"),
+                                     (samples_only, "distance", "central region")):
+        metric = cl.RankCalibration(num_posterior_samples=20)
+        torch.manual_seed(0)
+        metric.update(posterior, theta, x)
+        result = metric.compute()
+        assert result.joint_statistic == joint
+        coverage = plot_expected_coverage(result)
+        assert f"({joint} rank)" in coverage.axes[0].get_title()
+        assert region in coverage.axes[0].get_xlabel()
+        ecdf = plot_rank_ecdf(result)
+        assert ecdf.axes[1].get_title() == f"Joint {joint} rank"
+        histograms = plot_rank_histograms(result)
+        assert histograms.axes[-1].get_title().startswith(f"joint ({joint})")

@@ -47,7 +47,10 @@ from calib_lightning.plots._grid import (
 
 __all__ = ["plot_expected_coverage", "plot_rank_ecdf", "plot_rank_histograms"]
 
-_JOINT = "joint (energy)"
+#: what the joint rank orders by (``RankCalibrationResult.joint_statistic``): the energy
+#: ``-log q`` where the posterior has a density, else the standardized distance to the
+#: centre of the pair's points (samples-only posteriors, vector fields)
+_REGION = {"energy": "HPD region", "distance": "central region (standardized distance)"}
 _BAND_COLOR, _POINTWISE_COLOR = "0.82", "0.35"
 _NOTE = {"fontsize": 7.5, "color": "0.2", "va": "top"}
 _MAX_COLOURED = 10  # distinct colours of the ECDF figure
@@ -61,6 +64,11 @@ def _get(result: RankSummary, *names: str) -> list[Tensor]:
             f"RankCalibration.compute()); missing fields {missing}"
         )
     return [getattr(result, n).detach().cpu() for n in names]
+
+
+def _joint(result: RankSummary) -> str:
+    """``"energy"`` or ``"distance"``: the joint rank's statistic (energy if not said)."""
+    return getattr(result, "joint_statistic", None) or "energy"
 
 
 def _outside(dev: np.ndarray, band: np.ndarray) -> np.ndarray:
@@ -140,7 +148,9 @@ def plot_rank_histograms(
     expected = n * prob  # bins may differ by one rank value: plot observed / expected
     rows = [*counts[chosen].numpy(), counts[d].numpy()]
     p_values = [*marginal_p[chosen].tolist(), float(p)]
-    for ax, name, row, pv in zip(axes, [*names, _JOINT], rows, p_values, strict=True):
+    joint = _joint(result)
+    for ax, name, row, pv in zip(axes, [*names, f"joint ({joint})"], rows, p_values,
+                                 strict=True):  # fmt: skip
         ax.fill_between([*left, 1.0], [*(low / expected), 1], [*(high / expected), 1],
                         step="post", color=_BAND_COLOR, lw=0)  # fmt: skip
         outside = (row < low) | (row > high)
@@ -160,8 +170,11 @@ def plot_rank_histograms(
         f"{1 - float(test_level):.0%}; red bars lie outside",
         "Per dimension: ∪-shape = posterior too narrow (over-confident); ∩-shape = too "
         "wide (under-confident); mass piled left = posterior too high, right = too low.\n"
-        "Joint (energy): mass on the right = truth less probable than the posterior's "
-        "own draws (over-confident or biased); on the left = under-confident.",
+        + ("Joint (energy): mass on the right = truth less probable than the posterior's "
+         "own draws (over-confident or biased); on the left = under-confident."
+         if joint == "energy" else
+         "Joint (distance): mass on the right = truth farther from the centre than the "
+         "posterior's own draws (over-confident or biased); on the left = under-confident."),
     )
     return fig
 
@@ -250,7 +263,7 @@ def plot_rank_ecdf(
         axes[0].plot(tt, [0, *dev[i], 0], color=f"C{k}", lw=1.3, zorder=3,
                      label=f"{name}: ECDF band {format_p_value(ecdf_p[i])}")  # fmt: skip
     axes[1].plot(tt, [0, *dev[d], 0], color="k", lw=1.5,
-                 label=f"{_JOINT}: ECDF band {format_p_value(ecdf_p[d])}")  # fmt: skip
+                 label=f"joint ({_joint(result)}): ECDF band {format_p_value(ecdf_p[d])}")
     axes[0].set_ylabel("ECDF(t) − t", fontsize=8)
     if others:
         what = "with the smallest ECDF band p-values" if worst else "chosen"
@@ -258,7 +271,7 @@ def plot_rank_ecdf(
                           fontsize=9)  # fmt: skip
     else:
         axes[0].set_title("Marginal ranks, one curve per dimension", fontsize=9)
-    axes[1].set_title("Joint energy rank", fontsize=9)
+    axes[1].set_title(f"Joint {_joint(result)} rank", fontsize=9)
     for ax in axes:  # below the axes: never over a curve
         entries = len(ax.get_legend_handles_labels()[1])
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13),
@@ -294,8 +307,9 @@ def plot_expected_coverage(
     r"""Coverage of highest-density credible regions against their credibility level.
 
     At level ``c`` the region holds the fraction ``c`` of the posterior's draws with the
-    lowest energy; the curve is the fraction of calibration pairs whose truth lies
-    inside (the ECDF of the joint energy rank). Above the diagonal the regions cover
+    lowest energy (for a distance rank, ``joint_statistic == "distance"``: nearest the
+    centre); the curve is the fraction of calibration pairs whose truth lies
+    inside (the ECDF of the joint rank). Above the diagonal the regions cover
     more often than claimed (under-confident, conservative); below, less often
     (over-confident), the convention of :mod:`calib_lightning.functional.sbc`. The grey
     band is the simultaneous :math:`1 - \alpha` band; the title says on which side the
@@ -349,7 +363,7 @@ def plot_expected_coverage(
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_aspect("equal")
-    ax.set_xlabel("credibility level of the HPD region", fontsize=8)
+    ax.set_xlabel(f"credibility level of the {_REGION[_joint(result)]}", fontsize=8)
     ax.set_ylabel("fraction of truths inside (coverage)", fontsize=8)
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=7, loc="center right", bbox_to_anchor=(1.0, 0.3))
@@ -365,5 +379,5 @@ def plot_expected_coverage(
     else:
         verdict = "inside the band: consistent with calibration"
     prefix = "" if before is None else "after, "
-    ax.set_title(f"Expected coverage (energy rank)\n{prefix}{verdict}", fontsize=9)
+    ax.set_title(f"Expected coverage ({_joint(result)} rank)\n{prefix}{verdict}", fontsize=9)
     return fig
