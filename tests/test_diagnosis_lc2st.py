@@ -10,6 +10,7 @@ the before/after report of a flow restricted to its prior.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import calib_lightning as cl
@@ -107,3 +108,37 @@ def test_a_restricted_flow_is_tested_at_the_observations_before_and_after():
     table = report.comparison.table()
     assert "lc2st_nf" in table
     assert "lc2st" in table.replace("lc2st_nf", "")
+
+
+def test_an_observation_outside_the_support_skips_what_samples_there():
+    """A posterior restricted to a box cannot be sampled at an observation whose posterior
+    mass is all outside it: the checks that draw there (L-C2ST, the support check) are
+    skipped with a message naming that x, the others run, and the rejection gives up after
+    the round that passes GIVE_UP_COUNT / min_acceptance candidates (before, after
+    num / min_acceptance: 1e9 for L-C2ST's 10,000 draws at each observation)."""
+    from calib_lightning.recalibration.truncation import (
+        GIVE_UP_COUNT,
+        ROUND_NUMBERS,
+        NoMassInsideError,
+    )
+
+    prior = torch.distributions.Independent(
+        torch.distributions.Uniform(-torch.ones(2), torch.ones(2)), 1)
+    theta = prior.sample((300,))
+    x = theta + 0.3 * torch.randn(300, 2)
+    flow = cl.as_posterior(lambda x_: torch.distributions.Independent(
+        torch.distributions.Normal(x_, 0.3 * torch.ones_like(x_)), 1))  # fmt: skip
+    restricted = cl.TruncatedPosterior(flow, prior)
+    observations = torch.tensor([[0.2, -0.1], [4.0, -4.0]])  # the second: 3e-24 inside
+    report = cl.diagnose(restricted, theta, x, observations=observations, prior=prior, seed=0)
+    for name in ("lc2st", "support"):
+        assert "at x = [4, -4]" in report.skipped[name], report.skipped[name]
+    assert {"ranks", "tarp", "misspecification"} <= set(report.checks)
+    assert report.findings.observations["misspecification"].named == [1]
+    calls = []
+    inner = restricted.inner.sample
+    restricted.inner.sample = lambda x_, n: calls.append(n * x_.shape[0]) or inner(x_, n)
+    with pytest.raises(NoMassInsideError, match=r"at x = \[4, -4\]"):
+        restricted.sample(observations[1:], 10_000)
+    bound = GIVE_UP_COUNT / restricted.min_acceptance + ROUND_NUMBERS + 20_000
+    assert sum(calls) <= bound, sum(calls)

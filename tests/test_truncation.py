@@ -12,7 +12,7 @@ import torch
 from torch.distributions import Independent, Normal, Uniform
 
 import calib_lightning as cl
-from calib_lightning.recalibration.truncation import MIN_INSIDE
+from calib_lightning.recalibration.truncation import MIN_INSIDE, NoMassInsideError
 
 D, STD = 2, 0.3
 BOX = Independent(Uniform(-torch.ones(D, dtype=torch.float64), torch.ones(D, dtype=torch.float64)),
@@ -164,8 +164,9 @@ def test_bad_input_raises_naming_the_argument():
         cl.TruncatedPosterior(untruncated, BOX, num_normalizer_samples=0)
     far = cl.TruncatedPosterior(untruncated, BOX, min_acceptance=1e-2)
     x = torch.tensor([[0.0, 0.0], [2.2, 0.0]], dtype=torch.float64)  # inside: 3.3e-5
-    with pytest.raises(ValueError, match=r"min_acceptance = 0.01 .* at row 1 of x"):
+    with pytest.raises(NoMassInsideError, match=r"0.01 .* at x = \[2.2, 0\]$"):
         far.sample(x, 10)
+    assert issubclass(NoMassInsideError, ValueError)
     noisy = cl.SamplePosterior(lambda x, s: x + torch.randn(s, *x.shape))
     samples_only = cl.TruncatedPosterior(noisy, BOX)
     assert samples_only.sample(x[:1], 5).shape == (5, 1, D)
@@ -276,3 +277,24 @@ def test_hpd_levels_with_a_prior_count_only_the_draws_inside():
             draws.base_true[i] + density(draws.z_true[i:i + 1])[0])
         assert float(levels[i]) == pytest.approx(float((w * higher).sum() / w.sum()), rel=1e-12)
     assert torch.equal(hpd_levels(draws, density, rows=torch.tensor([2, 0])), levels[[2, 0]])
+
+
+def test_a_rejection_round_keeps_the_flow_within_the_memory_budget():
+    """A round of rejection sampling can ask for a million candidates at one x; the
+    wrapped flow draws them in calls sized by the memory budget, so its activations stay
+    bounded: here 39 MiB at an 8 MiB budget (the round's own candidates, mask and order
+    make the rest), 1,253 MiB before, in one call; an NSF at an observation outside a box
+    took 24 GB and was killed. The row with no mass inside is given up."""
+    import zuko
+
+    from calib_lightning._memory import TensorPeak
+
+    torch.manual_seed(0)
+    flow = zuko.flows.NSF(2, 2, transforms=2, hidden_features=[64, 64])
+    far = Independent(Uniform(torch.full((2,), 8.0), torch.full((2,), 9.0)), 1)
+    restricted = cl.TruncatedPosterior(flow, far, min_acceptance=1e-4)
+    budget = 8 * 2**20
+    refused = pytest.raises(NoMassInsideError, match=r"at x = \[0, 0\]")
+    with cl.set_memory_budget(budget), TensorPeak() as tracker, refused:
+        restricted.sample(torch.zeros(1, 2), 100)
+    assert tracker.peak < 8 * budget, tracker.peak / 2**20

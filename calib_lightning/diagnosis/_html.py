@@ -45,9 +45,9 @@ figcaption {{ font-weight: 600; margin-bottom: .3em; }}
 DISAGREE = """
 <h2>When checks disagree</h2>
 <ul>
-<li><b>Global checks pass, L-C2ST-NF (or L-C2ST) rejects at an observation:</b> the posterior is right
-on average but wrong there. Trust the local result for that observation; look at its
-PP-plot and, with more budget, simulate near it.</li>
+<li><b>Global checks pass, L-C2ST-NF (or L-C2ST) rejects at an observation:</b> the
+posterior is right on average but wrong there. Trust the local result for that
+observation; look at its PP-plot and, with more budget, simulate near it.</li>
 <li><b>Ranks reject, KCCSD does not:</b> rank tests are the most powerful against a small,
 global dispersion error; read the Directions table (a direction is named only when its
 own test rejects) and the rank histograms.</li>

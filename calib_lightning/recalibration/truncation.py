@@ -36,18 +36,32 @@ from torch import Tensor
 
 from calib_lightning._checks import check_positive
 from calib_lightning._chunks import pair_blocks
+from calib_lightning._memory import ChunkSizer, draw_blocks
 from calib_lightning._prior import not_a_prior, outside_support
+from calib_lightning.evaluation import draws as budgeted_draws
 from calib_lightning.posteriors import WrappedPosterior, supports, unsupported
+from calib_lightning.posteriors.base import UnsupportedError
 
-__all__ = ["TruncatedPosterior"]
+__all__ = ["NoMassInsideError", "TruncatedPosterior"]
 
 #: rows of ``x`` whose normalizer is kept (about 100 bytes each)
 CACHE_ROWS = 200_000
 #: draws inside the support the normalizer of a row is estimated from, at least
 MIN_INSIDE = 100
+#: a row whose share inside is below half of ``min_acceptance`` after this many times
+#: ``1 / min_acceptance`` draws is given up (at exactly ``min_acceptance``, 30 draws
+#: inside are expected and fewer than 15 come with probability 0.001)
+GIVE_UP_COUNT = 30
 #: candidate numbers drawn per round of rejection sampling or of the normalizer's
 #: draws, at most (but one draw a row)
 ROUND_NUMBERS = 2**24
+
+
+class NoMassInsideError(UnsupportedError):
+    """The posterior puts less than ``min_acceptance`` of its mass inside the support at
+    an ``x``, so its restriction cannot be sampled there (an observation the prior cannot
+    produce, say); a ``ValueError``, and ``cl.diagnose`` skips the check that asked for
+    draws there with this message."""
 
 
 class TruncatedPosterior(WrappedPosterior):
@@ -62,9 +76,11 @@ class TruncatedPosterior(WrappedPosterior):
         prior: a torch ``Distribution`` (its ``support``, e.g. sbi's ``BoxUniform``) or
             anything with ``log_prob`` (outside where it is not finite).
         num_normalizer_samples: draws per observation that estimate :math:`Z(x)`.
-        min_acceptance: sampling stops with a ``ValueError`` at an observation whose
-            share of draws inside the support is below this after ``1 / min_acceptance``
-            draws per requested sample.
+        min_acceptance: sampling stops with a :class:`NoMassInsideError` (a
+            ``ValueError``) at an observation whose share of draws inside the support is
+            below this after ``1 / min_acceptance`` draws per requested sample, or below
+            half of it after :data:`GIVE_UP_COUNT` ``/ min_acceptance`` draws (a row with
+            no mass inside is found after that many, whatever the number requested).
 
     Attributes:
         inner: the wrapped :class:`~calib_lightning.posteriors.Posterior`.
@@ -116,7 +132,8 @@ class TruncatedPosterior(WrappedPosterior):
         values and cached: the log-share of the draws at the row inside the support, from
         ``num_normalizer_samples`` draws, doubled while fewer than :data:`MIN_INSIDE` are
         inside (relative standard error about :math:`1/\sqrt{100}`), up to
-        ``num_normalizer_samples / min_acceptance`` (a row with none inside then gets one
+        ``num_normalizer_samples / min_acceptance``, or until a row is found below half of
+        ``min_acceptance`` as sampling gives it up (a row with none inside then gets one
         count)."""
         values = x.detach().cpu().reshape(x.shape[0], -1).double().numpy()
         keys = [(str(x.dtype), hash(row.tobytes())) for row in values]
@@ -127,11 +144,12 @@ class TruncatedPosterior(WrappedPosterior):
             drawn, inside = torch.zeros(rows.numel()), torch.zeros(rows.numel())
             short, size = torch.arange(rows.numel()), m
             while short.numel():
-                with torch.no_grad():
-                    draws = self.inner.sample(x[rows[short].to(x.device)], size)
+                draws = budgeted_draws(self.inner, x[rows[short].to(x.device)], size)
                 inside[short] += (~self._outside(draws)).sum(0).cpu().float()
                 drawn[short] += size
-                short = short[(inside[short] < MIN_INSIDE) & (drawn[short] * 2 <= cap)]
+                rare = (drawn[short] >= GIVE_UP_COUNT / self.min_acceptance) & (
+                    inside[short] < 0.5 * self.min_acceptance * drawn[short])  # fmt: skip
+                short = short[(inside[short] < MIN_INSIDE) & (drawn[short] * 2 <= cap) & ~rare]
                 # doubling the draws, at most ROUND_NUMBERS numbers a round
                 limit = ROUND_NUMBERS // max(1, short.numel() * (self.event_size() or 1))
                 size = min(int(drawn[short].max()), max(1, limit)) if short.numel() else 0
@@ -187,7 +205,7 @@ class TruncatedPosterior(WrappedPosterior):
                 group = rate.log2().floor()
                 for level in group.unique():
                     self._round(x, active[group == level], num, with_log_prob, state)
-                self._check_acceptance(active, num, state)
+                self._check_acceptance(x, active, num, state)
                 active = active[state["filled"][active] < num]
         return state["theta"], state["log_q"]
 
@@ -202,11 +220,7 @@ class TruncatedPosterior(WrappedPosterior):
         width = rows.numel() * (self.event_size() or 1)
         size = min(math.ceil(1.2 * need / rate) + 8, math.ceil(num / self.min_acceptance),
                    max(need, ROUND_NUMBERS // width))
-        x_rows = x[rows.to(x.device)]
-        if with_log_prob:
-            draws, lp = self.inner.sample_and_log_prob(x_rows, size)
-        else:
-            draws, lp = self.inner.sample(x_rows, size), None
+        draws, lp = self._inner_draws(x[rows.to(x.device)], size, with_log_prob)
         if state["theta"] is None:
             state["theta"] = draws.new_empty(num, x.shape[0], draws.shape[-1])
             state["log_q"] = None if lp is None else lp.new_empty(num, x.shape[0])
@@ -227,14 +241,45 @@ class TruncatedPosterior(WrappedPosterior):
             state["log_q"][slot, out_rows] = lp[order[keep], cols]
         filled[rows] += take
 
-    def _check_acceptance(self, active: Tensor, num: int, state: dict[str, Any]) -> None:
+    def _inner_draws(
+        self, x: Tensor, num: int, with_log_prob: bool
+    ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+        """``num`` draws of the wrapped posterior at each row ``(S, N, D)`` (and their
+        log-densities), in calls sized by the memory budget: a round's candidates can
+        number millions, and a flow's activations are many times its draws."""
+        if not with_log_prob:
+            return budgeted_draws(self.inner, x, num), None
+        sizer = ChunkSizer(x.device)
+        theta, log_q = None, None
+        for rows, done, take in draw_blocks(x.shape[0], num, sizer):
+            part, part_lp = sizer.run(take * (rows.stop - rows.start), lambda rows=rows,
+                                      take=take: self.inner.sample_and_log_prob(x[rows], take))
+            if theta is None:
+                if take == num and rows.stop - rows.start == x.shape[0]:
+                    return part, part_lp  # one call
+                theta = part.new_empty(num, x.shape[0], part.shape[-1])
+                log_q = part_lp.new_empty(num, x.shape[0])
+                sizer.keep((theta.numel() + log_q.numel()) * part.element_size())
+            theta[done : done + take, rows] = part
+            log_q[done : done + take, rows] = part_lp
+        return theta, log_q
+
+    def _check_acceptance(
+        self, x: Tensor, active: Tensor, num: int, state: dict[str, Any]
+    ) -> None:  # fmt: skip
         filled, drawn, accepted = state["filled"], state["drawn"], state["accepted"]
-        stuck = active[(filled[active] < num) & (drawn[active] >= num / self.min_acceptance)]
+        rare = (drawn >= GIVE_UP_COUNT / self.min_acceptance) & (
+            accepted < 0.5 * self.min_acceptance * drawn)  # fmt: skip
+        short = (drawn >= num / self.min_acceptance) | rare
+        stuck = active[(filled[active] < num) & short[active]]
         if stuck.numel():
             row = int(stuck[0])
-            raise ValueError(
+            values = x[row].reshape(-1)
+            shown = ", ".join(f"{float(v):.3g}" for v in values[:4])
+            raise NoMassInsideError(
                 f"posterior must put at least min_acceptance = {self.min_acceptance:g} of its "
                 f"mass inside the prior's support to be sampled by rejection, got "
-                f"{float(accepted[row] / drawn[row]):.2g} at row {row} of x "
-                f"({stuck.numel()} rows below it)"
+                f"{float(accepted[row] / drawn[row]):.2g} at x = [{shown}"
+                f"{', ...' if values.numel() > 4 else ''}]"
+                + ("" if stuck.numel() == 1 else f" and {stuck.numel() - 1} other rows")
             )
