@@ -33,8 +33,10 @@ and each method is fitted on its validation split only (100 pairs at 1,000 simul
 * ``support``: ``cl.recalibrate(flow, ..., method="none", prior=task.prior())``, the
   flow restricted to the prior's box (``cl.TruncatedPosterior``); ``scale hpd+support``:
   the HPD-targeted scale (``method="scale", scale_target="hpd"``) fitted on the restricted
-  posterior's HPD levels, then restricted (rows added later, on the same cached flows).
-  The restricted posteriors have no latent space: ``-`` in the latent columns;
+  posterior's HPD levels, then restricted (rows added later, on the same cached flows);
+  ``auto+support``: ``cl.recalibrate(flow, ..., method="auto", prior=task.prior())``,
+  whose candidates are scored by the restricted posterior's HPD levels (added last, the
+  same way). The restricted posteriors have no latent space: ``-`` in the latent columns;
 * ``kccsd fine-tune``: the trained plain NPE fine-tuned on the validation split, whose
   pairs are split in two halves (seeded): full-batch Adam steps (lr ``FINE_TUNE_LR``,
   gradient clipping at 5) on ``nll + FINE_TUNE_WEIGHT * cl.KCCSDLoss()`` (latent space,
@@ -112,6 +114,8 @@ METHODS: dict[str, Fit] = {
                                                             prior=prior),
     "scale hpd+support": lambda flow, theta, x, prior: cl.recalibrate(
         flow, theta, x, method="scale", scale_target="hpd", prior=prior),
+    "auto+support": lambda flow, theta, x, prior: cl.recalibrate(flow, theta, x, method="auto",
+                                                                 prior=prior),
     "radial (band 1)": lambda flow, theta, x, **_: cl.recalibrate(flow, theta, x, "radial",
                                                                   band=1),
 }
@@ -257,7 +261,7 @@ def run(tasks: list[str], budgets: list[int], seeds: list[int], methods: list[st
                     if method == "kccsd fine-tune":
                         row["steps"] = kept
                     plain = plain_cache.get(study.run_key(task_name, budget, seed, "npe"))
-                    if isinstance(posterior, cl.RecalibratedPosterior):
+                    if isinstance(posterior, (cl.RecalibratedPosterior, cl.TruncatedPosterior)):
                         row["picked"] = posterior.method
                     if method == "npe" and plain is not None and _same_flow(plain, stats):
                         row.update({k: plain[k] for k in EVALUATED}, copied="regularizer_study")
@@ -417,12 +421,14 @@ def report() -> list[str]:
                   + " what sampling noise alone allows at this budget."]  # fmt: skip
     picks, kept = {}, {}
     for key, row in cache.items():
-        if key.endswith("|auto"):
-            picks.setdefault(tuple(key.split("|")[:2]), []).append(row.get("picked", "?"))
+        if key.endswith(("|auto", "|auto+support")):
+            task_name, budget, *_, method = key.split("|")
+            picks.setdefault((task_name, budget, method), []).append(row.get("picked", "?"))
         if key.endswith("|kccsd fine-tune"):
             kept.setdefault(tuple(key.split("|")[:2]), []).append(str(row["steps"]))
-    lines += ["", "`auto` picked: "
-              + "; ".join(f"{t} {b}: {', '.join(p)}" for (t, b), p in sorted(picks.items()))]
+    lines += ["", "`auto` and `auto+support` picked: "
+              + "; ".join(f"{m} {t} {b}: {', '.join(p)}"
+                          for (t, b, m), p in sorted(picks.items()))]
     if kept:
         lines += ["", "`kccsd fine-tune`, step kept (0: the plain flow): "
                   + "; ".join(f"{t} {b}: {', '.join(p)}" for (t, b), p in sorted(kept.items()))]
