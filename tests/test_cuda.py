@@ -195,3 +195,23 @@ def test_a_posterior_restricted_to_a_cpu_prior_samples_and_scores_on_cuda():
     assert fixed.log_prob(theta, x).device.type == "cuda"
     report = cl.diagnose(fixed, theta, x, checks=("support",), prior=box)
     assert float(report.checks["support"].p_value) == 1.0
+
+
+def test_diagnose_tests_a_restricted_posterior_at_cuda_observations_with_lc2st():
+    """A posterior without latents on CUDA (restricted to a CPU box): ``cl.diagnose`` runs
+    L-C2ST at the observations in L-C2ST-NF's place, on CUDA draws, and finds a shifted
+    posterior at every observation; an observation with no mass inside skips it with the
+    x named. The rejection rounds draw in chunks of CUDA's budget."""
+    toy, theta, x = _pairs(500, seed=7, dim=2)
+    bound = float(theta.abs().max()) + 1e-3
+    box = torch.distributions.Independent(
+        torch.distributions.Uniform(torch.full((2,), -bound), torch.full((2,), bound)), 1)
+    restricted = cl.TruncatedPosterior(toy.posterior(shift=0.5), box)
+    report = cl.diagnose(restricted, theta, x, observations=x[:3], seed=0)
+    local = report.checks["lc2st"]
+    assert local.samples.device.type == "cuda"
+    assert float(local.global_p_value) < 0.05
+    assert report.findings.observations["lc2st"].named == [0, 1, 2]
+    far = torch.full((1, 2), 50.0, device=CUDA)
+    report = cl.diagnose(restricted, theta, x, observations=far, checks=("lc2st",), seed=0)
+    assert "at x = [50, 50]" in report.skipped["lc2st"]
