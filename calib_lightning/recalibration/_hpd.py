@@ -38,7 +38,7 @@ from torch import Tensor
 from calib_lightning._prior import outside_support
 from calib_lightning.posteriors import as_posterior
 
-__all__ = ["LatentDraws", "hpd_levels", "latent_draws", "normal_log_kernel"]
+__all__ = ["LatentDraws", "hpd_levels", "inside_log_share", "latent_draws", "normal_log_kernel"]
 
 
 def normal_log_kernel(z: Tensor, log_s: Tensor | float) -> Tensor:
@@ -111,6 +111,36 @@ def latent_draws(
                        torch.cat(inside) if inside else None)  # fmt: skip
 
 
+def _log_weights(
+    draws: LatentDraws, log_latent_density: Callable[[Tensor], Tensor], rows: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Self-normalizing log importance weights ``(K, n)`` of the draws under the posterior
+    of latent density ``log_latent_density``, that density at the draws, and the draws'
+    ``inside`` mask, at ``rows``."""
+    z, mixture, inside = draws.z, draws.log_mixture, draws.inside
+    if rows is not None:
+        z, mixture = z[:, rows], mixture[:, rows]
+        inside = None if inside is None else inside[:, rows]
+    log_density = log_latent_density(z)
+    return log_density - mixture, log_density, inside
+
+
+def inside_log_share(
+    draws: LatentDraws, log_latent_density: Callable[[Tensor], Tensor], rows: Tensor | None = None
+) -> Tensor:
+    r""":math:`\log \hat Z(x_i)` ``(n,)``: the log of the posterior's mass inside the prior's
+    support at each pair, the self-normalized importance estimate from the shared draws
+    (0 without ``draws.inside``, and for a pair with no draw inside, which
+    :func:`hpd_levels` scores unrestricted). The restricted posterior's log-density at
+    a parameter inside is the posterior's minus this."""
+    log_weight, _, inside = _log_weights(draws, log_latent_density, rows)
+    if inside is None:
+        return torch.zeros(log_weight.shape[1], dtype=log_weight.dtype)
+    inside = inside.to(log_weight.device)
+    share = (torch.softmax(log_weight, 0) * inside).sum(0)
+    return torch.where(inside.any(0), share.log(), torch.zeros_like(share)).cpu()
+
+
 def hpd_levels(
     draws: LatentDraws, log_latent_density: Callable[[Tensor], Tensor], rows: Tensor | None = None
 ) -> Tensor:
@@ -120,14 +150,10 @@ def hpd_levels(
     the flow itself); uniform on ``[0, 1]`` when that posterior is calibrated. With
     ``draws.inside``, of that posterior restricted to the prior's support (a pair with
     no draw inside keeps all of its draws)."""
-    z, base, mixture, inside = draws.z, draws.base, draws.log_mixture, draws.inside
-    z_true, base_true = draws.z_true, draws.base_true
+    base, z_true, base_true = draws.base, draws.z_true, draws.base_true
     if rows is not None:
-        z, base, mixture = z[:, rows], base[:, rows], mixture[:, rows]
-        z_true, base_true = z_true[rows], base_true[rows]
-        inside = None if inside is None else inside[:, rows]
-    log_density = log_latent_density(z)
-    log_weight = log_density - mixture
+        base, z_true, base_true = base[:, rows], z_true[rows], base_true[rows]
+    log_weight, log_density, inside = _log_weights(draws, log_latent_density, rows)
     if inside is not None:
         keep = inside.to(log_weight.device) | ~inside.any(0).to(log_weight.device)
         log_weight = log_weight.masked_fill(~keep, -math.inf)

@@ -31,7 +31,12 @@ from calib_lightning._checks import check_pairs, check_positive
 from calib_lightning._prior import check_prior
 from calib_lightning.functional.radial import latent_ball_levels, radial_knots
 from calib_lightning.posteriors import Posterior, UnsupportedError, as_posterior
-from calib_lightning.recalibration._hpd import LatentDraws, hpd_levels, latent_draws
+from calib_lightning.recalibration._hpd import (
+    LatentDraws,
+    hpd_levels,
+    inside_log_share,
+    latent_draws,
+)
 from calib_lightning.recalibration.radial import (
     LatentMap,
     RecalibratedPosterior,
@@ -166,11 +171,13 @@ def _cross_fit(
             z_test = z[test_rows]
             u, log_det = latent_map(z_test)
             change = standard_normal_log_prob(u) - standard_normal_log_prob(z_test) + log_det
+            if draws is not None:  # restricted to the prior's support: log q' - log Z'
+                density = _map_log_density(latent_map)
+                level[test_rows] = hpd_levels(draws, density, test_rows)
+                change = change - inside_log_share(draws, density, test_rows).to(change)
             errors.append(_coverage_error(u))
             nlls.append(float(-(log_prob[test_rows] + change).mean()))
             parts.append(change)
-            if draws is not None:
-                level[test_rows] = hpd_levels(draws, _map_log_density(latent_map), test_rows)
         scores[name] = {"latent_coverage_error": sum(errors) / 2, "nll": sum(nlls) / 2}
         changes[name] = torch.cat(parts)
         if draws is not None:
@@ -203,7 +210,11 @@ def cross_fit_scores(
     * ``nll``: the held-out negative log-density, and ``nll_difference_se``, the standard
       error of its per-pair difference to the first candidate's (the maps act on the
       latent, so :math:`\log q' = \log q - \log N(z) + \log N(u) + \log|\det|` needs
-      no new pass of the flow).
+      no new pass of the flow). With ``draws.inside`` (a prior), that of the posterior
+      restricted to the prior's support, the one ``recalibrate`` returns: minus
+      :math:`\log \hat Z'(x)`, the candidate's mass inside estimated from the same draws
+      (:func:`~._hpd.inside_log_share`). Unrestricted, a scale that widens a flow over a
+      box loses the mass it moves outside and looks worse than it is.
 
     ``scale_target="hpd"`` (with ``draws``) fits the scales of the candidates as
     :func:`~.scale.hpd_log_scale` does, on each fold's draws.
