@@ -181,7 +181,8 @@ def test_the_support_check_reads_a_cpu_prior_with_cuda_draws():
 def test_a_posterior_restricted_to_a_cpu_prior_samples_and_scores_on_cuda():
     """``cl.recalibrate(..., prior=...)`` with the pairs and the flow on CUDA and the prior
     on the CPU: draws inside the box and log-densities on CUDA, the HPD scale fitted on
-    the restricted posterior's levels, the support check passing it."""
+    the restricted posterior's levels, the support check passing it; ``"auto"`` scores
+    its candidates' restricted NLL from the CUDA draws."""
     toy, theta, x = _pairs(200, seed=6, dim=2)
     bound = float(theta.abs().max()) + 1e-3
     box = torch.distributions.Independent(
@@ -195,6 +196,10 @@ def test_a_posterior_restricted_to_a_cpu_prior_samples_and_scores_on_cuda():
     assert fixed.log_prob(theta, x).device.type == "cuda"
     report = cl.diagnose(fixed, theta, x, checks=("support",), prior=box)
     assert float(report.checks["support"].p_value) == 1.0
+    auto = cl.recalibrate(toy.posterior(variance_scale=4.0), theta, x, method="auto",
+                          prior=box)  # the candidates' restricted NLL from CUDA draws
+    assert all(math.isfinite(s["nll"]) for s in auto.selection.values())
+    assert auto.sample(x[:5], 10).device.type == "cuda"
 
 
 def test_diagnose_tests_a_restricted_posterior_at_cuda_observations_with_lc2st():
