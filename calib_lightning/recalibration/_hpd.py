@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -38,7 +38,14 @@ from torch import Tensor
 from calib_lightning._prior import outside_support
 from calib_lightning.posteriors import as_posterior
 
-__all__ = ["LatentDraws", "hpd_levels", "inside_log_share", "latent_draws", "normal_log_kernel"]
+__all__ = [
+    "LatentDraws",
+    "hpd_levels",
+    "inside_log_share",
+    "latent_draws",
+    "normal_log_kernel",
+    "on_cpu",
+]
 
 
 def normal_log_kernel(z: Tensor, log_s: Tensor | float) -> Tensor:
@@ -68,6 +75,12 @@ class LatentDraws:
     base: Tensor
     log_mixture: Tensor
     inside: Tensor | None = None
+
+
+def on_cpu(draws: LatentDraws) -> LatentDraws:
+    """``draws`` with every tensor on the CPU (where the latent maps are fitted)."""
+    return replace(draws, **{f.name: getattr(draws, f.name).cpu() for f in fields(draws)
+                             if getattr(draws, f.name) is not None})  # fmt: skip
 
 
 def latent_draws(

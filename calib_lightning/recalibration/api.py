@@ -36,6 +36,7 @@ from calib_lightning.recalibration._hpd import (
     hpd_levels,
     inside_log_share,
     latent_draws,
+    on_cpu,
 )
 from calib_lightning.recalibration.radial import (
     LatentMap,
@@ -157,6 +158,7 @@ def _cross_fit(
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     halves = (order[: n // 2], order[n // 2 :])
     z, log_prob = z.detach().double().cpu(), log_prob.detach().double().cpu()
+    draws = None if draws is None else on_cpu(draws)  # the maps are fitted on the CPU
     hpd_scales = [None, None]  # the shared HPD scale of each fold, fitted once
     if draws is not None and scale_target == "hpd" and any("scale" in c for c in candidates):
         hpd_scales = [shared_hpd_log_scale(draws, rows=rows) for rows, _ in (halves, halves[::-1])]
