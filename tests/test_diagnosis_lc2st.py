@@ -90,7 +90,7 @@ def test_a_flow_runs_lc2st_only_when_it_is_named(tmp_path):
 def test_a_restricted_flow_is_tested_at_the_observations_before_and_after():
     """``cl.recalibrate(..., prior=)`` drops the latents: the restricted posterior gets
     L-C2ST at the observations and the flow before it L-C2ST-NF; the comparison shows
-    both rows, each on its side."""
+    both rows, each on its side, next to each other."""
     prior = torch.distributions.Independent(
         torch.distributions.Uniform(-torch.ones(2) * 3, torch.ones(2) * 3), 1)
     g = torch.Generator().manual_seed(4)
@@ -108,6 +108,8 @@ def test_a_restricted_flow_is_tested_at_the_observations_before_and_after():
     table = report.comparison.table()
     assert "lc2st_nf" in table
     assert "lc2st" in table.replace("lc2st_nf", "")
+    names = [row["check"] for row in report.comparison.rows()]  # in the report's order
+    assert names.index("lc2st") == names.index("lc2st_nf") + 1
 
 
 def test_an_observation_outside_the_support_skips_what_samples_there():

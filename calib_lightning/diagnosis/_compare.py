@@ -127,7 +127,10 @@ class Comparison:
                 )
                 out[f"{side}_p_value"] = _verdict_p(row)
                 out[f"{side}_verdict"] = row["verdict"]
-        return list(rows.values())
+        from calib_lightning.diagnosis._run import CHECKS  # (_run imports this module)
+
+        order = {name: k for k, name in enumerate(CHECKS)}  # L-C2ST beside L-C2ST-NF
+        return sorted(rows.values(), key=lambda row: order.get(row["check"], len(order)))
 
     def coverage_rows(self) -> list[dict[str, Any]]:
         """One row per coverage error of :func:`coverage_errors`: ``quantity``,
