@@ -67,6 +67,7 @@ __all__ = [
     "PROBE_UNITS",
     "ChunkSizer",
     "TensorPeak",
+    "assembled_draws",
     "draw_blocks",
     "get_memory_budget",
     "measure_peak",
@@ -338,3 +339,25 @@ def draw_blocks(
             yield rows, done, count
             done += count
         start = rows.stop
+
+
+def assembled_draws(
+    draw: Callable[[torch.Tensor, int], tuple[torch.Tensor, ...]], x: torch.Tensor, s: int,
+    sizer: ChunkSizer, whole: bool,
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """``draw(x, s)``'s outputs (each ``(s, N, ...)``) assembled from calls that ``sizer``
+    sizes (:func:`draw_blocks`; ``whole``: all draws of a pair in one call), no gradient;
+    one call's outputs as they are, without a copy."""
+    out: list[torch.Tensor] | None = None
+    with torch.no_grad():
+        for rows, done, take in draw_blocks(x.shape[0], s, sizer, whole_pairs=whole):
+            parts = sizer.run(take * (rows.stop - rows.start),
+                              lambda rows=rows, take=take: draw(x[rows], take))
+            if out is None:
+                if rows.stop - rows.start == x.shape[0] and take == s:
+                    return parts  # one call: no copy
+                out = [p.new_empty(s, x.shape[0], *p.shape[2:]) for p in parts]
+                sizer.keep(sum(o.numel() * o.element_size() for o in out))  # kept meanwhile
+            for o, p in zip(out, parts, strict=True):
+                o[done : done + take, rows] = p
+        return tuple(out) if out is not None else draw(x, s)  # (no observations)

@@ -45,7 +45,7 @@ from calib_lightning._checks import (
 from calib_lightning._draw_cache import SharedDraws
 from calib_lightning._event_size import check_event_size
 from calib_lightning._features import embed
-from calib_lightning._memory import LATENT_PROBE_UNITS, ChunkSizer, draw_blocks
+from calib_lightning._memory import LATENT_PROBE_UNITS, ChunkSizer, assembled_draws, draw_blocks
 from calib_lightning.posteriors import DistributionPosterior, Posterior, as_posterior, check_width
 from calib_lightning.posteriors.base import density_draws, supports, unsupported
 from calib_lightning.posteriors.distributions import draws_and_log_prob
@@ -58,6 +58,7 @@ __all__ = [
     "chunk_sizer",
     "draw_chunks",
     "draws",
+    "draws_and_log_probs",
     "embed",
     "latents",
     "log_prob_and_latent",
@@ -224,23 +225,22 @@ def draws(
     s = num_posterior_samples
     whole = chunk_size is not None or not supports(post, "log_prob")  # whole pairs a call
     sizer = ChunkSizer(x.device, fixed_units=None if chunk_size is None else chunk_size * s)
-    samples: Tensor | None = None
-    with torch.no_grad():
-        for rows, done, take in draw_blocks(x.shape[0], s, sizer, whole_pairs=whole):
-            part = sizer.run(take * (rows.stop - rows.start),
-                             lambda rows=rows, take=take: post.sample(x[rows], take))
-            if samples is None:
-                if rows.stop - rows.start == x.shape[0] and take == s:
-                    samples = part  # one call: no copy
-                    break
-                samples = part.new_empty(s, x.shape[0], *part.shape[2:])
-                sizer.keep(samples.numel() * part.element_size())  # kept while the rest is drawn
-            samples[done : done + take, rows] = part
-    if samples is None:  # no observations
-        with torch.no_grad():
-            samples = post.sample(x, s)
+    (samples,) = assembled_draws(lambda x_, take: (post.sample(x_, take),), x, s, sizer, whole)
     checked_samples(samples)
     return samples
+
+
+def draws_and_log_probs(
+    posterior: Posterior | Any, x: Tensor, num_posterior_samples: int
+) -> tuple[Tensor, Tensor]:
+    """``S`` draws at each observation ``(S, N, D)`` and their log-densities ``(S, N)``
+    from ``sample_and_log_prob``, in calls sized from the memory budget, no gradient."""
+    check_positive("num_posterior_samples", num_posterior_samples, integer=True)
+    post = as_posterior(posterior)
+    samples, log_prob = assembled_draws(post.sample_and_log_prob, x, num_posterior_samples,
+                                  ChunkSizer(x.device), whole=False)  # fmt: skip
+    checked_samples(samples, log_prob)
+    return samples, log_prob
 
 
 class DrawChunk(NamedTuple):

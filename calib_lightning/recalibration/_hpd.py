@@ -43,6 +43,7 @@ __all__ = [
     "hpd_levels",
     "inside_log_share",
     "latent_draws",
+    "levels_and_log_share",
     "normal_log_kernel",
     "on_cpu",
 ]
@@ -124,34 +125,42 @@ def latent_draws(
                        torch.cat(inside) if inside else None)  # fmt: skip
 
 
-def _log_weights(
-    draws: LatentDraws, log_latent_density: Callable[[Tensor], Tensor], rows: Tensor | None
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Self-normalizing log importance weights ``(K, n)`` of the draws under the posterior
-    of latent density ``log_latent_density``, that density at the draws, and the draws'
-    ``inside`` mask, at ``rows``."""
-    z, mixture, inside = draws.z, draws.log_mixture, draws.inside
+def levels_and_log_share(
+    draws: LatentDraws, log_latent_density: Callable[[Tensor], Tensor], rows: Tensor | None = None,
+    *, with_share: bool = True,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    r"""The HPD levels of :func:`hpd_levels` and :math:`\log \hat Z(x_i)` ``(n,)`` (on
+    the CPU), the log of that posterior's mass inside the prior's support at each pair:
+    the self-normalized importance estimate from the same weights (0 without
+    ``draws.inside``, and for a pair with no draw inside, which is scored unrestricted).
+    The restricted posterior's log-density at a parameter inside is the posterior's
+    minus it. ``with_share=False``: the levels alone (``None`` for the share)."""
+    z, base, mixture, inside = draws.z, draws.base, draws.log_mixture, draws.inside
+    z_true, base_true = draws.z_true, draws.base_true
     if rows is not None:
-        z, mixture = z[:, rows], mixture[:, rows]
+        z, base, mixture = z[:, rows], base[:, rows], mixture[:, rows]
+        z_true, base_true = z_true[rows], base_true[rows]
         inside = None if inside is None else inside[:, rows]
     log_density = log_latent_density(z)
-    return log_density - mixture, log_density, inside
+    log_weight = log_density - mixture
+    log_share = torch.zeros(log_weight.shape[1], dtype=log_weight.dtype) if with_share else None
+    if inside is not None:
+        inside = inside.to(log_weight.device)
+        some = inside.any(0)  # a pair with no draw inside keeps all of its draws
+        if with_share:
+            share = (torch.softmax(log_weight, 0) * inside).sum(0)
+            log_share = torch.where(some, share.log(), torch.zeros_like(share)).cpu()
+        log_weight = log_weight.masked_fill(~(inside | ~some), -math.inf)
+    weight = torch.softmax(log_weight, 0)
+    higher = base + log_density > (base_true + log_latent_density(z_true)).unsqueeze(0)
+    return (weight * higher).sum(0), log_share
 
 
 def inside_log_share(
     draws: LatentDraws, log_latent_density: Callable[[Tensor], Tensor], rows: Tensor | None = None
 ) -> Tensor:
-    r""":math:`\log \hat Z(x_i)` ``(n,)``: the log of the posterior's mass inside the prior's
-    support at each pair, the self-normalized importance estimate from the shared draws
-    (0 without ``draws.inside``, and for a pair with no draw inside, which
-    :func:`hpd_levels` scores unrestricted). The restricted posterior's log-density at
-    a parameter inside is the posterior's minus this."""
-    log_weight, _, inside = _log_weights(draws, log_latent_density, rows)
-    if inside is None:
-        return torch.zeros(log_weight.shape[1], dtype=log_weight.dtype)
-    inside = inside.to(log_weight.device)
-    share = (torch.softmax(log_weight, 0) * inside).sum(0)
-    return torch.where(inside.any(0), share.log(), torch.zeros_like(share)).cpu()
+    r""":math:`\log \hat Z(x_i)` ``(n,)`` of :func:`levels_and_log_share`."""
+    return levels_and_log_share(draws, log_latent_density, rows)[1]
 
 
 def hpd_levels(
@@ -163,13 +172,4 @@ def hpd_levels(
     the flow itself); uniform on ``[0, 1]`` when that posterior is calibrated. With
     ``draws.inside``, of that posterior restricted to the prior's support (a pair with
     no draw inside keeps all of its draws)."""
-    base, z_true, base_true = draws.base, draws.z_true, draws.base_true
-    if rows is not None:
-        base, z_true, base_true = base[:, rows], z_true[rows], base_true[rows]
-    log_weight, log_density, inside = _log_weights(draws, log_latent_density, rows)
-    if inside is not None:
-        keep = inside.to(log_weight.device) | ~inside.any(0).to(log_weight.device)
-        log_weight = log_weight.masked_fill(~keep, -math.inf)
-    weight = torch.softmax(log_weight, 0)
-    higher = base + log_density > (base_true + log_latent_density(z_true)).unsqueeze(0)
-    return (weight * higher).sum(0)
+    return levels_and_log_share(draws, log_latent_density, rows, with_share=False)[0]

@@ -33,9 +33,8 @@ from calib_lightning.functional.radial import latent_ball_levels, radial_knots
 from calib_lightning.posteriors import Posterior, UnsupportedError, as_posterior
 from calib_lightning.recalibration._hpd import (
     LatentDraws,
-    hpd_levels,
-    inside_log_share,
     latent_draws,
+    levels_and_log_share,
     on_cpu,
 )
 from calib_lightning.recalibration.radial import (
@@ -174,9 +173,9 @@ def _cross_fit(
             u, log_det = latent_map(z_test)
             change = standard_normal_log_prob(u) - standard_normal_log_prob(z_test) + log_det
             if draws is not None:  # restricted to the prior's support: log q' - log Z'
-                density = _map_log_density(latent_map)
-                level[test_rows] = hpd_levels(draws, density, test_rows)
-                change = change - inside_log_share(draws, density, test_rows).to(change)
+                level[test_rows], log_share = levels_and_log_share(
+                    draws, _map_log_density(latent_map), test_rows)  # fmt: skip
+                change = change - log_share.to(change)
             errors.append(_coverage_error(u))
             nlls.append(float(-(log_prob[test_rows] + change).mean()))
             parts.append(change)
@@ -215,7 +214,7 @@ def cross_fit_scores(
       no new pass of the flow). With ``draws.inside`` (a prior), that of the posterior
       restricted to the prior's support, the one ``recalibrate`` returns: minus
       :math:`\log \hat Z'(x)`, the candidate's mass inside estimated from the same draws
-      (:func:`~._hpd.inside_log_share`). Unrestricted, a scale that widens a flow over a
+      (:func:`~._hpd.levels_and_log_share`). Unrestricted, a scale that widens a flow over a
       box loses the mass it moves outside and looks worse than it is.
 
     ``scale_target="hpd"`` (with ``draws``) fits the scales of the candidates as

@@ -36,9 +36,9 @@ from torch import Tensor
 
 from calib_lightning._checks import check_positive
 from calib_lightning._chunks import pair_blocks
-from calib_lightning._memory import ChunkSizer, draw_blocks
 from calib_lightning._prior import not_a_prior, outside_support
 from calib_lightning.evaluation import draws as budgeted_draws
+from calib_lightning.evaluation import draws_and_log_probs
 from calib_lightning.posteriors import WrappedPosterior, supports, unsupported
 from calib_lightning.posteriors.base import UnsupportedError
 
@@ -147,8 +147,7 @@ class TruncatedPosterior(WrappedPosterior):
                 draws = budgeted_draws(self.inner, x[rows[short].to(x.device)], size)
                 inside[short] += (~self._outside(draws)).sum(0).cpu().float()
                 drawn[short] += size
-                rare = (drawn[short] >= GIVE_UP_COUNT / self.min_acceptance) & (
-                    inside[short] < 0.5 * self.min_acceptance * drawn[short])  # fmt: skip
+                rare = self._given_up(drawn[short], inside[short])
                 short = short[(inside[short] < MIN_INSIDE) & (drawn[short] * 2 <= cap) & ~rare]
                 # doubling the draws, at most ROUND_NUMBERS numbers a round
                 limit = ROUND_NUMBERS // max(1, short.numel() * (self.event_size() or 1))
@@ -247,30 +246,21 @@ class TruncatedPosterior(WrappedPosterior):
         """``num`` draws of the wrapped posterior at each row ``(S, N, D)`` (and their
         log-densities), in calls sized by the memory budget: a round's candidates can
         number millions, and a flow's activations are many times its draws."""
-        if not with_log_prob:
-            return budgeted_draws(self.inner, x, num), None
-        sizer = ChunkSizer(x.device)
-        theta, log_q = None, None
-        for rows, done, take in draw_blocks(x.shape[0], num, sizer):
-            part, part_lp = sizer.run(take * (rows.stop - rows.start), lambda rows=rows,
-                                      take=take: self.inner.sample_and_log_prob(x[rows], take))
-            if theta is None:
-                if take == num and rows.stop - rows.start == x.shape[0]:
-                    return part, part_lp  # one call
-                theta = part.new_empty(num, x.shape[0], part.shape[-1])
-                log_q = part_lp.new_empty(num, x.shape[0])
-                sizer.keep((theta.numel() + log_q.numel()) * part.element_size())
-            theta[done : done + take, rows] = part
-            log_q[done : done + take, rows] = part_lp
-        return theta, log_q
+        if with_log_prob:
+            return draws_and_log_probs(self.inner, x, num)
+        return budgeted_draws(self.inner, x, num), None
+
+    def _given_up(self, drawn: Tensor, inside: Tensor) -> Tensor:
+        """Rows whose share inside is below half of ``min_acceptance`` after
+        :data:`GIVE_UP_COUNT` ``/ min_acceptance`` draws."""
+        return (drawn >= GIVE_UP_COUNT / self.min_acceptance) & (
+            inside < 0.5 * self.min_acceptance * drawn)  # fmt: skip
 
     def _check_acceptance(
         self, x: Tensor, active: Tensor, num: int, state: dict[str, Any]
     ) -> None:  # fmt: skip
         filled, drawn, accepted = state["filled"], state["drawn"], state["accepted"]
-        rare = (drawn >= GIVE_UP_COUNT / self.min_acceptance) & (
-            accepted < 0.5 * self.min_acceptance * drawn)  # fmt: skip
-        short = (drawn >= num / self.min_acceptance) | rare
+        short = (drawn >= num / self.min_acceptance) | self._given_up(drawn, accepted)
         stuck = active[(filled[active] < num) & short[active]]
         if stuck.numel():
             row = int(stuck[0])
