@@ -521,5 +521,7 @@ def test_rank_figures_name_the_joint_rank_they_draw():
         assert region in coverage.axes[0].get_xlabel()
         ecdf = plot_rank_ecdf(result)
         assert ecdf.axes[1].get_title() == f"Joint {joint} rank"
+        note = ecdf.axes[1].texts[0].get_text()
+        assert ("less probable" in note) == (joint == "energy"), note
         histograms = plot_rank_histograms(result)
         assert histograms.axes[-1].get_title().startswith(f"joint ({joint})")

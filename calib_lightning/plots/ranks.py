@@ -284,7 +284,9 @@ def plot_rank_ecdf(
                  transform=axes[0].transAxes, **_NOTE)  # fmt: skip
     axes[1].text(0.02, 0.98,
                  "this curve is the expected coverage minus its level:\n"
-                 "below 0: over-confident (truth less probable than the draws;\n"
+                 "below 0: over-confident (truth "
+                 + ("less probable than" if _joint(result) == "energy" else "farther out than")
+                 + " the draws;\n"
                  "  regions too narrow or misplaced, cover too rarely)\n"
                  "above 0: under-confident (regions too wide, cover too often)",
                  transform=axes[1].transAxes, **_NOTE)  # fmt: skip
