@@ -8,7 +8,13 @@ import torch
 import torch.nn.functional as F
 from sklearn.linear_model import LogisticRegression
 
-from calib_lightning.classifiers import MLPEnsemble, SklearnEnsemble, make_ensemble, sbibm_mlp
+from calib_lightning.classifiers import (
+    MLPEnsemble,
+    SklearnEnsemble,
+    local_test_kwargs,
+    make_ensemble,
+    sbibm_mlp,
+)
 
 
 def _logistic_data(num_members, rows, generator, dtype=torch.float64):
@@ -178,14 +184,23 @@ def test_bad_input_is_rejected_with_a_clear_message():
         fitted.predict_proba(torch.randn(5, 4))
 
 
-def test_default_width_is_ten_units_per_feature_up_to_128():
-    """sbibm's ``10 F`` units for few features, 128 at most (an embedding, a flat image)."""
+def test_default_width_is_ten_units_per_feature_up_to_max_width():
+    """sbibm's ``10 F`` units for few features, ``max_width`` (128) at most (an embedding, a
+    flat image); the local tests bound it at 96, under the user's settings."""
     g = torch.Generator().manual_seed(8)
-    for features, width in ((4, 40), (19, 128), (1027, 128)):
+    for features, width, kwargs in (
+        (4, 40, {}), (19, 128, {}), (1027, 128, {}), (19, 96, {"max_width": 96}),
+        (7, 70, {"max_width": 96}),
+    ):  # fmt: skip
         x = torch.randn(40, features, generator=g)
-        fitted = MLPEnsemble(1, max_epochs=1).fit(x, (x[:, 0] > 0).float())
+        fitted = MLPEnsemble(1, max_epochs=1, **kwargs).fit(x, (x[:, 0] > 0).float())
         assert fitted.weight0.shape == (1, features, width)
         assert fitted.weight1.shape == (1, width, width)
+    assert local_test_kwargs("mlp", None) == {"patience": 2, "max_width": 96}
+    assert local_test_kwargs("mlp", {"patience": 5}) == {"patience": 5, "max_width": 96}
+    assert local_test_kwargs("sbibm", None) == {}  # scikit-learn classifiers take none
+    with pytest.raises(ValueError, match="max_width must be a positive integer"):
+        MLPEnsemble(max_width=0)
 
 
 def test_fused_adam_step_equals_the_written_out_update(monkeypatch):

@@ -41,7 +41,12 @@ References:
 
 from __future__ import annotations
 
-from calib_lightning.classifiers._make import Ensemble, make_ensemble
+from calib_lightning.classifiers._make import (
+    LOCAL_TEST_SETTINGS,
+    Ensemble,
+    local_test_kwargs,
+    make_ensemble,
+)
 from calib_lightning.classifiers.joint_c2st import joint_c2st_test, joint_c2st_train
 from calib_lightning.classifiers.lc2st_null import LC2STNFNull
 from calib_lightning.classifiers.local_c2st import (
@@ -55,6 +60,7 @@ from calib_lightning.classifiers.mlp import MLPEnsemble
 from calib_lightning.classifiers.sklearn_ensemble import SklearnEnsemble, sbibm_mlp
 
 __all__ = [
+    "LOCAL_TEST_SETTINGS",
     "Ensemble",
     "LC2STNFNull",
     "MLPEnsemble",
@@ -66,6 +72,7 @@ __all__ = [
     "lc2st_nf_train",
     "lc2st_probabilities",
     "lc2st_train",
+    "local_test_kwargs",
     "make_ensemble",
     "sbibm_mlp",
 ]

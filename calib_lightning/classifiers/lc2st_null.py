@@ -21,7 +21,12 @@ from torch import Tensor, nn
 
 from calib_lightning._checks import check_matrix, check_positive
 from calib_lightning._distributed import canonical_order
-from calib_lightning.classifiers._make import Ensemble, make_ensemble
+from calib_lightning.classifiers._make import (
+    NUM_EVALUATION_POINTS,
+    Ensemble,
+    local_test_kwargs,
+    make_ensemble,
+)
 from calib_lightning.classifiers._seeds import (
     digest,
     digest_words,
@@ -95,7 +100,7 @@ class LC2STNFNull(nn.Module):
     def __init__(
         self,
         num_null: int = 100,
-        num_posterior_samples: int = 10_000,
+        num_posterior_samples: int = NUM_EVALUATION_POINTS,
         num_ensemble: int = 1,
         classifier: str | Any = "mlp",
         classifier_kwargs: dict[str, Any] | None = None,
@@ -113,7 +118,8 @@ class LC2STNFNull(nn.Module):
         if not isinstance(norm_feature, bool):
             raise ValueError(f"norm_feature must be True or False, got {norm_feature!r}")
         self.num_ensemble, self.seed, self.norm_feature = num_ensemble, seed, norm_feature
-        self.classifier_spec, self.classifier_kwargs = classifier, dict(classifier_kwargs or {})
+        self.classifier_spec = classifier
+        self.classifier_kwargs = local_test_kwargs(classifier, classifier_kwargs)
         for name in _BUFFERS:
             self.register_buffer(name, torch.empty(0, dtype=_DTYPES.get(name)))
         self.classifier: Ensemble = self._ensemble()

@@ -34,7 +34,8 @@ from calib_lightning.classifiers._blocks import (
 __all__ = ["MLPEnsemble"]
 
 _CHUNK_ELEMENTS = 1 << 19  # hidden activations held at once when predicting
-#: the default hidden width is ``min(10 * F, MAX_DEFAULT_WIDTH)`` for ``F`` input features
+#: the default hidden width is ``min(10 * F, max_width)`` for ``F`` input features, and
+#: ``max_width`` defaults to this
 MAX_DEFAULT_WIDTH = 128
 
 
@@ -96,15 +97,18 @@ class MLPEnsemble(nn.Module):
     Arguments:
         num_members: ``K``.
         hidden_features: widths of the hidden layers; ``None``: two layers of
-            ``min(10 * F, 128)`` units for ``F`` input features: sbibm's C2ST
-            architecture (``10 * F``, the L-C2ST paper's classifier) up to ``F = 12``
-            (two moons ``F = 4``: 40 units; SLCP ``F = 13``: 128 instead of 130), bounded
-            beyond. A fit costs about the square of the width; at ``F = 19`` (three
+            ``min(10 * F, max_width)`` units for ``F`` input features: sbibm's C2ST
+            architecture (``10 * F``, the L-C2ST paper's classifier) up to
+            ``max_width / 10`` features (two moons ``F = 4``: 40 units; SLCP ``F = 13``:
+            128 instead of 130), bounded beyond. A fit costs about the square of the
+            width; at ``F = 19`` (three
             parameters and a 16-feature image embedding) and ``F = 20`` (a 10-D Gaussian
             task) 128 units matched the power of ``10 * F`` at a fifth of the time
             (``examples/benchmarks/results/scale.md``). A flattened 32 x 32 image gives
             0.15 M weights per member instead of 116 M (embed such ``x`` first:
             ``LC2STNF(..., embedding=...)``).
+        max_width: the bound of the default width (the local tests use 96: see
+            :data:`~calib_lightning.classifiers.LOCAL_TEST_SETTINGS`).
         learning_rate: Adam step size.
         batch_size: rows per mini-batch. Early stopping ends training after a few epochs;
             64 rows (rather than 256) give each member four times the Adam steps in them
@@ -128,6 +132,7 @@ class MLPEnsemble(nn.Module):
         num_members: int = 1,
         hidden_features: Sequence[int] | None = None,
         *,
+        max_width: int = MAX_DEFAULT_WIDTH,
         learning_rate: float = 1e-2,
         batch_size: int = 64,
         max_epochs: int = 200,
@@ -147,6 +152,7 @@ class MLPEnsemble(nn.Module):
             ("batch_size", batch_size),
             ("max_epochs", max_epochs),
             ("patience", patience),
+            ("max_width", max_width),
         ):
             check_positive(name, value, integer=True)
         check_positive("learning_rate", learning_rate)
@@ -160,6 +166,7 @@ class MLPEnsemble(nn.Module):
         if tol < 0 or weight_decay < 0:
             raise ValueError(f"tol and weight_decay must be >= 0, got {tol!r}, {weight_decay!r}")
         self.num_members, self.hidden_features = num_members, hidden_features
+        self.max_width = max_width
         self.learning_rate, self.batch_size = learning_rate, batch_size
         self.max_epochs, self.patience, self.tol = max_epochs, patience, tol
         self.validation_fraction, self.weight_decay, self.seed = (
@@ -279,7 +286,7 @@ class MLPEnsemble(nn.Module):
         in_features = loc.shape[-1]
         hidden = self.hidden_features
         if hidden is None:  # () is a valid choice: logistic regression
-            width = min(10 * in_features, MAX_DEFAULT_WIDTH)
+            width = min(10 * in_features, self.max_width)
             hidden = (width, width)
         layout = self._layout([in_features, *hidden, 1])
 

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from calib_lightning._checks import check_matrix, check_positive, check_probability
 from calib_lightning.classifiers import make_ensemble
+from calib_lightning.classifiers._make import NUM_EVALUATION_POINTS, local_test_kwargs
 from calib_lightning.classifiers._seeds import digest_words, generator, stream_seed
 from calib_lightning.evaluation import embed
 from calib_lightning.functional.combine import combine_p_values
@@ -126,7 +127,7 @@ class LocalC2ST(KeepShapes):
         self,
         observations: Tensor,
         num_null: int = 100,
-        num_posterior_samples: int = 10_000,
+        num_posterior_samples: int = NUM_EVALUATION_POINTS,
         num_ensemble: int = 1,
         classifier: str | Any = "mlp",
         classifier_kwargs: dict[str, Any] | None = None,
@@ -156,7 +157,8 @@ class LocalC2ST(KeepShapes):
         check_probability("level", level)
         self.num_null, self.num_ensemble = num_null, num_ensemble
         self.num_posterior_samples = num_posterior_samples
-        self.classifier_spec, self.classifier_kwargs = classifier, dict(classifier_kwargs or {})
+        self.classifier_spec = classifier
+        self.classifier_kwargs = local_test_kwargs(classifier, classifier_kwargs)
         self.max_pairs, self.level, self.seed = max_pairs, level, seed
         make_ensemble(classifier, 1, **self.classifier_kwargs)  # validate the specification
         self.register_buffer("observations", observations.detach().clone())

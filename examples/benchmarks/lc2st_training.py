@@ -47,25 +47,45 @@ import torch
 
 from examples._smoke import add_smoke_argument, output_folder
 
+#: the package's settings before the local tests got theirs (LOCAL_TEST_SETTINGS and 2,000
+#: evaluation points, 2026-11-27): every variant but "default" starts from them, as it ran
+#: then, so the earlier results files' "default" rows are the first variant below
+PREVIOUS = {"num_eval": 10_000, "patience": 3, "max_width": 128}
+PREVIOUS_NAME = "previous defaults (10,000 evaluation points, patience 3, up to 128 units)"
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
-    "patience 20": {"patience": 20},
-    "lr 1e-3, patience 20": {"learning_rate": 1e-3, "patience": 20},
-    "lr 1e-3, patience 50, 1000 epochs (sbi's stopping)": {
-        "learning_rate": 1e-3, "patience": 50, "max_epochs": 1000,
-    },
-    "patience 10, batch 128": {"patience": 10, "batch_size": 128},
-    "lr 1e-3, patience 10": {"learning_rate": 1e-3, "patience": 10},
-    "lr 3e-3, patience 5": {"learning_rate": 3e-3, "patience": 5},
-    "20 % held out, patience 5": {"validation_fraction": 0.2, "patience": 5},
-    "default, 3 classifiers averaged (num_ensemble=3)": {"num_ensemble": 3},
-    "default, 5 classifiers averaged (num_ensemble=5)": {"num_ensemble": 5},
-    "default + the latent's norm (norm_feature=True)": {"norm_feature": True},
-    "lr 1e-3, patience 20, two layers of 256": {
-        "learning_rate": 1e-3, "patience": 20, "hidden_features": (256, 256),
-    },
-    "sbi's width (two layers of 10 x dim(theta))": {"width_per_parameter": 10},
-    "two layers of 5 x inputs": {"width_per_input": 5},
+    PREVIOUS_NAME: PREVIOUS,
+    **{name: {**PREVIOUS, **settings} for name, settings in {
+        "patience 20": {"patience": 20},
+        "lr 1e-3, patience 20": {"learning_rate": 1e-3, "patience": 20},
+        "lr 1e-3, patience 50, 1000 epochs (sbi's stopping)": {
+            "learning_rate": 1e-3, "patience": 50, "max_epochs": 1000,
+        },
+        "patience 10, batch 128": {"patience": 10, "batch_size": 128},
+        "lr 1e-3, patience 10": {"learning_rate": 1e-3, "patience": 10},
+        "lr 3e-3, patience 5": {"learning_rate": 3e-3, "patience": 5},
+        "20 % held out, patience 5": {"validation_fraction": 0.2, "patience": 5},
+        "default, 3 classifiers averaged (num_ensemble=3)": {"num_ensemble": 3},
+        "default, 5 classifiers averaged (num_ensemble=5)": {"num_ensemble": 5},
+        "default + the latent's norm (norm_feature=True)": {"norm_feature": True},
+        "lr 1e-3, patience 20, two layers of 256": {
+            "learning_rate": 1e-3, "patience": 20, "hidden_features": (256, 256),
+        },
+        "sbi's width (two layers of 10 x dim(theta))": {"width_per_parameter": 10},
+        "two layers of 5 x inputs": {"width_per_input": 5},
+        "two layers of min(10 x inputs, 64)": {"max_width": 64},
+        "2,000 evaluation points": {"num_eval": 2000},
+        "min(10 x inputs, 64), 2,000 evaluation points": {"max_width": 64, "num_eval": 2000},
+        "2,000 evaluation points, second layer half as wide": {"num_eval": 2000, "taper": 2},
+        "2,000 evaluation points, one layer of min(20 x inputs, 256)": {
+            "num_eval": 2000, "one_layer": 256,
+        },
+        "2,000 evaluation points, patience 2": {"num_eval": 2000, "patience": 2},
+        "2,000 evaluation points, min(10 x inputs, 96)": {"num_eval": 2000, "max_width": 96},
+        "2,000 evaluation points, patience 2, min(10 x inputs, 96)": {
+            "num_eval": 2000, "patience": 2, "max_width": 96,
+        },
+    }.items()},
 }  # fmt: skip
 NUM_NULL = 100
 KEY = ("task", "estimator", "budget", "seed")
@@ -82,15 +102,23 @@ def run_variant(
     kwargs = dict(kwargs)
     ensemble = kwargs.pop("num_ensemble", 1)  # metric arguments, not classifier ones
     norm_feature = kwargs.pop("norm_feature", False)
+    num_eval = kwargs.pop("num_eval", args.num_eval)  # None: the metric's default
+    points = {} if num_eval is None else {"num_posterior_samples": num_eval}
     dim = data["theta"].shape[1]  # widths per parameter (sbi's) or per input (D + dim x)
     if "width_per_parameter" in kwargs:
         kwargs["hidden_features"] = (kwargs.pop("width_per_parameter") * dim,) * 2
     if "width_per_input" in kwargs:
         inputs = dim + data["x"][0].numel()
         kwargs["hidden_features"] = (kwargs.pop("width_per_input") * inputs,) * 2
+    if "taper" in kwargs:  # the first layer of min(10 x inputs, max_width), a narrower second
+        width = min(10 * (dim + data["x"][0].numel()), kwargs["max_width"])
+        kwargs["hidden_features"] = (width, width // kwargs.pop("taper"))
+    if "one_layer" in kwargs:
+        inputs = dim + data["x"][0].numel()
+        kwargs["hidden_features"] = (min(20 * inputs, kwargs.pop("one_layer")),)
 
     def metric() -> cl.LC2STNF:
-        return cl.LC2STNF(data["x_o"], num_null=args.num_null, num_posterior_samples=args.num_eval,
+        return cl.LC2STNF(data["x_o"], num_null=args.num_null, **points,
                           num_ensemble=ensemble, classifier_kwargs=kwargs or None,
                           seed=seed, norm_feature=norm_feature)  # fmt: skip
 
@@ -120,6 +148,36 @@ def run_variant(
     return out
 
 
+def sbi_timings(data: dict, rows: list[dict], args: Any) -> list[dict]:
+    """sbi's ``LC2ST_NF`` on one task's cases, timed in this run (``--sbi``): its null once,
+    then one check per case, as ``sbibm_validation.py`` runs them (the same draws: its
+    seed, ``--num-oracle`` draws at the observations first). Its decisions are compared with
+    the source run's."""
+    import calib_lightning as cl
+    from examples.benchmarks.sbibm_validation import sbi_nf_check, timed, train, train_sbi_nf_null
+
+    args = argparse.Namespace(**{**vars(args), "num_null": NUM_NULL})  # as the source run
+    args.num_eval = args.num_eval or 10_000  # sbi's default, and the source run's
+    out, null = [], None
+    for row in rows:
+        key = (row["task"], row["estimator"], row["budget"], row["seed"])
+        post = cl.as_posterior(train(*key, args.cache, 100))  # from the cache
+        torch.manual_seed(0)
+        with torch.no_grad():
+            post.sample(data["x_o"], args.num_oracle)  # the source run's oracle draws
+            drawn = post.sample(data["x"], 1)[0]
+        if null is None:
+            null, s_null = train_sbi_nf_null(data, post, drawn, args)
+        (_, p), s_check = timed(
+            lambda post=post, drawn=drawn, null=null: sbi_nf_check(data, post, drawn, null, args)
+        )
+        out.append({**dict(zip(KEY, key, strict=True)), "s_sbi_null": s_null, "s_sbi_nf": s_check,
+                    "sbi_nf_p": p, "same_rejections": sum(
+                        (a <= 0.05) == (b <= 0.05) for a, b in zip(p, row["sbi_nf_p"], strict=True)
+                    )})  # fmt: skip
+    return out
+
+
 def report(cases: list[dict], rows: dict, args: Any) -> str:
     from examples.benchmarks.sbibm_validation import RIGHT, WRONG, spearman
 
@@ -133,12 +191,20 @@ def report(cases: list[dict], rows: dict, args: Any) -> str:
         f"and oracle of a `sbibm_validation.py` run (cases: `{args.source_name}`); tasks "
         f"{', '.join(tasks)}; budgets {budgets}; estimators {', '.join(kinds)}; "
         f"{len({tuple(c[k] for k in KEY) for c in cases})} estimators, 10 observations each; "
-        f"{args.num_cal} calibration pairs per task; {args.num_eval} evaluation points; "
+        f"{args.num_cal} calibration pairs per task; "
+        f"{args.num_eval or 'the metric default of'} evaluation points unless a variant "
+        "says otherwise; "
         f"`cl.LC2STNF` with {args.num_null} null classifiers and `classifier_kwargs` per variant "
         "(null trained once per task); "
         f"{platform.machine()}, one thread, 2 shared cores, torch {torch.__version__}. "
         "sbi: its LC2ST_NF in the `sbibm_validation.py` run (100 null classifiers), on the "
         "same cases. Spearman: within task and budget, averaged over the tasks.",
+        *([f"sbi's seconds were measured in this run (`--sbi`): its null and then its checks "
+           "ran in this process, before ours on each task, on the same inputs; its decisions "
+           "at 0.05 agree with the source run's at "
+           f"{sum(r['same_rejections'] for r in args.sbi_rows)} of {10 * len(args.sbi_rows)} "
+           "observations (its null draws its normal samples from torch's global generator, "
+           "whose state differs between the runs)."] if args.sbi_rows else []),
         "",
         *([args.note, ""] if args.note else []),
         "| variant | sensitivity (oracle >= 0.6) | at 10,000 sims | alarm rate (oracle <= 0.55) | "
@@ -284,12 +350,14 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="*")
     parser.add_argument("--seeds", nargs="*", type=int, default=[0], help="metric seeds")
     parser.add_argument("--note", default="", help="a paragraph for the report (the source)")
-    parser.add_argument("--num-eval", type=int, default=10_000)
+    parser.add_argument("--num-eval", type=int, help="evaluation points (default: the metric's)")
     parser.add_argument("--num-cal", type=int, default=2000, help="as sbibm_validation's")
     parser.add_argument("--source", type=Path, help="sbibm_validation's cases (jsonl)")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/sbibm_validation_cache"))
     parser.add_argument("--name", default="lc2st_training", help="NAME.md and NAME.jsonl")
     parser.add_argument("--num-null", type=int, default=NUM_NULL, help="null classifiers")
+    parser.add_argument("--sbi", action="store_true", help="time sbi's LC2ST_NF in this run")
+    parser.add_argument("--num-oracle", type=int, default=500, help="the source run's")
     add_smoke_argument(parser)
     args = parser.parse_args()
     try:  # not a test dependency
@@ -318,6 +386,9 @@ def main() -> None:
     path, md = folder / f"{args.name}.jsonl", folder / f"{args.name}.md"
     cases = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     done = {(c["task"], c["variant"]) for c in cases}
+    timing = folder / f"{args.name}_sbi.jsonl"  # sbi's seconds measured in this run
+    lines = timing.read_text().splitlines() if timing.exists() else []
+    args.sbi_rows = [json.loads(line) for line in lines]
     torch.set_num_threads(1)
     from threadpoolctl import threadpool_limits
 
@@ -327,10 +398,17 @@ def main() -> None:
                 (f"{v}, seed {s}" if s else v, v, s) for s in args.seeds for v in args.variants
             ]
             todo = [(name, v, s) for name, v, s in named if (task, name) not in done]
-            if not todo:
+            timed_sbi = args.sbi and all(r["task"] != task for r in args.sbi_rows)
+            if not todo and not timed_sbi:
                 continue
             task_rows = [r for k, r in rows.items() if k[0] == task]
             data = task_data(task, args.num_cal, 1)  # sbibm_validation's calibration pairs
+            if timed_sbi:
+                new_rows = sbi_timings(data, task_rows, args)
+                args.sbi_rows += new_rows
+                with timing.open("a") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in new_rows)
+                print(task, "sbi timed", flush=True)
             for name, variant, seed in todo:
                 new = run_variant(data, task_rows, name, VARIANTS[variant], args, seed)
                 cases += new
@@ -338,6 +416,8 @@ def main() -> None:
                     f.writelines(json.dumps(c) + "\n" for c in new)
                 print(task, name, flush=True)
                 md.write_text(report(cases, rows, args))
+    for r in args.sbi_rows:  # sbi's seconds of this run replace the source run's
+        rows[tuple(r[k] for k in KEY)].update(s_sbi_null=r["s_sbi_null"], s_sbi_nf=r["s_sbi_nf"])
     text = report(cases, rows, args)
     md.write_text(text)
     print(text)

@@ -200,12 +200,28 @@ def sbi_nf_null(data: dict, post: Any, drawn: torch.Tensor, cache: Path, args: A
     path = cache / f"sbi_null_{data['task'].name}_{len(data['x'])}.pkl"
     if path.exists():
         return pickle.loads(path.read_bytes())
+    out = train_sbi_nf_null(data, post, drawn, args)
+    path.write_bytes(pickle.dumps(out))
+    return out
+
+
+def train_sbi_nf_null(data: dict, post: Any, drawn: torch.Tensor, args: Any) -> tuple:
+    """sbi's LC2ST_NF null classifiers, trained now, and the seconds it took."""
     test = sbi_nf(data, post, drawn, None, args.num_eval, args.num_null)
     np.random.seed(0)  # noqa: NPY002 - sbi's classifiers draw from numpy's global state
     _, seconds = timed(lambda: test.train_under_null_hypothesis(verbosity=0))
-    out = (test.trained_clfs_null, seconds)
-    path.write_bytes(pickle.dumps(out))
-    return out
+    return test.trained_clfs_null, seconds
+
+
+def sbi_nf_check(data: dict, post: Any, drawn: torch.Tensor, null: Any, args: Any) -> tuple:
+    """sbi's ``LC2ST_NF`` check with a trained null: its statistics and p-values at the 10
+    observations."""
+    np.random.seed(1)  # noqa: NPY002 - sbi's classifiers draw from numpy's global state
+    test = sbi_nf(data, post, drawn, null, args.num_eval, args.num_null)
+    test.train_on_observed_data(verbosity=0)
+    x_o = data["x_o"]
+    stats = [float(test.get_statistic_on_observed_data(x_o[o])) for o in range(10)]
+    return stats, [float(test.p_value(x_o[o])) for o in range(10)]
 
 
 def global_sbi(post: Any, data: dict, samples: torch.Tensor) -> dict[str, Any]:
@@ -263,14 +279,9 @@ def run_case(data: dict, estimator: Any, args: argparse.Namespace, nulls: dict) 
     out, row["s_ours_perm"] = timed(ours_perm)
     row["ours_perm_stat"], row["ours_perm_p"] = out.statistic.tolist(), out.p_value.tolist()
 
-    def sbi_nf_check() -> tuple[list, list]:
-        np.random.seed(1)  # noqa: NPY002 - sbi's classifiers draw from numpy's global state
-        test = sbi_nf(data, post, drawn, nulls["sbi"][0], args.num_eval, args.num_null)
-        test.train_on_observed_data(verbosity=0)
-        stats = [float(test.get_statistic_on_observed_data(x_o[o])) for o in range(10)]
-        return stats, [float(test.p_value(x_o[o])) for o in range(10)]
-
-    (row["sbi_nf_stat"], row["sbi_nf_p"]), row["s_sbi_nf"] = timed(sbi_nf_check)
+    (row["sbi_nf_stat"], row["sbi_nf_p"]), row["s_sbi_nf"] = timed(
+        lambda: sbi_nf_check(data, post, drawn, nulls["sbi"][0], args)
+    )
 
     if args.sbi_lc2st_null > 0:
 
