@@ -93,7 +93,9 @@ def _run(metric, posterior, theta, x, seed=0):
 def test_identity_embedding_equals_the_raw_path(metric_type):
     toy = GaussianToy(dim=2)
     theta, x = toy.sample(300, torch.Generator().manual_seed(0))
-    for posterior in (toy.posterior(), toy.posterior(variance_scale=3.0)):
+    # an inflation every observation's test sees with 20 null classifiers (at 3.0 the
+    # permutation test reached its smallest p-value, 1/21, at one observation of three)
+    for posterior in (toy.posterior(), toy.posterior(variance_scale=4.0)):
         raw = _run(metric_type(x[:3], **FAST), posterior, theta, x)
         same = _run(metric_type(x[:3], embedding=nn.Identity(), **FAST), posterior, theta, x)
         for key in ("statistic", "p_value", "null_statistics", "probabilities", "pp_band"):

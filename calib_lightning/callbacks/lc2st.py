@@ -67,7 +67,7 @@ class LC2STNFCallback(CalibrationCallback):
         observations: reference observations :math:`x_o`, ``(O, *X)``; may be omitted
             when ``metric`` is given.
         metric: a configured :class:`calib_lightning.LC2STNF`; default
-            ``LC2STNF(observations, num_null=100, num_posterior_samples=10_000)``.
+            ``LC2STNF(observations)`` (100 null classifiers, 2,000 evaluation points).
         truths: parameters that generated the observations ``(O, D)``, drawn on the maps.
         reference_samples: exact posterior samples ``(S_ref, O, D)`` at the observations.
         labels: names of all ``D`` parameters, for the figures.

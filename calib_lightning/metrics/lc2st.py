@@ -90,7 +90,11 @@ class LC2STNF(LocalC2ST):
             (raw, before any embedding).
         num_null: null classifiers ``H``.
         num_posterior_samples: evaluation points :math:`N_v` per observation (normal
-            draws in the latent space for L-C2ST-NF, posterior draws for L-C2ST).
+            draws in the latent space for L-C2ST-NF, posterior draws for L-C2ST). The
+            default, 2,000 (sbi's is 10,000), resolves the statistic well inside its null
+            spread; on sbibm's estimators it found as many wrong posteriors as 10,000 (399
+            and 397 of 414) at two thirds of the null's cost
+            (``examples/benchmarks/results/lc2st_training_4000_speed.md``).
         num_ensemble: classifiers averaged per statistic (the null's trials likewise).
             Averaging removes classifier noise that the data did not cause, at
             ``num_ensemble`` times the cost: for L-C2ST-NF the null (once) and a cheap
@@ -99,7 +103,10 @@ class LC2STNF(LocalC2ST):
         classifier: ``"mlp"`` (batched :class:`~calib_lightning.classifiers.MLPEnsemble`),
             ``"sbibm"`` or a scikit-learn classifier (then ``state_dict`` holds the null's
             cached statistics but not the classifiers themselves).
-        classifier_kwargs: :class:`~calib_lightning.classifiers.MLPEnsemble` settings.
+        classifier_kwargs: :class:`~calib_lightning.classifiers.MLPEnsemble` settings,
+            over the local tests' own
+            (:data:`~calib_lightning.classifiers.LOCAL_TEST_SETTINGS`: patience 2, hidden
+            layers of ``min(10 * F, 96)`` units).
         max_pairs: per-process bound on stored pairs.
         level: the PP-plot's null band covers ``1 - level`` of the null curves.
         seed: with the data, keys every random stream: evaluation points, normal draws,
@@ -109,7 +116,7 @@ class LC2STNF(LocalC2ST):
             ``(n, F)`` (any trailing shape is flattened), or ``None`` (``x`` flattened).
             Held by reference, outside the ``state_dict``; :meth:`set_embedding`
             replaces it. Use it for images and time series: the default classifier's
-            width grows with ``F`` up to 128 units, and a summary with few, informative
+            width grows with ``F`` up to 96 units, and a summary with few, informative
             features gives the classifiers power that raw pixels do not.
         embedding_batch_size: rows per call of ``embedding``.
         norm_feature: (:class:`LC2STNF` only) the classifiers also see the latent's
