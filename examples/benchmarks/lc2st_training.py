@@ -1,8 +1,10 @@
 """L-C2ST-NF's classifier training on sbibm's reference posteriors (issue 23, item 4).
 
 The L-C2ST and L-C2ST-NF classifiers (``MLPEnsemble``: Adam at 1e-2, mini-batches of
-64, stop after 3 epochs without improvement of a 10 % held-out loss) stop early; sbi's
-train up to 1,000 epochs with patience 50. Each variant below trains ``cl.LC2STNF``'s
+64, stop after 2 epochs without improvement of a 10 % held-out loss, two layers of
+min(10 x inputs, 96) units; 3 epochs, 128 units and 10,000 evaluation points before
+2026-11-27: ``PREVIOUS``, from which every variant but ``default`` starts) stop early;
+sbi's train up to 1,000 epochs with patience 50. Each variant below trains ``cl.LC2STNF``'s
 null (100 classifiers, once per task, on the task's calibration ``x``) and its observed
 classifier with other ``classifier_kwargs``, on the estimators, calibration pairs and
 observations of ``sbibm_validation.py`` (its cases file gives the oracle and sbi's
@@ -23,6 +25,8 @@ Run:  PYTHONPATH=. python examples/benchmarks/lc2st_training.py   (after sbibm_v
       --source CASES.jsonl --num-cal N: another sbibm_validation run's cases (give its
           --num-cal: the calibration pairs are redrawn from it); --tasks, --variants,
           --seeds select (resumes from lc2st_training.jsonl, keyed by task and variant)
+      --sbi: time sbi's LC2ST_NF (null once per task, one check per case) in this run,
+          on the same inputs, for the ratio column (otherwise the source run's seconds)
       python examples/benchmarks/lc2st_training.py --smoke       (runs sbibm_validation's
           smoke first; a temp folder)
 Writes examples/benchmarks/results/lc2st_training.md (cases in lc2st_training.jsonl;
