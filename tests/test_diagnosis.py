@@ -70,6 +70,9 @@ def test_the_report_has_every_check_table_figure_and_summary(tmp_path):
     assert summary["verdict"] == report.verdict
     assert [row["check"] for row in summary["checks"]] == list(report.checks)
     assert "When checks disagree" in text
+    # the shared posterior draws are timed once, outside every check's seconds
+    assert summary["draw_seconds"] == report.seconds["draws"] > 0
+    assert f"drawn once in {report.seconds['draws']:.1f} s" in text
 
 
 def test_the_overall_verdict_keeps_its_level_on_exact_posteriors():

@@ -196,6 +196,7 @@ class Diagnosis:
             "level": self.level,
             "num_pairs": self.num_pairs,
             "num_posterior_samples": self.num_posterior_samples,
+            "draw_seconds": self.seconds.get("draws"),
             "checks": [{k: clean(v) for k, v in row.items()} for row in self.rows()],
             "directions": [dataclasses.asdict(d) for d in self.findings.directions],
             "observations": {name: dataclasses.asdict(o)
@@ -255,6 +256,9 @@ class Diagnosis:
         budget = f"{self.num_pairs} calibration pairs"
         if self.num_posterior_samples:
             budget += f", {self.num_posterior_samples} posterior draws per pair"
+            if "draws" in self.seconds:  # the shared draws are in no check's seconds
+                budget += (f" (drawn once in {self.seconds['draws']:.1f} s for the checks "
+                           "that share them; their seconds exclude it)")  # fmt: skip
         return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Calibration report</title>
 {style(color)}</head><body>
