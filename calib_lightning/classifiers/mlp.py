@@ -101,9 +101,9 @@ class MLPEnsemble(nn.Module):
             architecture (``10 * F``, the L-C2ST paper's classifier) up to
             ``max_width / 10`` features (two moons ``F = 4``: 40 units; SLCP ``F = 13``:
             128 instead of 130), bounded beyond. A fit costs about the square of the
-            width; at ``F = 19`` (three
-            parameters and a 16-feature image embedding) and ``F = 20`` (a 10-D Gaussian
-            task) 128 units matched the power of ``10 * F`` at a fifth of the time
+            width; at ``F = 19`` (three parameters and a 16-feature image embedding) and
+            ``F = 20`` (a 10-D Gaussian task) 128 units matched the power of ``10 * F``
+            at a fifth of the time
             (``examples/benchmarks/results/scale.md``). A flattened 32 x 32 image gives
             0.15 M weights per member instead of 116 M (embed such ``x`` first:
             ``LC2STNF(..., embedding=...)``).

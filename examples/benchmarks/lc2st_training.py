@@ -109,16 +109,15 @@ def run_variant(
     num_eval = kwargs.pop("num_eval", args.num_eval)  # None: the metric's default
     points = {} if num_eval is None else {"num_posterior_samples": num_eval}
     dim = data["theta"].shape[1]  # widths per parameter (sbi's) or per input (D + dim x)
+    inputs = dim + data["x"][0].numel()
     if "width_per_parameter" in kwargs:
         kwargs["hidden_features"] = (kwargs.pop("width_per_parameter") * dim,) * 2
     if "width_per_input" in kwargs:
-        inputs = dim + data["x"][0].numel()
         kwargs["hidden_features"] = (kwargs.pop("width_per_input") * inputs,) * 2
     if "taper" in kwargs:  # the first layer of min(10 x inputs, max_width), a narrower second
-        width = min(10 * (dim + data["x"][0].numel()), kwargs["max_width"])
+        width = min(10 * inputs, kwargs["max_width"])
         kwargs["hidden_features"] = (width, width // kwargs.pop("taper"))
     if "one_layer" in kwargs:
-        inputs = dim + data["x"][0].numel()
         kwargs["hidden_features"] = (min(20 * inputs, kwargs.pop("one_layer")),)
 
     def metric() -> cl.LC2STNF:
@@ -196,8 +195,9 @@ def report(cases: list[dict], rows: dict, args: Any) -> str:
         f"{', '.join(tasks)}; budgets {budgets}; estimators {', '.join(kinds)}; "
         f"{len({tuple(c[k] for k in KEY) for c in cases})} estimators, 10 observations each; "
         f"{args.num_cal} calibration pairs per task; "
-        f"{args.num_eval or 'the metric default of'} evaluation points unless a variant "
-        "says otherwise; "
+        + (f"{args.num_eval} evaluation points" if args.num_eval else
+           "the metric's default number of evaluation points")
+        + " unless a variant says otherwise; "
         f"`cl.LC2STNF` with {args.num_null} null classifiers and `classifier_kwargs` per variant "
         "(null trained once per task); "
         f"{platform.machine()}, one thread, 2 shared cores, torch {torch.__version__}. "
