@@ -110,11 +110,12 @@ def test_tarp_scale_does_not_depend_on_the_offset(offset, dtype, rtol):
             samples = theta[rows].expand(10, -1, -1)
             metric.update(samples, theta[rows], torch.zeros(theta[rows].shape[0], 1, dtype=dtype))
         metric.compute()
-        torch.testing.assert_close(metric.scale.double(), tarp_fit_scale(theta).double(),
+        pooled = theta.expand(11, -1, -1).reshape(-1, 2)  # each pair's truth and 10 draws
+        torch.testing.assert_close(metric.scale.double(), tarp_fit_scale(pooled).double(),
                                    rtol=1e-6, atol=0)
         scales.append(metric.scale.double())
     torch.testing.assert_close(scales[1], scales[0], rtol=rtol, atol=0)
-    torch.testing.assert_close(scales[0], z.std(0), rtol=1e-6, atol=0)
+    torch.testing.assert_close(scales[0], z.repeat(11, 1).std(0), rtol=1e-6, atol=0)
 
 
 def test_mmd_power_and_level_do_not_depend_on_the_offset():

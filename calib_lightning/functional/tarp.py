@@ -1,59 +1,63 @@
-r"""TARP: expected coverage of random-reference credible balls, with an exact test.
+r"""TARP: expected coverage of random-reference credible balls, averaged over references.
 
 For each calibration pair :math:`(\theta^*_i, x_i)`, draw :math:`S` samples
-:math:`\theta_{ik} \sim q(\cdot \mid x_i)` and a reference point :math:`\theta^r_i`
-(independent of :math:`\theta^*_i` given :math:`x_i`). The TARP rank is
+:math:`\theta_{ik} \sim q(\cdot \mid x_i)` and a reference point :math:`\theta^r`
+(independent of which value is :math:`\theta^*_i`, given :math:`x_i`). The TARP rank is
 
 .. math::
-    r_i = \#\{k : d(\theta_{ik}, \theta^r_i) < d(\theta^*_i, \theta^r_i)\} \in \{0, \dots, S\},
+    r_i = \#\{k : d(\theta_{ik}, \theta^r) < d(\theta^*_i, \theta^r)\} \in \{0, \dots, S\},
 
 the number of samples inside the ball around the reference that just reaches the true
 value. :math:`c_i = (r_i + 1/2) / (S + 1)` is the credibility level of the smallest such
 ball (Lemos et al. 2023, eq. 3-4, with the half-count of a discrete rank), and the
 expected coverage probability at credibility :math:`c` is
-:math:`\mathrm{ECP}(c) = \frac{1}{N} \sum_i 1[c_i \le c]`. If :math:`q = p` the
-:math:`S + 1` values :math:`\theta^*_i, \theta_{i1}, \dots, \theta_{iS}` are exchangeable
-given :math:`x_i` and the reference, so every :math:`r_i` is uniform on
-:math:`\{0, \dots, S\}` and the ranks of different pairs are independent:
-:math:`\mathrm{ECP}(c) \approx c`.
+:math:`\mathrm{ECP}(c) = \frac{1}{N} \sum_i 1[c_i \le c]`, about :math:`c` when
+:math:`q = p`.
 
-Distances are measured in standardized coordinates :math:`\theta / s` (``scale``
-:math:`s`, a per-dimension standard deviation) and reference points are drawn uniformly
-on a box; the curve is evaluated exactly on :math:`[0, 1]`.
+**One reference per pair is a lottery.** The curve of one set of references is a
+random function of those references: on one fixed calibration set, one reference set
+per seed, the p-value of an over-confident posterior ranged over 0.017-0.48 (5-95 %
+over 30 seeds, ``examples/benchmarks/results/seed_stability.md``). So each pair gets
+``R`` references :math:`\theta^{r}_{i1}, \dots, \theta^{r}_{iR}` and the curve is the
+average :math:`\overline{\mathrm{ECP}}(c) = \frac{1}{NR} \sum_{i, j} 1[c_{ij} \le c]`;
+as ``R`` grows it tends to a function of the data alone, and its power grows too (the
+average sees every direction of the ball, one reference only one).
 
-Where the box and the scale come from decides whether the test holds its level. Fitted
-on the tested :math:`\theta^*_i` themselves (this module's default until issue 22),
-they are not independent of the pairs: a :math:`\theta^*_i` that is the largest value of
-coordinate :math:`a` has every reference on one side of it, while its samples are not
-bound by the box, so its rank is pushed up. Each coordinate makes two such pairs, so the
-excess grows with :math:`D`: rejection 0.068 at :math:`D = 20` and 0.076 at
-:math:`D = 50` (N = 500) at level 0.05. The default now fits them on **fit points**
-(:func:`tarp_fit_points`): for each pair one of its :math:`S + 1` values
-:math:`\{\theta^*_i, \theta_{i1}, \dots, \theta_{iS}\}`, picked uniformly at random.
-Under :math:`H_0` these values are exchangeable given :math:`x_i`, and a uniformly
-picked one is independent of *which* of them is :math:`\theta^*_i` (for distinct values,
-the pick and the true value's position are independent uniforms). So given all fit
-points, box, scale and references, the position of :math:`\theta^*_i` among its pair's
-values is still uniform and independent across pairs: the ranks are exactly i.i.d.
-uniform and the multinomial null below is exact, at every ``D``, ``N`` and ``S``. The
-fit points follow the model's marginal (under :math:`H_0` the prior's), so the box and
-scale have the size of the old ones and the power is kept (measured in
-``examples/benchmarks/results/level_audit.md``; an independent prior draw, a two-fold
-cross-fit and one extra posterior draw per pair were measured beside it). References and
-a scale fixed in advance (e.g. from the prior's range) are exact too.
+**The test is a permutation test, exact at every** ``N``, ``S``, ``R``, ``D``. The
+ranks of one pair under its ``R`` references are dependent in a way that depends on
+the posterior, so the multinomial null of one reference set no longer applies. Under
+:math:`H_0: q = p` the :math:`S + 1` values :math:`\{\theta^*_i, \theta_{i1}, \dots,
+\theta_{iS}\}` are exchangeable given :math:`x_i`: given the unordered set of values of
+every pair (and the references, drawn from it), the position :math:`J_i` of the true
+value among them is uniform on :math:`\{0, \dots, S\}` and independent across pairs.
+So the rank table of every value (:func:`tarp_rank_table`: the ranks the statistic
+would see had value ``j`` been the true one) gives the null exactly: ``B`` draws of
+:math:`J` uniform, the statistic recomputed from the table each time, and
+:math:`p = (1 + \#\{T_b \ge T\}) / (1 + B)` (:func:`tarp_permutation_test`). Any
+subgroup of positions works as well: the first ``K`` values of each pair (the truth and
+``K - 1`` draws, an arbitrary choice independent of :math:`J` since the draws are
+i.i.d.) keep the test exact with a table of ``K`` columns (``positions``, bounded memory
+for a large ``S``).
 
-The test: the statistic is the largest deviation of the curve from the diagonal,
-:math:`T = \sup_{c \in [0, 1]} |\mathrm{ECP}(c) - c|` (a KS statistic on the
-:math:`N` ranks), and its null distribution is simulated exactly: under :math:`H_0` the
-rank histogram is :math:`\mathrm{Multinomial}(N, 1/(S+1))`, so :math:`B` independent
-histograms are drawn and :math:`p = (1 + \#\{T_b \ge T\}) / (1 + B)`, a Monte Carlo
-test of level at most the nominal one for every ``N`` and ``S`` (Besag and Clifford,
-1989), given ranks that are i.i.d. uniform under :math:`H_0` (above). The
-``1 - level`` quantile of the :math:`T_b` is a simultaneous band around the diagonal,
-drawn by :func:`calib_lightning.plots.plot_tarp`.
+**Coordinates** must not depend on which value is the true one, and now they need not
+be random either: the box the references are drawn in and the scale of the distances
+are fitted on the *pooled* values of all pairs (:math:`N (S + 1)` points), a function
+of the unordered sets. The box spans the :math:`1 / (N + 1)` and :math:`N / (N + 1)`
+quantiles of each coordinate (where the smallest and largest of ``N`` draws of the
+marginal fall on average, the box of the earlier fit points), the scale is the pooled
+standard deviation (:func:`tarp_box`, :func:`tarp_fit_scale`). References and a scale
+fixed in advance (e.g. from the prior) are exact too, and two posteriors compared on
+the same pairs may share references fitted on both posteriors' pooled values: that
+union is unchanged by either test's permutations.
+
+The statistic is the largest deviation of the averaged curve from the diagonal,
+:math:`T = \sup_{c \in [0, 1]} |\overline{\mathrm{ECP}}(c) - c|` (a KS distance), and
+the ``1 - level`` quantile of the :math:`T_b` is a simultaneous band around the diagonal,
+drawn by :func:`calib_lightning.plots.plot_tarp`. With ``R = 1`` the old exact
+multinomial test of one reference set is :func:`tarp_test`.
 
 The summary ``coverage_error`` is the signed area of the *upper half* of the curve,
-:math:`\int_{1/2}^{1} (\mathrm{ECP}(c) - c)\, dc` (the ATC of Lemos et al.):
+:math:`\int_{1/2}^{1} (\overline{\mathrm{ECP}}(c) - c)\, dc` (the ATC of Lemos et al.):
 positive for a conservative (too wide) posterior, negative for an over-confident
 (too narrow) one. Read its sign for dispersion only (a bias can leave it near zero).
 See ``docs/diagnostics.md`` (TARP) for how this differs from sbi's implementation.
@@ -61,6 +65,8 @@ See ``docs/diagnostics.md`` (TARP) for how this differs from sbi's implementatio
 References:
     Lemos, Coogan, Hezaveh, Perreault-Levasseur. "Sampling-Based Accuracy Testing of
     Posterior Estimators for General Inference." ICML 2023.
+
+    Hemerik, Goeman. "Exact testing with random permutations." TEST 27 (2018).
 """
 
 from __future__ import annotations
@@ -87,12 +93,16 @@ from calib_lightning.results import Result
 
 __all__ = [
     "DISTANCES",
+    "NUM_REFERENCES",
     "TARPResult",
     "expected_coverage",
+    "pooled_values",
     "tarp",
+    "tarp_box",
     "tarp_counts",
-    "tarp_fit_points",
     "tarp_fit_scale",
+    "tarp_permutation_test",
+    "tarp_rank_table",
     "tarp_ranks",
     "tarp_references",
     "tarp_test",
@@ -100,6 +110,12 @@ __all__ = [
 ]
 
 DISTANCES = ("l2", "l1")
+#: references per pair of :func:`tarp` and :class:`~calib_lightning.TARP`: on fixed data
+#: the p-value of an over-confident posterior spans 0.001-0.004 over seeds with 16, against
+#: 0.017-0.48 with one (``examples/benchmarks/results/seed_stability.md``)
+NUM_REFERENCES = 16
+#: null draws of the permutation test per block (bounded scratch: block x N x R ranks)
+_NULL_BLOCK_NUMBERS = 2**21
 
 
 @dataclass(eq=False)
@@ -133,75 +149,83 @@ class TARPResult(Result):
     num_pairs: Tensor
 
 
-def tarp_fit_scale(theta: Tensor) -> Tensor:
-    """Per-dimension standard deviation of ``theta`` ``(*, N, D)`` -> ``(*, D)``; zeros become 1.
+def tarp_fit_scale(values: Tensor) -> Tensor:
+    """Per-dimension standard deviation of ``values`` ``(*, P, D)`` -> ``(*, D)``; zeros become 1.
 
     Computed in float64 from centred moments (exact at any offset), returned in the
-    dtype of ``theta``.
+    dtype of ``values``. :func:`tarp` fits it on the pooled values of all pairs (their
+    ``theta`` and their samples, :func:`pooled_values`).
     """
-    check_points("theta", theta, min_rows=2)
-    return std_from_moments(moments(theta)).to(theta.dtype)
+    check_points("values", values, min_rows=2)
+    return std_from_moments(moments(values)).to(values.dtype)
+
+
+def pooled_values(samples: Tensor, theta: Tensor) -> Tensor:
+    """Every pair's :math:`S + 1` values, pooled: ``(S, N, D)``, ``(N, D)`` -> ``((S + 1) N, D)``.
+
+    A function of each pair's unordered set of values: which of them is the true one
+    does not change it (the coordinates of :func:`tarp` are fitted on it).
+    """
+    return torch.cat([theta.detach().unsqueeze(0), samples.detach().to(theta.dtype)]).flatten(0, 1)
+
+
+def tarp_box(values: Tensor, num_pairs: int) -> tuple[Tensor, Tensor]:
+    r"""The box references are drawn in: the :math:`1 / (N + 1)` and :math:`N / (N + 1)`
+    quantiles of each coordinate of ``values``.
+
+    These are where the smallest and the largest of ``N`` draws of the values' marginal
+    fall on average: the box of ``N`` points, without the randomness of which ``N``.
+
+    Arguments:
+        values: pooled values ``(P, D)`` (:func:`pooled_values`).
+        num_pairs: ``N``.
+
+    Returns:
+        ``(low, high)``, each ``(D,)`` in the dtype of ``values``.
+    """
+    check_matrix("values", values, min_rows=1)
+    check_positive("num_pairs", num_pairs, integer=True)
+    data = values.detach().double().T.contiguous()  # (D, P): selection along rows is fast
+    last = values.shape[0] - 1
+    bounds = []
+    for level in (1.0 / (num_pairs + 1), num_pairs / (num_pairs + 1)):
+        position = level * last  # linear interpolation between order statistics
+        below = int(position)
+        above = min(below + 1, last)
+        weight = position - below
+        low = data.kthvalue(below + 1, 1).values
+        high = data.kthvalue(above + 1, 1).values if above != below else low
+        bounds.append(((1 - weight) * low + weight * high).to(values.dtype))
+    return bounds[0], bounds[1]
 
 
 def tarp_references(
-    theta: Tensor, num_references: int | None = None, generator: torch.Generator | None = None
+    low: Tensor,
+    high: Tensor,
+    num_pairs: int,
+    num_references: int = NUM_REFERENCES,
+    generator: torch.Generator | None = None,
 ) -> Tensor:
-    r"""Reference points uniform on the box spanned by the (standardized) ``theta``.
-
-    The box of the standardized parameters :math:`[\min_i z_{ia}, \max_i z_{ia}]`,
-    :math:`z = (\theta - \bar\theta) / s`, mapped back to parameter units, is the box
-    :math:`[\min_i \theta_{ia}, \max_i \theta_{ia}]`.
+    r"""``R`` reference points per pair, uniform on the box ``[low, high]``.
 
     Arguments:
-        theta: calibration parameters ``(*, N, D)``.
-        num_references: how many to draw (default ``N``, one per pair).
+        low, high: the box ``(D,)`` (:func:`tarp_box`, or a prior's bounds).
+        num_pairs: ``N``.
+        num_references: ``R``.
         generator: random generator (on the CPU).
 
     Returns:
-        ``(*, num_references, D)``.
+        ``(R, N, D)`` in the dtype and on the device of ``low``.
     """
-    check_points("theta", theta, min_rows=1)
-    num = theta.shape[-2] if num_references is None else num_references
-    check_positive("num_references", num, integer=True)
-    low = theta.detach().amin(-2, keepdim=True)
-    high = theta.detach().amax(-2, keepdim=True)
-    u = torch.rand(*theta.shape[:-2], num, theta.shape[-1], generator=generator,
-                   dtype=theta.dtype)
-    return low + (high - low) * u.to(theta.device)
-
-
-def tarp_fit_points(
-    samples: Tensor, theta: Tensor, generator: torch.Generator | None = None
-) -> Tensor:
-    r"""One value per pair picked uniformly among its :math:`S + 1` values.
-
-    Pair :math:`i`'s values are :math:`\{\theta^*_i, \theta_{i1}, \dots, \theta_{iS}\}`.
-
-    The points the default reference box (:func:`tarp_references`) and scale
-    (:func:`tarp_fit_scale`) are fitted on. Under :math:`H_0` the pick is independent of
-    which of the :math:`S + 1` values is the true one, so the TARP ranks stay exactly
-    uniform and independent (module docstring); fitting on ``theta`` itself does not.
-
-    Arguments:
-        samples: posterior samples ``(S, *, N, D)``.
-        theta: true parameters ``(*, N, D)``.
-        generator: random generator (on the CPU) for the picks.
-
-    Returns:
-        ``(*, N, D)``: ``theta[..., i, :]`` with probability :math:`1 / (S + 1)`, else
-        one of the pair's samples.
-    """
-    check_points("theta", theta, min_rows=1)
-    if samples.ndim != theta.ndim + 1 or samples.shape[1:] != theta.shape:
-        raise ValueError(
-            f"samples must have shape (S, {', '.join(map(str, theta.shape))}) like theta "
-            f"with a leading sample axis, got {tuple(samples.shape)}"
-        )
-    pick = torch.randint(0, samples.shape[0] + 1, theta.shape[:-1], generator=generator)
-    pick = pick.to(theta.device)
-    index = (pick - 1).clamp_min(0)[None, ..., None].expand(1, *theta.shape)
-    drawn = samples.detach().gather(0, index).squeeze(0).to(theta.dtype)
-    return torch.where((pick == 0).unsqueeze(-1), theta.detach(), drawn)
+    check_positive("num_pairs", num_pairs, integer=True)
+    check_positive("num_references", num_references, integer=True)
+    if low.ndim != 1 or low.shape != high.shape:
+        raise ValueError(f"low and high must be tensors of shape (D,), got {tuple(low.shape)} "
+                         f"and {tuple(high.shape)}")  # fmt: skip
+    u = torch.rand(num_references, num_pairs, low.shape[0], generator=generator,
+                   dtype=torch.float64)  # fmt: skip
+    low64, high64 = low.detach().double().cpu(), high.detach().double().cpu()
+    return (low64 + (high64 - low64) * u).to(dtype=low.dtype, device=low.device)
 
 
 def _distance(diff: Tensor, distance: str) -> Tensor:
@@ -249,6 +273,70 @@ def tarp_ranks(
     d_true = _distance((theta - references) * inverse, distance)
     d_samples = _distance((samples - references) * inverse, distance)
     return (d_samples < d_true).sum(0)
+
+
+def tarp_rank_table(
+    samples: Tensor,
+    theta: Tensor,
+    references: Tensor,
+    *,
+    scale: Tensor | None = None,
+    distance: str = "l2",
+    positions: int | None = None,
+) -> Tensor:
+    r"""The TARP rank of each of a pair's first ``K`` values, under each of its references.
+
+    Entry ``[i, j, r]`` is the number of pair ``i``'s :math:`S + 1` values (``theta`` first,
+    then its samples) strictly closer to reference ``r`` than value ``j``: the rank the
+    statistic would see had value ``j`` been the true one. Column ``j = 0`` holds the
+    true parameters' ranks (:func:`tarp_ranks` for each reference set).
+
+    Arguments:
+        samples: posterior samples ``(S, N, D)``.
+        theta: true parameters ``(N, D)``.
+        references: ``(R, N, D)`` in parameter units.
+        scale: per-dimension scale ``(D,)``; distances are computed on ``theta / scale``.
+            ``None``: unscaled.
+        distance: ``"l2"`` or ``"l1"``.
+        positions: ``K``, the values ranked per pair (``theta`` and the first ``K - 1``
+            samples); ``None``: all :math:`S + 1`.
+
+    Returns:
+        ``(N, K, R)`` ranks in ``{0, ..., S}``, int16 (int32 when ``S`` needs it).
+    """
+    check_choice("distance", distance, DISTANCES)
+    check_matrix("theta", theta)
+    (n, d), s = theta.shape, samples.shape[0]
+    if samples.ndim != 3 or samples.shape[1:] != theta.shape:
+        raise ValueError(f"samples must have shape (S, {n}, {d}), got {tuple(samples.shape)}")
+    if references.ndim != 3 or references.shape[1:] != theta.shape:
+        raise ValueError(f"references must have shape (R, {n}, {d}), got "
+                         f"{tuple(references.shape)}")  # fmt: skip
+    k = s + 1 if positions is None else positions
+    if not 1 <= k <= s + 1:
+        raise ValueError(f"positions must lie in [1, S + 1 = {s + 1}], got {positions}")
+    num_refs = references.shape[0]
+    dtype = torch.int16 if s < 2**15 - 1 else torch.int32
+    out = torch.empty(n, k, num_refs, dtype=dtype, device=theta.device)
+    inverse = 1.0 if scale is None else 1.0 / scale.to(theta)
+    for rows in pair_blocks(n, (s + 1) * (d + num_refs + 2)):
+        values = torch.cat([theta[rows].unsqueeze(0), samples[:, rows].to(theta)])  # (S+1, n, D)
+        refs = references[:, rows].to(theta)  # (R, n, D)
+        if distance == "l2":
+            # |v - r|^2 = |v - c|^2 - 2 (v - c).(r - c) + |r - c|^2: the last term is the same
+            # for all of a pair's values, so it does not change their ranks. c is the mean of
+            # the pair's values (symmetric in them); float64 keeps the difference exact.
+            center = values.double().mean(0)  # (n, D)
+            v = ((values.double() - center) * inverse).transpose(0, 1)  # (n, S+1, D)
+            r = ((refs.double() - center) * inverse).permute(1, 2, 0)  # (n, D, R)
+            dist = (v.square().sum(-1, keepdim=True) - 2 * torch.bmm(v, r)).transpose(1, 2)
+        else:
+            dist = _distance((values.unsqueeze(1) - refs) * inverse, distance).permute(2, 1, 0)
+        dist = dist.contiguous()  # (n, R, S+1)
+        ordered = dist.sort(-1).values
+        ranks = torch.searchsorted(ordered, dist[..., :k].contiguous())  # strictly closer
+        out[rows] = ranks.transpose(1, 2).to(dtype)
+    return out
 
 
 def tarp_counts(ranks: Tensor, num_posterior_samples: int) -> Tensor:
@@ -341,34 +429,111 @@ def tarp_test(
     )
 
 
+def tarp_permutation_test(
+    table: Tensor,
+    num_posterior_samples: int,
+    *,
+    num_null: int = 1000,
+    level: float = 0.05,
+    num_bins: int = 100,
+    generator: torch.Generator | None = None,
+) -> TARPResult:
+    r"""TARP's test on the curve averaged over references, with its exact permutation null.
+
+    The observed curve counts the true parameters' ranks (column 0 of ``table``) under
+    every reference; each of the ``B`` null curves counts, for every pair, the column of
+    a position drawn uniformly among the ``K`` (module docstring: under :math:`H_0` the
+    true value's position is uniform and independent across pairs).
+
+    Arguments:
+        table: :func:`tarp_rank_table` ``(*, N, K, R)``: ``*`` independent calibration sets,
+            tested at once.
+        num_posterior_samples: ``S`` (the ranks lie in ``{0, ..., S}``).
+        num_null: ``B`` permutations.
+        level: the band is the ``1 - level`` quantile of the null statistics.
+        num_bins: the curve is returned on ``num_bins + 1`` credibility levels in [0, 1].
+        generator: random generator for the permutations (on the CPU).
+
+    Returns:
+        :class:`TARPResult` with leading shape ``*`` (``num_pairs`` is ``N``).
+    """
+    check_positive("num_posterior_samples", num_posterior_samples, integer=True)
+    check_positive("num_null", num_null, integer=True)
+    check_positive("num_bins", num_bins, integer=True)
+    check_probability("level", level)
+    if table.ndim < 3 or table.shape[-3] < 1 or table.is_floating_point():
+        raise ValueError(f"table must be integer ranks of shape (*, N, K, R) with N >= 1, got "
+                         f"{tuple(table.shape)} {table.dtype}")  # fmt: skip
+    lead, (n, k, num_refs) = table.shape[:-3], table.shape[-3:]
+    cells = num_posterior_samples + 1
+    if table.numel() and (int(table.min()) < 0 or int(table.max()) >= cells):
+        raise ValueError(f"table must hold ranks in [0, {num_posterior_samples}], got "
+                         f"[{int(table.min())}, {int(table.max())}]")  # fmt: skip
+    device = table.device
+    table = table.cpu().long().reshape(-1, n, k, num_refs)  # (T, N, K, R)
+    sets = table.shape[0]
+    offsets = (torch.arange(sets) * cells).view(sets, 1, 1)
+    counts = torch.bincount((table[:, :, 0] + offsets).flatten(),
+                            minlength=sets * cells).view(sets, cells)  # fmt: skip
+    statistic, error = _ks_coverage_error(counts)  # (T,)
+    rows = torch.arange(n)
+    block = max(1, _NULL_BLOCK_NUMBERS // max(sets * n * num_refs, 1))
+    null = []
+    for start in range(0, num_null, block):
+        size = min(block, num_null - start)
+        picks = torch.randint(0, k, (sets, size, n), generator=generator)
+        ranks = table[torch.arange(sets).view(sets, 1, 1), rows, picks]  # (T, size, N, R)
+        ranks = ranks + (torch.arange(sets * size) * cells).view(sets, size, 1, 1)
+        null_counts = torch.bincount(ranks.flatten(), minlength=sets * size * cells)
+        null.append(_ks_coverage_error(null_counts.view(sets, size, cells))[0])
+    null_statistic = torch.cat(null, -1)  # (T, B)
+    credibility = torch.linspace(0.0, 1.0, num_bins + 1, dtype=torch.float64)
+
+    def shaped(value: Tensor) -> Tensor:
+        return value.reshape(tuple(lead) + tuple(value.shape[1:])).to(device)
+
+    return TARPResult(
+        statistic=shaped(statistic),
+        p_value=shaped(monte_carlo_p_value(statistic, null_statistic, tolerance=1e-12,
+                                           dtype=torch.float64)),
+        coverage_error=shaped(error),
+        band=shaped(torch.quantile(null_statistic, 1.0 - level, dim=-1)),
+        level=torch.tensor(level, dtype=torch.float64),
+        credibility=credibility.to(device),
+        coverage=shaped(expected_coverage(counts, credibility)),
+        num_pairs=torch.full(lead, n, device=device),
+    )  # fmt: skip
+
+
 def tarp(
     samples: Tensor,
     theta: Tensor,
     *,
     references: Tensor | None = None,
     scale: Tensor | None = None,
+    num_references: int = NUM_REFERENCES,
     distance: str = "l2",
     num_null: int = 1000,
     level: float = 0.05,
     num_bins: int = 100,
     generator: torch.Generator | None = None,
 ) -> TARPResult:
-    r"""TARP coverage test from posterior samples at calibration pairs.
+    r"""TARP coverage test from posterior samples at calibration pairs (module docstring).
 
     Arguments:
         samples: posterior samples ``(S, N, D)``, ``S`` drawn at each pair's ``x_i``
             (e.g. :func:`calib_lightning.evaluation.draws`).
         theta: true parameters ``(N, D)``, ``N >= 2``.
-        references: reference points ``(N, D)`` in parameter units, independent of
-            ``theta`` given ``x``; ``None``: uniform on the box of the fit points
-            (:func:`tarp_fit_points`, :func:`tarp_references`).
-        scale: per-dimension scale ``(D,)`` of the standardized coordinates, independent
-            of ``theta``; ``None``: standard deviation of the fit points
+        references: reference points ``(R, N, D)`` (or ``(N, D)``, one each) in parameter
+            units, independent of which of a pair's values is ``theta``; ``None``:
+            ``num_references`` per pair, uniform on :func:`tarp_box` of the pooled values.
+        scale: per-dimension scale ``(D,)`` of the standardized coordinates, with the same
+            independence; ``None``: standard deviation of the pooled values
             (:func:`tarp_fit_scale`).
+        num_references: ``R`` when ``references`` is ``None``.
         distance: ``"l2"`` or ``"l1"``.
-        num_null, level, num_bins: as :func:`tarp_test`.
-        generator: random generator for the fit points, the references and the null
-            draws.
+        num_null, level, num_bins: as :func:`tarp_permutation_test`.
+        generator: random generator for the references and the permutations.
 
     Returns:
         :class:`TARPResult`.
@@ -378,33 +543,37 @@ def tarp(
         >>> toy, g = GaussianToy(dim=2), torch.Generator().manual_seed(0)
         >>> theta, x = toy.sample(1000, g)
         >>> _ = torch.manual_seed(0)
-        >>> samples = toy.posterior()(x).sample((1000,))
+        >>> samples = toy.posterior()(x).sample((100,))
         >>> tarp(samples, theta, generator=g).p_value > 0.05  # exact
         tensor(True)
-        >>> out = tarp(toy.posterior(variance_scale=2.0)(x).sample((1000,)), theta, generator=g)
+        >>> out = tarp(toy.posterior(variance_scale=2.0)(x).sample((100,)), theta, generator=g)
         >>> out.p_value, out.coverage_error > 0  # too wide: rejected, positive error
         (tensor(0.0010, dtype=torch.float64), tensor(True))
     """
     check_matrix("theta", theta, min_rows=2)
     check_choice("distance", distance, DISTANCES)
+    check_positive("num_references", num_references, integer=True)
     n, d = theta.shape
     if samples.ndim != 3 or samples.shape[1:] != theta.shape:
         raise ValueError(f"samples must have shape (S, {n}, {d}), got {tuple(samples.shape)}")
     check_finite("posterior samples", samples.transpose(0, 1))
-    fit = None
+    values = None
     if references is None or scale is None:
-        fit = tarp_fit_points(samples, theta, generator=generator)
+        values = pooled_values(samples, theta)
     if references is None:
-        references = tarp_references(fit, generator=generator)
-    elif references.shape != theta.shape:
-        raise ValueError(f"references must have shape {tuple(theta.shape)} like theta, "
-                         f"got {tuple(references.shape)}")
-    check_finite("references", references)
-    scale = tarp_fit_scale(fit) if scale is None else _check_scale(scale, d)
-    ranks = tarp_ranks(samples, theta, references, scale=scale, distance=distance)
-    counts = tarp_counts(ranks, samples.shape[0])
-    return tarp_test(counts, num_null=num_null, level=level, num_bins=num_bins,
-                     generator=generator)
+        low, high = tarp_box(values, n)
+        references = tarp_references(low, high, n, num_references, generator=generator)
+    else:
+        if references.shape == theta.shape:
+            references = references.unsqueeze(0)
+        if references.ndim != 3 or references.shape[1:] != theta.shape:
+            raise ValueError(f"references must have shape (R, {n}, {d}) or ({n}, {d}) like "
+                             f"theta, got {tuple(references.shape)}")  # fmt: skip
+        check_finite("references", references)
+    scale = tarp_fit_scale(values) if scale is None else _check_scale(scale, d)
+    table = tarp_rank_table(samples, theta, references, scale=scale, distance=distance)
+    return tarp_permutation_test(table, samples.shape[0], num_null=num_null, level=level,
+                                 num_bins=num_bins, generator=generator)  # fmt: skip
 
 
 def _check_scale(scale: Tensor, dim: int | None = None) -> Tensor:

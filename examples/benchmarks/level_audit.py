@@ -347,13 +347,16 @@ def run_test(test: str, model, posterior, theta, x, observations, smoke: bool,
         result = {"p_value": float(metric.compute().p_value)}
         g = torch.Generator().manual_seed(int(1e6 * float(theta[0, 0])) % 2**31)
         if oracle is not None:
-            old = tarp(samples, theta, references=tarp_references(theta, generator=g),
-                       scale=tarp_fit_scale(theta), generator=g)  # fmt: skip
+            n = theta.shape[0]
+            refs = tarp_references(theta.amin(0), theta.amax(0), n, generator=g)
+            old = tarp(samples, theta, references=refs, scale=tarp_fit_scale(theta),
+                       generator=g)  # fmt: skip
             result["p_value[box on theta]"] = float(old.p_value)
         if oracle:
             fresh = model.sample(theta.shape[0], g)[0]  # an independent draw of the joint
-            independent = tarp(samples, theta, references=tarp_references(fresh, generator=g),
-                               scale=tarp_fit_scale(fresh), generator=g)  # fmt: skip
+            refs = tarp_references(fresh.amin(0), fresh.amax(0), fresh.shape[0], generator=g)
+            independent = tarp(samples, theta, references=refs, scale=tarp_fit_scale(fresh),
+                               generator=g)  # fmt: skip
             result["p_value[independent box]"] = float(independent.p_value)
         return result  # TARP runs one test: its p_value is the verdict
     metric_cls = cl.LC2ST if test == "lc2st" else cl.LC2STNF
