@@ -14,8 +14,13 @@ import torch
 from scipy import stats
 
 import calib_lightning as cl
-from calib_lightning.classifiers import joint_c2st_test, make_ensemble
+from calib_lightning.classifiers import joint_c2st_folds, joint_c2st_test, make_ensemble
 from calib_lightning.functional import conformal_ranks, uniform_mean_test
+from calib_lightning.functional.joint_c2st import (
+    averaged_ranks,
+    normal_two_sided_p_value,
+    rank_sum_test,
+)
 from calib_lightning.metrics.joint_c2st import joint_c2st
 from calib_lightning.tasks import CorrelatedGaussianToy, GaussianToy
 from calib_lightning.tasks._common import normal
@@ -72,20 +77,22 @@ def test_level_one_metric_over_checks():
 
 
 def test_level_batched_and_ranks_uniform():
-    """400 datasets in one batched fit (d = 10): p-values and the pooled ranks uniform."""
+    """400 datasets in one batched fit (d = 10, two folds, two repetitions): p-values
+    uniform, and the pooled averaged ranks have mean 1/2."""
     g = torch.Generator().manual_seed(2)
     reps, n, dim, draws = 400, 100, 10, 20
     theta = torch.randn(reps, n, dim, generator=g)
     x = theta + 0.5 * torch.randn(reps, n, dim, generator=g)
     w = 1 / 1.25
     samples = w * x[:, None] + (w * 0.25) ** 0.5 * torch.randn(reps, draws, n, dim, generator=g)
-    split, ties = torch.Generator().manual_seed(4), torch.Generator().manual_seed(5)
-    classifier = make_ensemble("mlp", reps, seed=3)
-    z, p, ranks = joint_c2st_test(theta, x, samples, classifier, 0.5, split, ties)
+    folds = joint_c2st_folds(n, 2, 2, torch.Generator().manual_seed(4))
+    classifier = make_ensemble("mlp", reps * 4, seed=3)
+    z, p, ranks = joint_c2st_test(theta, x, samples, classifier, folds,
+                                  torch.Generator().manual_seed(5))  # fmt: skip
     assert z.shape == p.shape == (reps,)
-    assert ranks.shape == (reps, n // 2)
+    assert ranks.shape == (reps, n)
     _assert_level(p)
-    assert stats.kstest(ranks.flatten().double().numpy(), "uniform").pvalue > 0.01
+    assert abs(float(ranks.mean()) - 0.5) < 3 * (1 / 12 / ranks.numel()) ** 0.5
 
 
 @pytest.mark.parametrize("dim", [3, 10])
@@ -141,6 +148,8 @@ def test_seeded_and_reproducible():
     a, b = joint_c2st(theta, x, samples, seed=1), joint_c2st(theta, x, samples, seed=1)
     assert torch.equal(a.ranks, b.ranks)
     assert a.num_train == 100
+    assert a.num_classifiers == 8  # 2 folds x 4 repetitions
+    assert a.ranks.shape == (200,)  # every pair ranked
     c = joint_c2st(theta, x, samples, seed=1, check=1)
     assert not torch.equal(a.ranks, c.ranks)
 
@@ -162,14 +171,75 @@ def test_functional_core():
     assert abs(float(p) - 2 * stats.norm.sf(3)) < 1e-12
 
 
+def test_averaged_ranks_have_the_exact_null_moments():
+    """Mean 1/2 and the variance of the formula, against enumeration over the truth's
+    position with direct counts (ties, three repetitions); 1/12 for one repetition
+    without ties; the observed rank lies in its counts' interval."""
+    g = torch.Generator().manual_seed(9)
+    scores = torch.randint(0, 4, (3, 6, 5), generator=g).double()  # R = 3, M + 1 = 6, n = 5
+    ranks, variance = averaged_ranks(scores, g)
+    for i in range(5):
+        first, second = [], []
+        for j in range(6):  # the truth at position j: its rank is U = (b + V c) / (M + 1)
+            values = scores[:, :, i]
+            below = (values < values[:, j : j + 1]).sum(1).double().mean()
+            ties = (values == values[:, j : j + 1]).sum(1).double().mean()  # itself included
+            first.append((below + ties / 2) / 6)
+            second.append(((below + ties / 2) ** 2 + ties**2 / 12) / 36)
+            if j == 0:
+                assert float(below / 6) <= float(ranks[i]) <= float((below + ties) / 6)
+        mean, moment = torch.stack(first).mean(), torch.stack(second).mean()
+        assert float(mean) == pytest.approx(0.5, abs=1e-12)
+        assert float(moment - mean**2) == pytest.approx(float(variance[i]), abs=1e-12)
+    u, v = averaged_ranks(torch.randn(1, 11, 7, generator=g), g)
+    torch.testing.assert_close(v, torch.full((7,), 1 / 12, dtype=torch.float64))
+    assert bool(((u > 0) & (u < 1)).all())
+
+
+def test_rank_sum_p_value_does_not_underflow():
+    """A Z of 15.8 is a p-value of 3.1e-56, not 0 (torch's ndtr underflows there); past
+    the float64 range the smallest normal float64, never 0."""
+    z = torch.tensor([15.8, -15.8, 40.0, 0.0], dtype=torch.float64)
+    p = normal_two_sided_p_value(z)
+    torch.testing.assert_close(p[:2], torch.full((2,), 2 * stats.norm.sf(15.8),
+                                                 dtype=torch.float64), rtol=1e-9, atol=0)
+    assert float(p[2]) == 2.2250738585072014e-308
+    assert float(p[3]) == 1.0
+    n = 1000
+    ranks = torch.full((n,), 0.5 + 15.8 / (12 * n) ** 0.5, dtype=torch.float64)
+    z, p = rank_sum_test(ranks, torch.full((n,), 1 / 12, dtype=torch.float64))
+    assert float(z) == pytest.approx(15.8)
+    assert float(p) == pytest.approx(2 * stats.norm.sf(15.8), rel=1e-6)
+
+
+def test_decision_does_not_depend_on_the_seed_where_the_test_sees_the_error():
+    """One fixed calibration set (N = 1000) of a posterior shrunk 30 % of the way to the
+    prior: a single split (one fold pair, no repetition) decides by lottery over seeds;
+    the default cross-fit rejects at every seed."""
+    g = torch.Generator().manual_seed(10)
+    theta, x = TOY.sample(1000, g)
+    torch.manual_seed(10)
+    samples = _shrunk(TOY, 0.3)(x).sample((100,))
+    one = [float(joint_c2st(theta, x, samples, repeats=1, seed=s).p_value) for s in range(8)]
+    default = [float(joint_c2st(theta, x, samples, seed=s).p_value) for s in range(8)]
+    assert max(default) < 0.05
+    assert max(one) / min(one) > 10 * max(default) / min(default)
+
+
 def test_bad_inputs_raise():
     theta, x = TOY.sample(50, torch.Generator().manual_seed(8))
     with pytest.raises(ValueError, match="samples must have shape"):
         joint_c2st(theta, x, torch.zeros(5, 40, 3))
     with pytest.raises(ValueError, match="M >= 2"):
         joint_c2st(theta, x, torch.zeros(1, 50, 3))
-    with pytest.raises(ValueError, match="train_fraction"):
-        cl.JointC2ST(train_fraction=1.5)
+    with pytest.raises(ValueError, match="folds must be at least 2"):
+        cl.JointC2ST(folds=1)
+    with pytest.raises(ValueError, match="repeats must be a positive integer"):
+        cl.JointC2ST(repeats=0)
+    with pytest.raises(ValueError, match=r"needs N >= 2 \* folds = 10 pairs, got N = 8"):
+        joint_c2st(theta[:8], x[:8], torch.zeros(3, 8, 3), folds=5)
+    with pytest.raises(ValueError, match="scores must have shape"):
+        averaged_ranks(torch.zeros(2, 1, 4))
     with pytest.raises(ValueError, match="num_posterior_samples must be >= 2"):
         cl.JointC2ST(num_posterior_samples=1)
     with pytest.raises(ValueError, match="needs at least one update"):

@@ -47,7 +47,11 @@ from calib_lightning.classifiers._make import (
     local_test_kwargs,
     make_ensemble,
 )
-from calib_lightning.classifiers.joint_c2st import joint_c2st_test, joint_c2st_train
+from calib_lightning.classifiers.joint_c2st import (
+    joint_c2st_folds,
+    joint_c2st_test,
+    joint_c2st_train,
+)
 from calib_lightning.classifiers.lc2st_null import LC2STNFNull
 from calib_lightning.classifiers.local_c2st import (
     latent_features,
@@ -65,6 +69,7 @@ __all__ = [
     "LC2STNFNull",
     "MLPEnsemble",
     "SklearnEnsemble",
+    "joint_c2st_folds",
     "joint_c2st_test",
     "joint_c2st_train",
     "latent_features",

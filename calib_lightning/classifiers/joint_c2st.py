@@ -1,16 +1,16 @@
-r"""The joint classifier test over :math:`(\theta, x)`: split, train, score, rank.
+r"""The joint classifier test over :math:`(\theta, x)`: folds, train, score, rank.
 
-The calibration pairs are split at random into a training part and a held-out part;
-the split is drawn from a generator the caller seeds from the observations ``x`` only,
-so it carries no information about :math:`\theta^*`. On the training part, classifiers
-learn :math:`d(\theta, x) = P(\text{class } 1 \mid \theta, x)` with class 1
+The calibration pairs are split ``R`` times into ``K`` folds; the folds are drawn from a
+generator the caller seeds from the observations ``x`` only, so they carry no
+information about :math:`\theta^*`. For each repetition and fold a classifier learns
+:math:`d(\theta, x) = P(\text{class } 1 \mid \theta, x)` on the other folds, with class 1
 :math:`(\theta^*_i, x_i)` and class 0 :math:`(\tilde\theta_i, x_i)`, one posterior draw
-per pair (:func:`joint_c2st_train`). On the held-out part, the score of each true
-parameter is ranked among the scores of the ``M`` posterior draws at its :math:`x_i`
-(:func:`~calib_lightning.functional.joint_c2st.conformal_ranks`), which are uniform
-under :math:`H_0` whatever the classifier; their mean is the test
-(:func:`~calib_lightning.functional.joint_c2st.uniform_mean_test`). ``R`` datasets
-train at once, one group of ``E`` ensemble members each.
+per pair (:func:`joint_c2st_train`), and scores the :math:`M + 1` values (the truth and
+the ``M`` draws) of every pair of its fold. Each pair's rank of the truth, averaged over
+the repetitions, and its exact null variance
+(:func:`~calib_lightning.functional.joint_c2st.averaged_ranks`) give the test
+(:func:`~calib_lightning.functional.joint_c2st.rank_sum_test`). ``B`` datasets train at
+once, ``R K`` groups of ``E`` ensemble members each.
 
 References:
     Bansal, Chen, Scott. "Conformal C2ST: Turning weak classifiers into strong two-sample
@@ -22,24 +22,30 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_probability
+from calib_lightning._checks import check_positive
 from calib_lightning.classifiers._make import Ensemble
-from calib_lightning.functional.joint_c2st import conformal_ranks, uniform_mean_test
+from calib_lightning.functional.joint_c2st import averaged_ranks, rank_sum_test
 
-__all__ = ["joint_c2st_split", "joint_c2st_test", "joint_c2st_train"]
+__all__ = ["joint_c2st_folds", "joint_c2st_test", "joint_c2st_train"]
 
 
-def joint_c2st_split(
-    num_pairs: int, train_fraction: float, generator: torch.Generator | None = None
-) -> tuple[Tensor, Tensor]:
-    """Indices ``(train, held_out)`` of a random split of ``num_pairs`` rows; at least two
-    rows on each side."""
-    check_probability("train_fraction", train_fraction)
-    if num_pairs < 4:
-        raise ValueError(f"the joint classifier test needs N >= 4 pairs, got N = {num_pairs}")
-    num_train = min(max(round(train_fraction * num_pairs), 2), num_pairs - 2)
-    order = torch.randperm(num_pairs, generator=generator)
-    return order[:num_train], order[num_train:]
+def joint_c2st_folds(
+    num_pairs: int, folds: int, repeats: int, generator: torch.Generator | None = None
+) -> Tensor:
+    """Fold of each pair in each repetition, ``(repeats, num_pairs)`` int64 in
+    ``0..folds - 1``: a fresh random assignment per repetition, folds as equal as can be
+    (sizes differ by at most one), at least two pairs each."""
+    check_positive("folds", folds, integer=True)
+    check_positive("repeats", repeats, integer=True)
+    if folds < 2:
+        raise ValueError(f"folds must be at least 2 (every pair ranked by a classifier that "
+                         f"did not see it), got {folds}")  # fmt: skip
+    if num_pairs < 2 * folds:
+        raise ValueError(f"the joint classifier test needs N >= 2 * folds = {2 * folds} pairs, "
+                         f"got N = {num_pairs}")  # fmt: skip
+    labels = torch.arange(num_pairs) % folds
+    return torch.stack([labels[torch.randperm(num_pairs, generator=generator)]
+                        for _ in range(repeats)])  # fmt: skip
 
 
 def joint_c2st_train(
@@ -49,29 +55,29 @@ def joint_c2st_train(
     :math:`(\tilde\theta_i, x_i)`.
 
     Arguments:
-        theta: true parameters ``(R, n, D)``.
+        theta: true parameters ``(G, n, D)``.
         posterior_theta: one draw :math:`\tilde\theta_i \sim q(\cdot \mid x_i)` per pair,
-            ``(R, n, D)``.
-        x: observations ``(R, n, X)``.
-        classifier: unfitted ensemble of ``K = R E`` members, dataset ``r`` in members
-            ``r E .. r E + E - 1``.
+            ``(G, n, D)``.
+        x: observations ``(G, n, X)``.
+        classifier: unfitted ensemble of ``G E`` members, training set ``g`` in members
+            ``g E .. g E + E - 1``.
 
     Returns:
         ``classifier``, fitted.
     """
-    datasets, n = theta.shape[:2]
-    per_dataset = classifier.num_members // datasets
-    rows = torch.cat([theta, posterior_theta], 1).repeat_interleave(per_dataset, 0)
-    context = torch.cat([x, x], 1).repeat_interleave(per_dataset, 0)
+    groups, n = theta.shape[:2]
+    per_group = classifier.num_members // groups
+    rows = torch.cat([theta, posterior_theta], 1).repeat_interleave(per_group, 0)
+    context = torch.cat([x, x], 1).repeat_interleave(per_group, 0)
     labels = torch.cat([theta.new_ones(n), theta.new_zeros(n)])
-    if datasets * per_dataset == 1:
+    if groups * per_group == 1:
         return classifier.fit([rows[0], context[0]], labels)
     return classifier.fit([rows, context], labels)
 
 
 def _scores(classifier: Ensemble, theta: Tensor, x: Tensor, ensemble: int) -> Tensor:
-    """Log-odds of the members averaged per dataset: ``theta (R, S, D)``, ``x (R, S, X)``
-    -> ``(R, S)``."""
+    """Log-odds of the members averaged per group: ``theta (G, S, D)``, ``x (G, S, X)``
+    -> ``(G, S)``."""
     rows, context = theta.repeat_interleave(ensemble, 0), x.repeat_interleave(ensemble, 0)
     if rows.shape[0] == 1:
         proba = classifier.predict_proba([rows[0], context[0]])
@@ -86,49 +92,67 @@ def joint_c2st_test(
     x: Tensor,
     samples: Tensor,
     classifier: Ensemble,
-    train_fraction: float = 0.5,
-    split_generator: torch.Generator | None = None,
+    folds: Tensor,
     rank_generator: torch.Generator | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    r"""Run the joint classifier test on ``R`` datasets at once.
+    r"""Run the cross-fitted joint classifier test on ``B`` datasets at once.
 
     Arguments:
-        theta: true parameters ``(R, N, D)``.
-        x: observations, flattened, ``(R, N, X)``.
+        theta: true parameters ``(B, N, D)``.
+        x: observations, flattened, ``(B, N, X)``.
         samples: posterior draws :math:`\theta_{im} \sim q(\cdot \mid x_i)`,
-            ``(R, M, N, D)``, ``M >= 2``: draw 0 is class 0 of the training pairs, all
-            ``M`` are ranked against the held-out pairs.
-        classifier: unfitted ensemble of ``K = R E`` members.
-        train_fraction: share of the pairs the classifier trains on.
-        split_generator: draws the split (one split for all datasets); seed it from ``x``
-            only.
+            ``(B, M, N, D)``, ``M >= 2``: draw 0 is class 0 of the training pairs, all
+            ``M`` are ranked at the pairs a classifier did not see.
+        classifier: unfitted ensemble of ``B R K E`` members.
+        folds: :func:`joint_c2st_folds` ``(R, N)`` (the same for every dataset).
         rank_generator: draws the tie-breaking of the ranks.
 
     Returns:
-        ``(z, p_value, ranks)``: ``(R,)``, ``(R,)``, held-out ranks ``(R, n_held_out)``.
+        ``(z, p_value, ranks)``: ``(B,)``, ``(B,)``, every pair's averaged rank ``(B, N)``.
+        Each classifier trains on the first ``n_train`` pairs outside its fold, ``n_train``
+        the smallest such count (folds differ in size by at most one).
     """
-    datasets, num_pairs = theta.shape[:2]
+    datasets, num_pairs, dim = theta.shape
     if samples.ndim != 4 or samples.shape[0] != datasets or samples.shape[2:] != theta.shape[1:]:
         raise ValueError(
-            f"samples must have shape (R, M, N, D) = ({datasets}, M, {num_pairs}, "
-            f"{theta.shape[-1]}), got {tuple(samples.shape)}"
+            f"samples must have shape (B, M, N, D) = ({datasets}, M, {num_pairs}, {dim}), "
+            f"got {tuple(samples.shape)}"
         )
     if samples.shape[1] < 2:
         raise ValueError(f"samples must hold M >= 2 draws per pair, got M = {samples.shape[1]}")
-    if classifier.num_members % datasets:
+    repeats, num_folds = folds.shape[0], int(folds.max()) + 1
+    groups = repeats * num_folds
+    if classifier.num_members % (datasets * groups):
         raise ValueError(
-            f"classifier.num_members must be a multiple of the R = {datasets} datasets, "
-            f"got {classifier.num_members}"
+            f"classifier.num_members must be a multiple of B R K = {datasets * groups} (datasets "
+            f"x repetitions x folds), got {classifier.num_members}"
         )
-    ensemble = classifier.num_members // datasets
-    train, held = joint_c2st_split(num_pairs, train_fraction, split_generator)
+    ensemble = classifier.num_members // (datasets * groups)
+    sizes = torch.stack([folds.eq(k).sum(1) for k in range(num_folds)], 1)  # (R, K)
+    train_size, held_size = int((num_pairs - sizes).min()), int(sizes.max())
+    train = torch.stack([(folds[r] != k).nonzero().flatten()[:train_size]
+                         for r in range(repeats) for k in range(num_folds)])  # (G, n_train)
+    # each fold's pairs, padded to one size by repeating its first pair (scores dropped)
+    held = torch.stack([
+        torch.cat([idx, idx[:1].expand(held_size - len(idx))])
+        for r in range(repeats) for k in range(num_folds)
+        for idx in [folds[r].eq(k).nonzero().flatten()]
+    ])  # fmt: skip  (G, n_held)
     train, held = train.to(theta.device), held.to(theta.device)
-    joint_c2st_train(theta[:, train], samples[:, 0, train], x[:, train], classifier)
-    num_draws = samples.shape[1]
-    score = _scores(classifier, theta[:, held], x[:, held], ensemble)  # (R, n)
-    drawn = samples[:, :, held].reshape(datasets, -1, theta.shape[-1])  # (R, M n, D)
-    context = x[:, held].repeat(1, num_draws, 1)
-    drawn_scores = _scores(classifier, drawn, context, ensemble).view(datasets, num_draws, -1)
-    ranks = conformal_ranks(score, drawn_scores, rank_generator)
-    z, p_value = uniform_mean_test(ranks)
+    joint_c2st_train(theta[:, train].flatten(0, 1), samples[:, 0][:, train].flatten(0, 1),
+                     x[:, train].flatten(0, 1), classifier)  # fmt: skip
+    values = torch.cat([theta.unsqueeze(1), samples.to(theta)], 1)  # (B, M + 1, N, D)
+    num_values = values.shape[1]
+    points = values[:, :, held].permute(0, 2, 1, 3, 4)  # (B, G, M + 1, n_held, D)
+    context = x[:, held].unsqueeze(2).expand(-1, -1, num_values, -1, -1)
+    scores = _scores(classifier, points.reshape(datasets * groups, -1, dim),
+                     context.reshape(datasets * groups, -1, x.shape[-1]), ensemble)  # fmt: skip
+    scores = scores.view(datasets, repeats, num_folds, num_values, held_size)
+    per_pair = scores.new_empty(datasets, repeats, num_values, num_pairs)
+    for r in range(repeats):
+        for k in range(num_folds):
+            idx = held[r * num_folds + k, : int(sizes[r, k])]
+            per_pair[:, r, :, idx] = scores[:, r, k, :, : len(idx)]
+    ranks, variance = averaged_ranks(per_pair, rank_generator)
+    z, p_value = rank_sum_test(ranks, variance)
     return z, p_value, ranks

@@ -1,31 +1,58 @@
 r"""The joint classifier test: conformal ranks of a classifier's score over :math:`(\theta, x)`.
 
-A classifier :math:`d(\theta, x)` is trained on one part of the calibration pairs to tell
-true pairs :math:`(\theta^*_i, x_i)` from :math:`(\tilde\theta_i, x_i)`,
-:math:`\tilde\theta_i \sim q(\cdot \mid x_i)`. On the other, held-out pairs, the score
-of the true parameter is ranked among the scores of ``M`` posterior draws at the same
-:math:`x_i`, with uniform tie-breaking:
+A classifier :math:`d(\theta, x)` is trained to tell true pairs :math:`(\theta^*_i, x_i)`
+from :math:`(\tilde\theta_i, x_i)`, :math:`\tilde\theta_i \sim q(\cdot \mid x_i)`, on
+pairs other than :math:`i`. At pair :math:`i` the score of the true parameter is ranked
+among the scores of ``M`` posterior draws at the same :math:`x_i`, with uniform
+tie-breaking:
 
 .. math::
     u_i = \frac{\#\{m : d(\theta_{im}, x_i) < d(\theta^*_i, x_i)\} + V_i
               \big(1 + \#\{m : d(\theta_{im}, x_i) = d(\theta^*_i, x_i)\}\big)}{M + 1},
     \qquad V_i \sim U(0, 1).
 
-For a classifier fixed before the held-out pairs are seen, :math:`H_0: q = p` makes
-:math:`\theta^*_i` and the draws exchangeable given :math:`x_i`, so every :math:`u_i` is
-exactly :math:`U(0, 1)` and the :math:`u_i` are independent: a conformal p-value per pair
-whatever the classifier's quality (Hu and Lei 2024; Bansal, Chen and Scott 2025), here
-conditional on :math:`x_i`, so a posterior that ignores :math:`x` (the prior) is visible.
-The test is two-sided:
+For a classifier that has not seen pair :math:`i`, :math:`H_0: q = p` makes
+:math:`\theta^*_i` and the draws exchangeable given :math:`x_i`, so :math:`u_i` is
+exactly :math:`U(0, 1)`: a conformal p-value per pair whatever the classifier's quality
+(Hu and Lei 2024; Bansal, Chen and Scott 2025), conditional on :math:`x_i`, so that a
+posterior that ignores :math:`x` (the prior) is visible.
+
+**Cross-fitting, repeated.** One random split (train on half, rank the other half)
+makes the verdict a lottery over the split and the classifier's initialization: on one
+fixed calibration set the p-value of a calibrated posterior ranged over 0.07-0.93 and
+the test rejected at some seeds only (``examples/benchmarks/results/seed_stability.md``).
+So the pairs are split into ``K`` folds, each fold ranked by a classifier trained on the
+others (every pair is ranked), and this is repeated ``R`` times with fresh folds and
+classifiers; a pair's rank is its average over the repetitions,
+:math:`\bar u_i = \frac1R \sum_r u_{ir}` (one :math:`V_i` shared by them). Under
+:math:`H_0` the position of the truth among a pair's :math:`M + 1` values is uniform
+given every classifier that ranks it, so the law of :math:`\bar u_i` is known exactly
+from the pair's own scores: with :math:`b_r(j)` the count below value ``j`` and
+:math:`c_r(j)` one plus its ties under repetition ``r``,
 
 .. math::
-    Z = \sqrt{12 n}\,\big(\bar u - \tfrac12\big), \qquad p = 2\,\big(1 - \Phi(|Z|)\big),
+    \mathbb E\,\bar u_i = \tfrac12, \qquad
+    \sigma_i^2 = \frac{\mathrm{Var}_j\big(\bar b(j) + \bar c(j) / 2\big)
+                 + \mathrm{mean}_j\, \bar c(j)^2 / 12}{(M + 1)^2},
 
-the normal approximation of the Irwin-Hall law of :math:`n \bar u` (its moments are
-exact). The classifier is trained to score true pairs higher, but over the mixture of
-all :math:`x`: one that learned mostly the marginal law of :math:`\theta` can rank the true
-parameter *below* the draws at its own :math:`x` (a posterior shrunk half-way to the prior
-at ``D = 3``: mean rank 0.30), which a one-sided test would call calibrated.
+(:math:`j` uniform on the :math:`M + 1` values, bars the averages over ``r``),
+:math:`1 / 12` for one repetition and no ties, less when the repetitions agree. The test
+is two-sided on their sum,
+
+.. math::
+    Z = \frac{\sum_i (\bar u_i - \frac12)}{\sqrt{\sum_i \sigma_i^2}}, \qquad
+    p = 2\,\Phi(-|Z|),
+
+computed from :math:`\log \Phi` so that it does not underflow before the float64 range
+ends (``2 (1 - Phi(15.8))`` is 0.0 in float64, the true value 3.1e-56). The ranks of
+two pairs in different folds are not exactly independent (each pair trains the other's
+classifier), but the dependence is of order :math:`1 / N^2` per pair of pairs: its total
+is of order 1 against a variance of order :math:`N`; the level is measured in
+``examples/benchmarks/results/level_audit_joint.md`` and by the test suite. The
+classifier is trained to score true pairs higher over the mixture of all :math:`x`: one
+that learned mostly the marginal law of :math:`\theta` can rank the true parameter
+*below* the draws at its own :math:`x` (a posterior shrunk half-way to the prior at
+``D = 3``: mean rank 0.30), which a one-sided test would call calibrated.
 
 These functions take classifier scores as tensors.
 
@@ -44,7 +71,16 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["conformal_ranks", "uniform_mean_test"]
+__all__ = [
+    "averaged_ranks",
+    "conformal_ranks",
+    "normal_two_sided_p_value",
+    "rank_sum_test",
+    "uniform_mean_test",
+]
+
+#: the smallest positive normal float64: a p-value below it is stored as it, never 0
+TINY_P_VALUE = 2.2250738585072014e-308
 
 
 def conformal_ranks(
@@ -108,4 +144,77 @@ def uniform_mean_test(ranks: Tensor) -> tuple[Tensor, Tensor]:
         raise ValueError(f"ranks must have shape (*, n) with n >= 1, got {got}")
     ranks = ranks.double()
     z = math.sqrt(12 * ranks.shape[-1]) * (ranks.mean(-1) - 0.5)
-    return z, 2 * torch.special.ndtr(-z.abs())
+    return z, normal_two_sided_p_value(z)
+
+
+def normal_two_sided_p_value(z: Tensor) -> Tensor:
+    r""":math:`2 \Phi(-|z|)` from :math:`\log \Phi`, float64, at least the smallest normal
+    float64 (``torch.special.ndtr(-15.8)`` is already 0.0).
+
+    Example:
+        >>> normal_two_sided_p_value(torch.tensor([0.0, 15.8]))
+        tensor([1.0000e+00, 3.1112e-56], dtype=torch.float64)
+    """
+    log_p = math.log(2.0) + torch.special.log_ndtr(-z.double().abs())
+    return log_p.exp().clamp(TINY_P_VALUE, 1.0)
+
+
+def averaged_ranks(
+    scores: Tensor, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
+    r"""Each pair's conformal rank averaged over repetitions, and its exact null variance.
+
+    Arguments:
+        scores: ``(*, R, M + 1, n)``: the classifier scores of each pair's :math:`M + 1`
+            values (value 0 the true parameter, then the ``M`` draws) under the ``R``
+            classifiers that rank it (one per repetition, none trained on the pair).
+        generator: draws the tie-breaking :math:`V_i` (on the CPU), one per pair.
+
+    Returns:
+        ``(ranks, variance)``, each ``(*, n)`` float64: :math:`\bar u_i` and its variance
+        :math:`\sigma_i^2` under :math:`H_0` (module docstring); :math:`\bar u_i` has mean
+        1/2 there.
+
+    Example:
+        >>> s = torch.tensor([[[2.0], [0.0], [1.0]]])  # one repetition, M = 2, one pair
+        >>> u, v = averaged_ranks(s, torch.Generator().manual_seed(0))
+        >>> bool(2 / 3 < u < 1), round(float(v), 4)  # the truth above both draws
+        (True, 0.0833)
+    """
+    if not isinstance(scores, Tensor) or scores.ndim < 3 or scores.shape[-2] < 2:
+        got = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
+        raise ValueError(f"scores must have shape (*, R, M + 1, n) with M >= 1, got {got}")
+    scores = scores.detach().double()
+    values = scores.shape[-2]
+    ordered = scores.transpose(-1, -2).sort(-1).values.contiguous()  # (*, R, n, M + 1)
+    query = scores.transpose(-1, -2).contiguous()
+    below = torch.searchsorted(ordered, query).double()  # strictly below each value
+    ties = torch.searchsorted(ordered, query, right=True).double() - below  # itself included
+    below, ties = below.mean(-3), ties.mean(-3)  # (*, n, M + 1): averaged over repetitions
+    middle = below + ties / 2
+    variance = (middle.var(-1, unbiased=False) + ties.square().mean(-1) / 12) / values**2
+    jitter = torch.rand(below.shape[:-1], generator=generator, dtype=torch.float64)
+    ranks = (below[..., 0] + jitter.to(below.device) * ties[..., 0]) / values
+    return ranks, variance
+
+
+def rank_sum_test(ranks: Tensor, variance: Tensor) -> tuple[Tensor, Tensor]:
+    r"""Two-sided test that ranks with mean 1/2 and variances :math:`\sigma_i^2` do not
+    drift: :math:`Z = \sum_i (\bar u_i - \frac12) / \sqrt{\sum_i \sigma_i^2}`.
+
+    Arguments:
+        ranks, variance: ``(*, n)`` (:func:`averaged_ranks`).
+
+    Returns:
+        ``(z, p_value)``, each ``(*)``, float64 (:func:`normal_two_sided_p_value`).
+
+    Example:
+        >>> z, p = rank_sum_test(torch.full((12,), 0.75), torch.full((12,), 1 / 12))
+        >>> round(float(z), 3), round(float(p), 4)
+        (3.0, 0.0027)
+    """
+    if ranks.shape != variance.shape or ranks.ndim < 1 or ranks.shape[-1] < 1:
+        raise ValueError(f"ranks and variance must have one shape (*, n) with n >= 1, got "
+                         f"{tuple(ranks.shape)} and {tuple(variance.shape)}")  # fmt: skip
+    z = (ranks.double() - 0.5).sum(-1) / variance.double().sum(-1).sqrt()
+    return z, normal_two_sided_p_value(z)

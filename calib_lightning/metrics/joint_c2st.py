@@ -2,11 +2,12 @@ r"""The joint classifier test as a torchmetrics metric: a global test over :math
 
 SBC, TARP and the latent checks test the law of a per-pair statistic averaged over
 :math:`x`, so a posterior that ignores the observation, :math:`q(\theta \mid x) =
-p(\theta)`, passes all of them: it is calibrated, and useless. :class:`JointC2ST` trains a
-classifier on :math:`(\theta, x)` jointly, true pairs against posterior draws at the same
-:math:`x`, on part of the calibration pairs, and ranks the true parameters of the other
-part among ``M`` posterior draws by the classifier's score: a conformal test with exact
-level for any classifier (:mod:`calib_lightning.functional.joint_c2st`,
+p(\theta)`, passes all of them: it is calibrated, and useless. :class:`JointC2ST` trains
+classifiers on :math:`(\theta, x)` jointly, true pairs against posterior draws at the same
+:math:`x`, cross-fitted over ``K`` folds and repeated ``R`` times, and ranks every pair's
+true parameter among ``M`` posterior draws by the score of classifiers that did not see
+it: a conformal test whose level holds for any classifier and whose verdict does not
+hang on one split (:mod:`calib_lightning.functional.joint_c2st`,
 :mod:`calib_lightning.classifiers.joint_c2st`). Power and seconds against the other checks:
 ``examples/benchmarks/results/joint_c2st.md``.
 
@@ -28,17 +29,20 @@ import torch
 from torch import Tensor
 from torchmetrics.utilities.data import dim_zero_cat
 
-from calib_lightning._checks import check_pairs, check_positive, check_probability
+from calib_lightning._checks import check_pairs, check_positive
 from calib_lightning._distributed import canonical_order, room_for_rows
 from calib_lightning.classifiers import make_ensemble
 from calib_lightning.classifiers._seeds import digest_words, generator, stream_seed
-from calib_lightning.classifiers.joint_c2st import joint_c2st_split, joint_c2st_test
+from calib_lightning.classifiers.joint_c2st import joint_c2st_folds, joint_c2st_test
 from calib_lightning.evaluation import check_event_size, draws
 from calib_lightning.metrics._shapes import KeepShapes
 from calib_lightning.posteriors import Posterior
 from calib_lightning.results import Result
 
-__all__ = ["JointC2ST", "JointC2STResult", "joint_c2st"]
+__all__ = ["FOLDS", "REPEATS", "JointC2ST", "JointC2STResult", "joint_c2st"]
+
+#: folds of the cross-fit and its repetitions (``examples/benchmarks/results/seed_stability.md``)
+FOLDS, REPEATS = 2, 4
 
 
 @dataclass(eq=False)
@@ -46,14 +50,17 @@ class JointC2STResult(Result):
     r"""Result of :class:`JointC2ST` (and of :func:`joint_c2st`).
 
     Attributes:
-        statistic: :math:`Z = \sqrt{12 n}(\bar u - \frac12)`, ``()``; about ``N(0, 1)``
-            under :math:`H_0`, large when the classifier tells true pairs from the
-            posterior's (negative when it ranks them below the draws).
-        p_value: two-sided :math:`2 (1 - \Phi(|Z|))`, ``()`` (the verdict).
-        mean_rank: :math:`\bar u`, ``()``: 0.5 when calibrated, up to 1 when the true
-            parameters always score above the posterior draws.
-        ranks: the held-out pairs' conformal ranks :math:`u_i`, ``(n,)``.
-        num_train: pairs the classifier trained on.
+        statistic: :math:`Z = \sum_i (\bar u_i - \frac12) / \sqrt{\sum_i \sigma_i^2}`,
+            ``()``; about ``N(0, 1)`` under :math:`H_0`, large when the classifiers tell
+            true pairs from the posterior's (negative when they rank them below the draws).
+        p_value: two-sided :math:`2 \Phi(-|Z|)`, ``()`` (the verdict), from
+            :math:`\log \Phi`: it does not underflow before ``2.2e-308``.
+        mean_rank: :math:`\frac1N \sum_i \bar u_i`, ``()``: 0.5 when calibrated, up to 1
+            when the true parameters always score above the posterior draws.
+        ranks: every pair's conformal rank averaged over the repetitions,
+            :math:`\bar u_i`, ``(N,)``.
+        num_train: pairs each classifier trained on.
+        num_classifiers: classifiers trained (folds x repetitions x ensemble members).
     """
 
     logged = ("p_value", "statistic", "mean_rank")
@@ -64,6 +71,7 @@ class JointC2STResult(Result):
     mean_rank: Tensor
     ranks: Tensor
     num_train: int
+    num_classifiers: int
 
 
 def joint_c2st(
@@ -71,7 +79,8 @@ def joint_c2st(
     x: Tensor,
     samples: Tensor,
     *,
-    train_fraction: float = 0.5,
+    folds: int = FOLDS,
+    repeats: int = REPEATS,
     num_ensemble: int = 1,
     classifier: str | Any = "mlp",
     classifier_kwargs: dict[str, Any] | None = None,
@@ -81,22 +90,25 @@ def joint_c2st(
     r"""The joint classifier test on calibration pairs and posterior draws.
 
     Arguments:
-        theta: true parameters ``(N, D)``.
+        theta: true parameters ``(N, D)``, ``N >= 2 * folds``.
         x: observations ``(N, X)`` (flattened features).
         samples: posterior draws :math:`\theta_{im} \sim q(\cdot \mid x_i)`, ``(M, N, D)``,
             ``M >= 2``.
-        train_fraction: share of the pairs the classifier trains on (the rest are ranked).
-        num_ensemble: classifiers whose log-odds are averaged.
+        folds: ``K``: each pair is ranked by a classifier trained on the other folds.
+        repeats: ``R`` cross-fits with fresh folds and classifiers, averaged.
+        num_ensemble: classifiers whose log-odds are averaged, per fold.
         classifier: ``"mlp"``, ``"sbibm"`` or a scikit-learn classifier
             (:func:`~calib_lightning.classifiers.make_ensemble`).
         classifier_kwargs: :class:`~calib_lightning.classifiers.MLPEnsemble` settings.
-        seed: with ``check`` and the data, keys the split, the classifier and the ties.
+        seed: with ``check`` and the observations, keys the folds, the classifiers and the
+            ties.
         check: a counter that makes repeated checks on the same data draw fresh randomness.
 
-    The split is drawn from ``seed``, ``check`` and the digest of ``x`` only, and the
-    classifier's randomness from those and the digest of the training pairs: given ``x``
-    and the training part, nothing depends on the held-out :math:`\theta^*`, so the ranks
-    are exactly uniform under :math:`H_0`.
+    Every random stream is keyed by ``seed``, ``check`` and the digest of ``x`` only:
+    nothing the classifiers do depends on a pair's :math:`\theta^*` unless they train on
+    it, so each pair's rank is exactly uniform under :math:`H_0`; and two posteriors
+    tested on the same pairs (before and after a fix) get the same folds, initializations
+    and ties: a difference between their results is a difference between them.
 
     Example:
         >>> from calib_lightning.tasks import GaussianToy
@@ -112,29 +124,30 @@ def joint_c2st(
         raise ValueError(f"samples must have shape (M, N, D) = (M, {theta.shape[0]}, "
                          f"{theta.shape[1]}), got {tuple(samples.shape)}")  # fmt: skip
     check_positive("num_ensemble", num_ensemble, integer=True)
-    check_probability("train_fraction", train_fraction)
     key = [check, *digest_words(x)]
-    # the split joint_c2st_test draws from a generator seeded alike: the same rows
-    train, _ = joint_c2st_split(theta.shape[0], train_fraction, generator(seed, 1, *key))
-    training = torch.cat([theta[train], samples[0, train].to(theta)], 1)
-    member_seed = stream_seed(seed, 2, *key, *digest_words(training))
-    ensemble = make_ensemble(classifier, num_ensemble, member_seed, **(classifier_kwargs or {}))
+    assignment = joint_c2st_folds(theta.shape[0], folds, repeats, generator(seed, 1, *key))
+    members = folds * repeats * num_ensemble
+    ensemble = make_ensemble(classifier, members, stream_seed(seed, 2, *key),
+                             **(classifier_kwargs or {}))  # fmt: skip
     z, p_value, ranks = joint_c2st_test(
-        theta[None], x[None], samples.to(theta)[None], ensemble, train_fraction,
-        generator(seed, 1, *key), generator(seed, 3, *key),
+        theta[None], x[None], samples.to(theta)[None], ensemble, assignment,
+        generator(seed, 3, *key),
     )  # fmt: skip
-    return JointC2STResult(statistic=z[0], p_value=p_value[0], mean_rank=ranks[0].double().mean(),
-                           ranks=ranks[0], num_train=len(train))  # fmt: skip
+    num_train = theta.shape[0] - int(max(assignment.eq(k).sum(1).max() for k in range(folds)))
+    return JointC2STResult(statistic=z[0], p_value=p_value[0], mean_rank=ranks[0].mean(),
+                           ranks=ranks[0], num_train=num_train,
+                           num_classifiers=members)  # fmt: skip
 
 
 class JointC2ST(KeepShapes):
     r"""A global classifier test over :math:`(\theta, x)` that sees a posterior ignoring ``x``.
 
     ``update(posterior, theta, x)`` stores the pairs and ``num_posterior_samples`` draws
-    :math:`\theta_{im} \sim q(\cdot \mid x_i)` per pair; ``compute()`` splits the pairs,
-    trains the classifier on ``train_fraction`` of them and ranks the rest
-    (:func:`joint_c2st`), and returns a :class:`JointC2STResult`. Every ``compute()`` is a
-    check with fresh randomness (the counter ``checks`` is in the ``state_dict``).
+    :math:`\theta_{im} \sim q(\cdot \mid x_i)` per pair; ``compute()`` cross-fits
+    classifiers over ``folds`` folds, ``repeats`` times, ranks every pair by the ones that
+    did not see it (:func:`joint_c2st`), and returns a :class:`JointC2STResult`. Every
+    ``compute()`` is a check with fresh randomness (the counter ``checks`` is in the
+    ``state_dict``).
 
     Memory: per process at most ``max_pairs`` pairs with their draws,
     ``max_pairs * (X + (M + 1) D)`` numbers. Under DDP the pairs are gathered and put in
@@ -142,8 +155,9 @@ class JointC2ST(KeepShapes):
 
     Arguments:
         num_posterior_samples: ``M``, draws per pair; the ranks take ``M + 1`` values.
-        train_fraction: share of the pairs the classifier trains on.
-        num_ensemble: classifiers averaged.
+        folds: ``K`` folds of the cross-fit.
+        repeats: ``R`` cross-fits averaged.
+        num_ensemble: classifiers averaged per fold.
         classifier: ``"mlp"``, ``"sbibm"`` or a scikit-learn classifier.
         classifier_kwargs: :class:`~calib_lightning.classifiers.MLPEnsemble` settings.
         max_pairs: per-process bound on stored pairs.
@@ -172,7 +186,8 @@ class JointC2ST(KeepShapes):
     def __init__(
         self,
         num_posterior_samples: int = 100,
-        train_fraction: float = 0.5,
+        folds: int = FOLDS,
+        repeats: int = REPEATS,
         num_ensemble: int = 1,
         classifier: str | Any = "mlp",
         classifier_kwargs: dict[str, Any] | None = None,
@@ -191,8 +206,8 @@ class JointC2ST(KeepShapes):
             raise ValueError(f"num_posterior_samples must be >= 2, got {num_posterior_samples}")
         check_positive("num_ensemble", num_ensemble, integer=True)
         check_positive("max_pairs", max_pairs, integer=True)
-        check_probability("train_fraction", train_fraction)
-        self.num_posterior_samples, self.train_fraction = num_posterior_samples, train_fraction
+        joint_c2st_folds(2 * folds, folds, repeats)  # validates folds and repeats
+        self.num_posterior_samples, self.folds, self.repeats = num_posterior_samples, folds, repeats
         self.num_ensemble, self.max_pairs, self.seed = num_ensemble, max_pairs, seed
         self.classifier_spec, self.classifier_kwargs = classifier, dict(classifier_kwargs or {})
         make_ensemble(classifier, 1, **self.classifier_kwargs)  # validate the specification
@@ -227,11 +242,12 @@ class JointC2ST(KeepShapes):
         theta, x = dim_zero_cat(self.theta), dim_zero_cat(self.x)
         samples = dim_zero_cat(self.samples)
         order = canonical_order(x)
-        if x.shape[0] < 4:
-            raise ValueError(f"JointC2ST needs at least N >= 4 calibration pairs, got N = {len(x)}")
+        if x.shape[0] < 2 * self.folds:
+            raise ValueError(f"JointC2ST needs at least N >= 2 * folds = {2 * self.folds} "
+                             f"calibration pairs, got N = {len(x)}")  # fmt: skip
         result = joint_c2st(
             theta[order], x[order], samples[order].transpose(0, 1),
-            train_fraction=self.train_fraction, num_ensemble=self.num_ensemble,
+            folds=self.folds, repeats=self.repeats, num_ensemble=self.num_ensemble,
             classifier=self.classifier_spec, classifier_kwargs=self.classifier_kwargs,
             seed=self.seed, check=int(self.checks),
         )  # fmt: skip
