@@ -69,13 +69,24 @@ def test_the_report_shows_before_and_after_side_by_side(fixed_and_wrong, tmp_pat
     assert {row["check"] for row in summary["checks"]} == set(CHECKS)
 
 
-def test_before_as_a_diagnosis_gives_the_same_report(fixed_and_wrong):
+def test_before_as_a_diagnosis_compares_the_two_diagnoses_as_they_are(fixed_and_wrong):
+    """A diagnosis passed as ``before`` is shown as it is, beside this posterior's own
+    diagnosis (no common random numbers can be shared with it afterwards); a posterior
+    passed as ``before`` is diagnosed with this one's random numbers."""
     fixed, wrong, theta, x = fixed_and_wrong
     first = cl.diagnose(wrong, theta, x, checks=CHECKS, seed=3)
+    alone = cl.diagnose(fixed, theta, x, checks=CHECKS, seed=3)
     given = cl.diagnose(fixed, theta, x, checks=CHECKS, seed=3, before=first)
-    rediagnosed = cl.diagnose(fixed, theta, x, checks=CHECKS, seed=3, before=wrong)
     assert given.before is first
-    assert given.comparison.table() == rediagnosed.comparison.table()
+    for row in given.comparison.rows():
+        check = row["check"]
+        for side, diagnosis in (("before", first), ("after", alone)):
+            own = next(r for r in diagnosis.rows() if r["check"] == check)
+            assert row[f"{side}_p_value"] == (own["global_p_value"] if own["global_p_value"]
+                                              is not None else own["p_value"])  # fmt: skip
+    paired = cl.diagnose(fixed, theta, x, checks=CHECKS, seed=3, before=wrong)
+    assert paired.comparison.rows()[0]["check"] == "kccsd"
+    assert paired.checks["kccsd"].p_value == alone.checks["kccsd"].p_value  # no draws
 
 
 def test_a_report_without_before_is_unchanged(fixed_and_wrong, tmp_path):
@@ -101,3 +112,63 @@ def test_a_before_that_does_not_fit_names_the_argument(fixed_and_wrong):
         cl.diagnose(fixed, theta, x, checks=("ranks",), before=other)
     with pytest.raises(ValueError, match=r"^before must be diagnosed at the same level"):
         cl.diagnosis.Comparison(other, cl.diagnose(fixed, theta, x, checks=("ranks",)))
+
+
+def test_the_same_posterior_before_and_after_changes_no_decision_at_any_seed():
+    """Common random numbers: the posterior compared with itself gives the same numbers in
+    both columns at every one of 20 seeds (an over-confident posterior whose TARP and
+    joint-classifier p-values move with the seed), and the report says nothing changed."""
+    generator = torch.Generator().manual_seed(11)
+    theta, x = TOY.sample(300, generator)
+    wrong = TOY.posterior(variance_scale=0.7)
+    for seed in range(20):
+        report = cl.diagnose(wrong, theta, x, seed=seed, before=wrong,
+                             checks=("kccsd", "ranks", "tarp", "joint_c2st"))  # fmt: skip
+        comparison = report.comparison
+        assert comparison.changed == [], (seed, comparison.table())
+        for row in comparison.rows():
+            assert row["before_p_value"] == row["after_p_value"], (seed, row)
+        assert "No check changed its decision" in comparison.summary_line()
+
+
+def test_an_identity_fix_is_reported_as_no_change(tmp_path):
+    """A recalibration that fits the identity says so in its own repr, in the comparison's
+    result and repr, and in the report; its numbers equal the posterior's (the shared
+    draws come from the same latents)."""
+    generator = torch.Generator().manual_seed(12)
+    theta, x = TOY.sample(300, generator)
+    exact = TOY.posterior()
+    fixed = cl.recalibrate(exact, theta, x, method="none")
+    assert fixed.is_identity
+    report = cl.diagnose(fixed, theta, x, before=exact, seed=3,
+                         checks=("kccsd", "ranks", "tarp", "joint_c2st"))  # fmt: skip
+    assert report.comparison.identity
+    assert "no change" in repr(report.comparison)
+    assert "no change" in repr(report)
+    for row in report.comparison.rows():
+        assert row["before_p_value"] == pytest.approx(row["after_p_value"], rel=1e-6), row
+    page = report.save(tmp_path).read_text()
+    assert "No change: the fix is the identity" in page
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["identity"] is True
+    assert summary["change"].startswith("No change")
+
+
+def test_a_flow_and_its_scale_fix_share_their_latent_draws():
+    """Before and after on the same latent draws: the fixed posterior's draws are the
+    flow's draws pushed through the fitted latent map, so a small fit moves every draw a
+    little instead of redrawing them all."""
+    from calib_lightning.diagnosis._checks import Inputs, shared_draws
+    from calib_lightning.posteriors import as_posterior
+
+    generator = torch.Generator().manual_seed(13)
+    theta_val, x_val = TOY.sample(300, generator)
+    theta, x = TOY.sample(200, generator)
+    wrong = as_posterior(TOY.posterior(variance_scale=0.5))
+    fixed = cl.recalibrate(wrong, theta_val, x_val, method="scale")
+    inputs = Inputs(theta=theta, x=x, observations=None, reference_samples=None, prior=None,
+                    level=0.05, seed=0, num_posterior_samples=30, embedding=None, devices=[])
+    after, before = shared_draws([fixed, wrong], inputs)
+    z_after = fixed.to_latent(after.samples, x)
+    z_before = wrong.to_latent(before.samples, x)
+    torch.testing.assert_close(z_after, z_before, rtol=1e-4, atol=1e-4)

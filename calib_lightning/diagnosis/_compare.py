@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calib_lightning.diagnosis._html import DISAGREE, TITLES, caption, style, table
+from calib_lightning.diagnosis._names import CHECKS
 from calib_lightning.plots._format import format_p_value
 
 if TYPE_CHECKING:
@@ -66,6 +67,12 @@ _COVERAGE_NAMES = {
 }
 
 
+def _decision(verdict: str) -> str:
+    """``"rejected"`` or ``"not rejected"`` (or the verdict itself for other rows)."""
+    return "not rejected" if verdict.startswith("not rejected") else (
+        "rejected" if verdict.startswith("rejected") else verdict)  # fmt: skip
+
+
 def _verdict_p(row: dict[str, Any]) -> float | None:
     """The p-value a check's verdict reads: its global p-value where it has one."""
     return row["global_p_value"] if row["global_p_value"] is not None else row["p_value"]
@@ -85,27 +92,52 @@ def _error(quantity: str, value: float | None) -> str:
 class Comparison:
     """Two diagnoses of the same calibration pairs, before and after a fix.
 
+    ``cl.diagnose(fixed, ..., before=posterior)`` runs both with common random numbers
+    (:mod:`calib_lightning.diagnosis._checks`), so a difference between the columns is a
+    difference between the posteriors.
+
     Arguments:
         before: the :class:`~calib_lightning.diagnosis.Diagnosis` of the posterior as
             trained.
         after: the diagnosis of the fixed (e.g. recalibrated) posterior, on the same
             pairs with the same ``level``.
 
+    Attributes:
+        identity: the fix is the identity (``after``'s posterior says so:
+            ``is_identity``, e.g. a ``cl.recalibrate`` fit that changed nothing): the
+            report says "no change" instead of comparing.
+        changed: the checks whose decision differs between the two (at ``level``).
+
     Raises:
         ValueError: the two differ in ``level`` or in the number of calibration pairs.
     """
 
-    def __init__(self, before: Diagnosis, after: Diagnosis) -> None:
+    def __init__(self, before: Diagnosis, after: Diagnosis, identity: bool = False) -> None:
         if before.level != after.level or before.num_pairs != after.num_pairs:
             raise ValueError(
                 "before must be diagnosed at the same level on the same calibration pairs as "
                 f"after (level {after.level:g}, {after.num_pairs} pairs), got level "
                 f"{before.level:g} and {before.num_pairs} pairs"
             )
-        self.before, self.after = before, after
+        self.before, self.after, self.identity = before, after, identity
+        self.changed = [row["check"] for row in self.rows()
+                        if row["before_verdict"] and row["after_verdict"]
+                        and _decision(row["before_verdict"]) != _decision(row["after_verdict"])]
 
     def __repr__(self) -> str:
+        if self.identity:
+            return ("Comparison(no change: the fix is the identity, so the posterior is the one "
+                    f"before; verdict {self.after.verdict!r})")
         return f"Comparison(before={self.before.verdict!r}, after={self.after.verdict!r})"
+
+    def summary_line(self) -> str:
+        """One sentence: no change (an identity fix, or no decision changed), or which
+        checks changed their decision."""
+        if self.identity:
+            return "No change: the fix is the identity, so the posterior is the one before."
+        if not self.changed:
+            return "No check changed its decision."
+        return f"Changed decision: {', '.join(self.changed)}."
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per check that ran or was skipped for either posterior: ``check``,
@@ -127,8 +159,6 @@ class Comparison:
                 )
                 out[f"{side}_p_value"] = _verdict_p(row)
                 out[f"{side}_verdict"] = row["verdict"]
-        from calib_lightning.diagnosis._run import CHECKS  # (_run imports this module)
-
         order = {name: k for k, name in enumerate(CHECKS)}  # L-C2ST beside L-C2ST-NF
         return sorted(rows.values(), key=lambda row: order.get(row["check"], len(order)))
 
@@ -150,6 +180,8 @@ class Comparison:
             ("", "before", "after"),
             ("overall p", _p(before.overall_p_value), _p(after.overall_p_value)),
         ]
+        if self.identity:
+            lines.insert(1, ("change", "", "none: the fix is the identity"))
         for row in self.rows():
             lines.append(
                 (
@@ -180,6 +212,9 @@ class Comparison:
             return None if isinstance(value, float) and math.isnan(value) else value
 
         return {
+            "change": self.summary_line(),
+            "identity": self.identity,
+            "changed": self.changed,
             "before": self.before.summary(),
             "after": self.after.summary(),
             "checks": [{k: clean(v) for k, v in row.items()} for row in self.rows()],
@@ -233,7 +268,10 @@ class Comparison:
 {_PAIR_STYLE}</head><body>
 <h1>Calibration report: before and after</h1>
 <div class="pair">{_verdict_box("Before", self.before)}{_verdict_box("After", after)}</div>
-<p>Both on the same {html.escape(budget)}; level {after.level:g}. Each posterior's full
+<p class="verdict">{html.escape(self.summary_line())}</p>
+<p>Both on the same {html.escape(budget)} with the same random numbers (references,
+folds, classifier seeds, base points, and latent draws where both share a base); level
+{after.level:g}. Each posterior's full
 report (directions, per-observation tables, sizes, timings):
 <a href="before/report.html">before</a>, <a href="after/report.html">after</a>.</p>
 <h2>Checks</h2>

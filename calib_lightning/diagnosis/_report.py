@@ -70,7 +70,8 @@ class Diagnosis:
         before: the diagnosis of the posterior before a fix (``cl.diagnose(...,
             before=...)``), or ``None``; with it :meth:`save` writes both side by side.
         comparison: :class:`~calib_lightning.diagnosis.Comparison` of ``before`` and this
-            diagnosis (``.table()``: the two columns as text), or ``None``.
+            diagnosis (``.table()``: the two columns as text; ``.identity``: the fix
+            changed nothing; ``.changed``: the checks whose decision changed), or ``None``.
         regions: the conformal region's calibrated levels at the observations
             (``cl.diagnose(..., region=...)``), or ``None``.
     """
@@ -90,6 +91,7 @@ class Diagnosis:
         skipped: Mapping[str, str] | None = None,
         before: Diagnosis | None = None,
         regions: RegionSummary | None = None,
+        identity: bool = False,
     ) -> None:
         self.checks = dict(checks)
         self.level, self.labels = level, list(labels) if labels is not None else None
@@ -103,9 +105,11 @@ class Diagnosis:
         self.verdict = self.findings.sentence
         self._figures: dict[str, Figure] | None = None
         self.before, self.regions = before, regions
-        self.comparison = None if before is None else Comparison(before, self)
+        self.comparison = None if before is None else Comparison(before, self, identity)
 
     def __repr__(self) -> str:
+        if self.comparison is not None and self.comparison.identity:
+            return f"Diagnosis({self.verdict!r}, no change: the fix is the identity)"
         if self.before is not None:
             return f"Diagnosis({self.verdict!r}, before={self.before.verdict!r})"
         return f"Diagnosis({self.verdict!r})"

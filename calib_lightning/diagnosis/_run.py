@@ -14,72 +14,32 @@ draws that fall outside its support.
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from calib_lightning._checks import check_pairs, check_positive, check_probability
 from calib_lightning._fit_check import check_fits
-from calib_lightning._prior import check_prior, outside_support
+from calib_lightning._prior import check_prior
 from calib_lightning._random import cuda_devices, seeded
+from calib_lightning.diagnosis._checks import (
+    MAP_NUM_POSTERIOR_SAMPLES,
+    Inputs,
+    Outcome,
+    local_num_null,
+    make_checks,
+    run_checks,
+)
+from calib_lightning.diagnosis._names import CHECKS, LOCAL, NEEDS, STREAMS
 from calib_lightning.diagnosis._regions import summarize_region
 from calib_lightning.diagnosis._report import Diagnosis
-from calib_lightning.evaluation import draw_chunks, draws
-from calib_lightning.functional.recovery import recovery
-from calib_lightning.functional.reference import compare_to_reference
-from calib_lightning.functional.sbc import rank_calibration
-from calib_lightning.functional.support import support_leakage
-from calib_lightning.functional.tarp import tarp
-from calib_lightning.metrics import KCCSD, LC2ST, LC2STNF
-from calib_lightning.metrics.joint_c2st import joint_c2st
-from calib_lightning.metrics.lc2st import ProbabilityMap
-from calib_lightning.misspecification import misspecification_test
 from calib_lightning.plots._grid import select_parameters
-from calib_lightning.posteriors import as_posterior, density_draws, supports, unsupported
-from calib_lightning.posteriors.base import UnsupportedError
+from calib_lightning.posteriors import as_posterior, supports, unsupported
+from calib_lightning.posteriors.base import Posterior
 
-__all__ = ["CHECKS", "NEEDS", "diagnose", "skipped_checks"]
-
-#: every check ``diagnose`` can run, in the order of the report
-CHECKS = ("kccsd", "ranks", "tarp", "joint_c2st", "recovery", "lc2st_nf", "lc2st",
-          "misspecification", "support")
-_SAMPLING = ("ranks", "tarp", "joint_c2st", "recovery", "support")
-_LOCAL = ("lc2st_nf", "lc2st", "misspecification")
-#: the posterior capability each check needs beyond sampling
-NEEDS = {"kccsd": "score", "lc2st_nf": "to_latent"}
-#: the random stream of each step (with ``seed``): a check's numbers do not depend on
-#: which other checks run
-_STREAMS = {name: k for k, name in enumerate(
-    ("draws", *(c for c in CHECKS if c not in ("joint_c2st", "support", "lc2st")),
-     "reference", "joint_c2st", "region", "support", "lc2st"), start=1)}
-MAP_NUM_POSTERIOR_SAMPLES = 2000  # posterior draws per observation of the probability maps
-
-
-def _shared_draws(
-    posterior: Any, theta: Tensor, x: Tensor, num_posterior_samples: int
-) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """``(samples (M, N, D), log_prob (M, N), log_prob_theta (N,))`` in one sampling pass;
-    the log-densities ``None`` for a posterior without a cheap ``log_prob`` (samples only,
-    an ODE's trace)."""
-    like = {"dtype": theta.dtype, "device": theta.device}  # CUDA data: CUDA draws
-    samples = torch.empty(num_posterior_samples, *theta.shape, **like)
-    dense = density_draws(posterior)
-    log_prob = torch.empty(num_posterior_samples, theta.shape[0], **like)
-    log_prob_theta = torch.empty(theta.shape[0], **like)
-    # the draws kept for every check count against the budget of the sampling chunks
-    held = sum(t.numel() * t.element_size() for t in (samples, log_prob, log_prob_theta))
-    for chunk in draw_chunks(posterior, theta, x, num_posterior_samples, kept_bytes=held):
-        rows = slice(chunk.start, chunk.start + chunk.theta.shape[0])
-        draws = slice(chunk.first_draw, chunk.first_draw + chunk.samples.shape[0])
-        samples[draws, rows] = chunk.samples.to(samples)
-        if chunk.log_prob is not None and chunk.log_prob_theta is not None:
-            log_prob[draws, rows] = chunk.log_prob.to(log_prob)
-            log_prob_theta[rows] = chunk.log_prob_theta.to(log_prob_theta)
-    return (samples, log_prob, log_prob_theta) if dense else (samples, None, None)
+__all__ = ["CHECKS", "MAP_NUM_POSTERIOR_SAMPLES", "NEEDS", "diagnose", "local_num_null",
+           "skipped_checks"]  # fmt: skip
 
 
 def skipped_checks(posterior: Any, checks: Sequence[str]) -> dict[str, str]:
@@ -90,15 +50,31 @@ def skipped_checks(posterior: Any, checks: Sequence[str]) -> dict[str, str]:
             if name in NEEDS and not supports(post, NEEDS[name])}  # fmt: skip
 
 
-def local_num_null(num_observations: int, level: float, default: int = 100) -> int:
-    """Null classifiers for L-C2ST-NF in :func:`diagnose`: enough for Holm to name one.
-
-    The verdict lists observations by Holm-adjusted p-values; with ``H`` null
-    classifiers the smallest is ``O / (1 + H)``. ``H = max(default, ceil(2 O / level))``
-    keeps it at most ``level / 2``, so every observation can be named (100 up to
-    ``O = 2.5`` at level 0.05; 200 for 5 observations, 400 for 10).
-    """
-    return max(default, math.ceil(2 * num_observations / level))
+def _plan(
+    post: Posterior, checks: Sequence[str] | None, inputs: Inputs
+) -> tuple[list[str], dict[str, str]]:
+    """The checks to run on ``post`` (``checks``, or its defaults) and those skipped, with
+    the reason."""
+    observations, prior = inputs.observations, inputs.prior
+    by_default = checks is None
+    if checks is None:
+        checks = [c for c in CHECKS if (observations is not None or c not in LOCAL)
+                  and (prior is not None or c != "support")]  # fmt: skip
+    skipped = skipped_checks(post, checks)
+    if by_default and "kccsd" in checks and "score" in post.costly:
+        skipped["kccsd"] = (
+            f"left out by default: the score of this {type(post).__name__} differentiates an "
+            "ODE solve at every point (minutes at N = 1,000 on a CPU); pass checks with "
+            "'kccsd' to run it"
+        )
+    n, m = inputs.theta.shape[0], inputs.num_posterior_samples
+    if "joint_c2st" in checks and (n < 4 or m < 2):
+        skipped["joint_c2st"] = ("the joint classifier test needs N >= 4 pairs and "
+                                 f"num_posterior_samples >= 2, got N = {n} and {m}")  # fmt: skip
+    run = [c for c in checks if c not in skipped]
+    if inputs.reference_samples is not None:
+        run.append("reference")
+    return run, skipped
 
 
 def diagnose(
@@ -204,43 +180,29 @@ def diagnose(
         >>> again.table() == report.table()  # the same seed, the same numbers
         True
     """
-    check_pairs(theta, x, min_rows=2)
+    theta, x = check_pairs(theta, x, min_rows=2)
     check_positive("num_posterior_samples", num_posterior_samples, integer=True)
     check_probability("level", level)
     if labels is not None and len(labels) != theta.shape[1]:
         raise ValueError(f"labels must name the D = {theta.shape[1]} parameters, got "
                          f"{len(labels)} labels")  # fmt: skip
     select_parameters(theta.shape[1], parameters, labels)  # ValueError now, not at .figures
-    by_default = checks is None
-    if checks is None:
-        checks = [c for c in CHECKS if (observations is not None or c not in _LOCAL)
-                  and (prior is not None or c != "support")]  # fmt: skip
-    unknown = [c for c in checks if c not in CHECKS]
-    if unknown:
-        raise ValueError(f"checks must be among {list(CHECKS)}, got {unknown}")
-    if observations is None and any(c in _LOCAL for c in checks):
-        raise ValueError(f"checks {[c for c in checks if c in _LOCAL]} need observations, "
-                         "got observations=None")  # fmt: skip
-    if "support" in checks:
-        if prior is None:
+    if checks is not None:
+        unknown = [c for c in checks if c not in CHECKS]
+        if unknown:
+            raise ValueError(f"checks must be among {list(CHECKS)}, got {unknown}")
+        if observations is None and any(c in LOCAL for c in checks):
+            raise ValueError(f"checks {[c for c in checks if c in LOCAL]} need observations, "
+                             "got observations=None")  # fmt: skip
+        if "support" in checks and prior is None:
             raise ValueError("checks ['support'] need the prior, got prior=None")
-        check_prior(prior, theta)
     post = as_posterior(posterior)
-    check_fits(post, theta, x, observations=observations)  # names the argument that is wrong
+    # theta, x and the observations first: a wrong theta is named as theta, not as a
+    # prior that does not fit it
+    check_fits(post, theta, x, observations=observations)
+    if prior is not None:
+        check_prior(prior, theta)
     _check_before(before, theta, x, observations, num_posterior_samples, level)
-    requested = list(checks)
-    skipped = skipped_checks(post, checks)
-    if by_default and "kccsd" in checks and "score" in post.costly:
-        skipped["kccsd"] = (
-            f"left out by default: the score of this {type(post).__name__} differentiates an "
-            "ODE solve at every point (minutes at N = 1,000 on a CPU); pass checks with "
-            "'kccsd' to run it"
-        )
-    if "joint_c2st" in checks and (theta.shape[0] < 4 or num_posterior_samples < 2):
-        skipped["joint_c2st"] = ("the joint classifier test needs N >= 4 pairs and "
-                                 f"num_posterior_samples >= 2, got N = {theta.shape[0]} and "
-                                 f"{num_posterior_samples}")  # fmt: skip
-    checks = [c for c in checks if c not in skipped]
     if reference_samples is not None and (
         observations is None or reference_samples.ndim != 3
         or reference_samples.shape[1:] != (observations.shape[0], theta.shape[1])
@@ -250,101 +212,46 @@ def diagnose(
             f"D = {theta.shape[1]} parameters, got {tuple(reference_samples.shape)} with "
             f"observations={None if observations is None else tuple(observations.shape)}"
         )
-    devices = cuda_devices(post, theta, x, observations)
+    prior_before = before if isinstance(before, Diagnosis) or before is None else as_posterior(
+        before)  # fmt: skip
+    devices = cuda_devices(post, prior_before if isinstance(prior_before, Posterior) else None,
+                           theta, x, observations)  # fmt: skip
+    inputs = Inputs(theta=theta.detach(), x=x.detach(), observations=observations,
+                    reference_samples=reference_samples, prior=prior, level=level, seed=seed,
+                    num_posterior_samples=num_posterior_samples, embedding=embedding,
+                    devices=devices)  # fmt: skip
     regions = None
     if region is not None:
-        with seeded(seed, _STREAMS["region"], devices=devices):
+        with seeded(seed, STREAMS["region"], devices=devices):
             regions = summarize_region(region, observations, reference_samples, theta.shape[1])
-    results: dict[str, Any] = {}
-    seconds: dict[str, float] = {}
+    posteriors, plans, skipped = [post], [], []
+    if isinstance(prior_before, Posterior):
+        posteriors.append(prior_before)
+    for one in posteriors:  # the posterior before a fix: its own defaults too
+        names, why = _plan(one, checks, inputs)
+        # by default L-C2ST runs only in L-C2ST-NF's place (where the latents fail)
+        plans.append(make_checks(names, local_fallback=checks is None))
+        skipped.append(why)
+    outcomes = run_checks(posteriors, plans, inputs, skipped)
+    earlier = before if isinstance(before, Diagnosis) else None
+    if len(outcomes) > 1:
+        earlier = _diagnosis(outcomes[1], inputs, labels, parameters)
+    return _diagnosis(outcomes[0], inputs, labels, parameters, before=earlier, regions=regions,
+                      fixed=post)  # fmt: skip
 
-    def timed(name: str, run: Any) -> None:
-        start = time.perf_counter()
-        try:
-            with seeded(seed, _STREAMS[name], devices=devices) as stream:
-                results[name] = run(torch.Generator().manual_seed(stream))
-        except UnsupportedError as err:  # found when the model ran: no score, no latents
-            skipped[name] = str(err)
-            return
-        seconds[name] = time.perf_counter() - start
 
-    theta, x = theta.detach(), x.detach()
-    if "kccsd" in checks:
-        def run_kccsd(generator: torch.Generator) -> Any:
-            metric = KCCSD(seed=seed)
-            metric.update(post, theta, x)
-            return metric.compute()
-
-        timed("kccsd", run_kccsd)
-    if any(c in checks for c in _SAMPLING):
-        start = time.perf_counter()
-        with seeded(seed, _STREAMS["draws"], devices=devices):
-            samples, log_prob, log_prob_theta = _shared_draws(
-                post, theta, x, num_posterior_samples)  # fmt: skip
-        seconds["draws"] = time.perf_counter() - start
-        if "ranks" in checks:
-            timed("ranks", lambda generator: rank_calibration(
-                samples, log_prob, theta, log_prob_theta, level=level, generator=generator))
-        if "tarp" in checks:
-            timed("tarp", lambda generator: tarp(samples, theta, level=level, generator=generator))
-        if "joint_c2st" in checks:
-            timed("joint_c2st", lambda generator: joint_c2st(
-                theta, x.reshape(x.shape[0], -1), samples, seed=seed))
-        if "recovery" in checks:
-            timed("recovery", lambda generator: recovery(samples, theta))
-        if "support" in checks:
-            def run_support(generator: torch.Generator) -> Any:
-                at = None if observations is None else outside_support(
-                    prior, draws(post, observations, num_posterior_samples))  # fmt: skip
-                return support_leakage(outside_support(prior, samples), at)
-
-            timed("support", run_support)
-    maps = None  # L-C2ST-NF's classifier on posterior draws at each observation, for the report
-    if "lc2st_nf" in checks:
-        def run_lc2st(generator: torch.Generator) -> Any:
-            nonlocal maps
-            metric = LC2STNF(observations=observations, level=level, seed=seed,
-                             num_null=local_num_null(observations.shape[0], level))
-            metric.update(post, theta, x)
-            result = metric.compute()
-            maps = metric.probability_map(post, MAP_NUM_POSTERIOR_SAMPLES)  # seeded stream
-            return result
-
-        timed("lc2st_nf", run_lc2st)
-    if "lc2st" in checks and not (by_default and "lc2st_nf" in results):  # asked, or in its place
-        def run_lc2st_draws(generator: torch.Generator) -> Any:
-            nonlocal maps
-            metric = LC2ST(observations=observations, level=level, seed=seed,
-                           num_null=local_num_null(observations.shape[0], level))  # fmt: skip
-            metric.update(post, theta, x)
-            result = metric.compute()
-            if maps is None:  # its evaluation draws and the classifier's output there
-                maps = ProbabilityMap(samples=result.samples, probabilities=result.probabilities)
-            return result
-
-        timed("lc2st", run_lc2st_draws)
-    if reference_samples is not None:
-        def run_reference(generator: torch.Generator) -> Any:
-            samples = draws(post, observations, reference_samples.shape[0])
-            return compare_to_reference(samples, reference_samples.to(samples), vendi=False,
-                                        generator=generator)  # fmt: skip
-
-        timed("reference", run_reference)
-    if "misspecification" in checks:
-        timed("misspecification", lambda generator: misspecification_test(
-            observations, x, embedding=embedding, seed=seed, global_method="holm"))
-    if before is not None and not isinstance(before, Diagnosis):
-        before = diagnose(
-            before, theta, x, observations, reference_samples,
-            None if by_default else requested, labels,  # its own defaults (L-C2ST's place)
-            parameters=parameters, num_posterior_samples=num_posterior_samples, level=level,
-            embedding=embedding, seed=seed, prior=prior,
-        )  # fmt: skip
+def _diagnosis(
+    outcome: Outcome, inputs: Inputs, labels: Sequence[str] | None,
+    parameters: Sequence[int] | None, *, before: Diagnosis | None = None, regions: Any = None,
+    fixed: Any = None,
+) -> Diagnosis:  # fmt: skip
     return Diagnosis(
-        results, level=level, labels=labels, parameters=parameters, seconds=seconds,
-        num_pairs=theta.shape[0], num_posterior_samples=num_posterior_samples,
-        reference_samples=reference_samples, probability_maps=maps, skipped=skipped,
-        before=before, regions=regions,
+        outcome.results, level=inputs.level, labels=labels, parameters=parameters,
+        seconds=outcome.seconds, num_pairs=inputs.theta.shape[0],
+        num_posterior_samples=inputs.num_posterior_samples,
+        reference_samples=inputs.reference_samples, probability_maps=outcome.maps,
+        skipped=outcome.skipped, before=before, regions=regions,
+        identity=bool(getattr(fixed, "is_identity", False)) if before is not None else False,
     )  # fmt: skip
 
 
