@@ -32,7 +32,8 @@ CALIBRATED: dict[str, tuple[float, str]] = {
     "oracle_c2st": (0.5, "0.5: chance (indistinguishable)"),  # a classifier's accuracy
     "mmd": (0.0, "0: same distribution"),
     "frechet_distance": (0.0, "0: same distribution"),
-    "density": (1.0, "1: same distribution"),
+    "reference_density": (1.0, "1: same distribution"),
+    "density": (1.0, "1: same distribution"),  # reference_density's old tag, until 0.3.0
 }
 _TOP = 1e-4  # the p-value axis reaches at least this low, so calibrated runs look alike
 
