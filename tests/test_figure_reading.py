@@ -1,0 +1,142 @@
+"""Figures that a reader used to misread, read the way they are meant.
+
+What must hold: the z-score/contraction figure never prints "Calibrated" (z-scores of
+mean 0 and sd 1 come from miscalibrated posteriors too) and says which calibration
+test rejects where it is drawn beside one (callback and report); it draws every pair or
+says how many lie beyond its axes and where; a p-value history keeps the level line
+readable however small the p-values; a probability map draws the posterior's shape,
+tells "no draws here" apart from "consistent" and labels its crosshair.
+"""
+
+import math
+import re
+
+import pytest
+import torch
+from matplotlib.collections import PathCollection
+from matplotlib.text import Text
+from torch.distributions import Independent, Normal
+
+import calib_lightning as cl
+from calib_lightning.callbacks import RankCalibrationCallback
+from calib_lightning.functional.recovery import recovery
+from calib_lightning.plots import plot_z_score_contraction
+from calib_lightning.plots.recovery import KAPPA_CAP, Z_CAP
+
+
+def _texts(fig):
+    """Every text of the figure, wrapped lines joined."""
+    return [t.get_text().replace("\n", " ") for t in fig.findobj(Text)]
+
+
+def _unit_normal(x):
+    return Independent(Normal(x, torch.ones_like(x)), 1)
+
+
+def _bimodal_error_pairs(n=1000, seed=0):
+    """``q(theta | x) = N(x, I)`` while the truths sit near ``x +- 1``: the z-scores have
+    mean 0 and sd 1, yet the ranks pile up at Phi(-1) and Phi(1)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 2, generator=g)
+    sign = torch.randint(0, 2, (n, 2), generator=g) * 2 - 1
+    theta = x + 0.98 * sign + 0.2 * torch.randn(n, 2, generator=g)  # error sd 1.0
+    return theta, x
+
+
+# -- z-score against contraction ----------------------------------------------------------
+def test_z_scores_of_sd_one_beside_a_rejecting_rank_test_are_not_called_calibrated():
+    theta, x = _bimodal_error_pairs()
+    metric = cl.RankCalibration(num_posterior_samples=100)
+    torch.manual_seed(0)
+    metric.update(_unit_normal, theta, x)
+    result = metric.compute()
+    assert float(result.global_p_value) < 1e-10  # the ranks see the two modes
+    callback = RankCalibrationCallback(theta, x)
+    fig = callback.figures(result)["z_score_contraction"]
+    stds = [float(t.split("sd ")[1].split("\n")[0]) for t in (ax.get_title() for ax in fig.axes)]
+    assert all(0.9 < sd < 1.1 for sd in stds), stds  # what used to read "Calibrated"
+    text = " ".join(_texts(fig))
+    assert "Calibrated" not in text
+    assert "Calibration is rejected at level 0.05 by the rank tests combined, p = " in text
+    assert "not a calibration test" in text
+
+
+def test_the_reports_z_score_figure_names_the_rejecting_checks(tmp_path):
+    theta, x = _bimodal_error_pairs(n=600)
+    report = cl.diagnose(_unit_normal, theta, x, checks=("kccsd", "ranks", "recovery"), seed=0)
+    rows = {row["check"]: row for row in report.rows()}
+    assert rows["ranks"]["verdict"] == "rejected"
+    fig = report.figures["recovery_z_score_vs_contraction"]
+    text = " ".join(_texts(fig))
+    assert "Calibrated" not in text
+    assert "rejected at level 0.05 by the rank tests, p = " in text
+    captions = re.findall(r"<figcaption>(.*?)</figcaption>", report.save(tmp_path).read_text())
+    (caption,) = [c for c in captions if "z-score" in c]
+    assert "not a calibration test" in caption
+    assert not [c for c in captions if "Calibrated" in c]
+
+
+def test_a_lone_z_score_figure_never_says_calibrated():
+    g = torch.Generator().manual_seed(1)
+    theta = torch.randn(300, 2, generator=g)
+    samples = theta + torch.randn(100, 300, 2, generator=g)  # exact-like draws
+    fig = plot_z_score_contraction((samples, theta))
+    text = " ".join(_texts(fig))
+    assert "Calibrated" not in text
+    assert "Calibration is" not in text  # no test given, none named
+
+
+def test_every_pair_is_drawn_when_contractions_reach_below_minus_one():
+    """Two Moons: bimodal posteriors wider than the prior give contractions below -1,
+    which were clipped at -1.05 and drawn as z-triangles."""
+    g = torch.Generator().manual_seed(2)
+    theta = torch.randn(400, 1, generator=g, dtype=torch.float64)
+    width = torch.linspace(0.5, 2.0, 400, dtype=torch.float64)[:, None]  # var up to 4x prior
+    samples = theta + width * torch.randn(200, 400, 1, generator=g, dtype=torch.float64)
+    out = recovery(samples, theta, torch.ones(1, dtype=torch.float64))
+    assert float(out.contractions.min()) < -2.5
+    fig = plot_z_score_contraction(out)
+    (ax,) = fig.axes
+    assert ax.get_xlim()[0] < float(out.contractions.min())
+    low, high = ax.get_ylim()
+    assert low < float(out.z_scores.min())
+    assert float(out.z_scores.max()) < high
+    scatters = [c for c in ax.collections if isinstance(c, PathCollection)]
+    assert len(scatters) == 1  # the pairs, and no red triangles on the edges
+    assert len(scatters[0].get_offsets()) == 400
+    assert not ax.texts  # no note of pairs beyond the axes
+
+
+def test_pairs_beyond_the_axes_are_counted_with_where_they_are():
+    g = torch.Generator().manual_seed(3)
+    theta = torch.randn(500, 1, generator=g, dtype=torch.float64)
+    samples = theta + torch.randn(100, 500, 1, generator=g, dtype=torch.float64)
+    theta[:3, 0] -= torch.tensor([40.0, 30.0, -50.0], dtype=torch.float64)  # z +40, +30, -50
+    samples[:, 3:5] *= 6.0  # two very wide posteriors: contraction far below -KAPPA_CAP
+    out = recovery(samples, theta, torch.ones(1, dtype=torch.float64))
+    z, kappa = out.z_scores[:, 0], out.contractions[:, 0]
+    assert int((z > Z_CAP).sum()) == 2
+    assert int((z < -Z_CAP).sum()) == 1
+    assert int((kappa < -KAPPA_CAP).sum()) == 2
+    (ax,) = plot_z_score_contraction(out).axes
+    notes = [t.get_text() for t in ax.texts]
+    assert notes == [f"▲ 2 with z > 12, max {float(z.max()):.3g}",
+                     f"▼ 1 with z < −12, min −{-float(z.min()):.3g}",
+                     f"2 with κ < −4, min −{-float(kappa.min()):.3g}"]  # fmt: skip
+    assert ax.get_ylim() == (-Z_CAP, Z_CAP)
+    assert math.isclose(ax.get_xlim()[0], -KAPPA_CAP)
+
+
+@pytest.mark.parametrize("level", [0.05, 0.01])
+def test_the_tests_line_says_which_reject_and_which_do_not(level):
+    g = torch.Generator().manual_seed(4)
+    theta = torch.randn(50, 1, generator=g)
+    samples = theta + torch.randn(20, 50, 1, generator=g)
+    fig = plot_z_score_contraction((samples, theta), level=level,
+                                   calibration_tests={"KCCSD": 0.03, "TARP": 0.5})  # fmt: skip
+    text = " ".join(_texts(fig))
+    if level == 0.05:
+        assert "rejected at level 0.05 by KCCSD, p = 0.03" in text
+        assert "Not rejected by TARP, p = 0.5" in text
+    else:
+        assert "Calibration is not rejected at level 0.01 by KCCSD, p = 0.03; TARP, p = 0.5" in text
