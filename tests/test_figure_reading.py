@@ -140,3 +140,28 @@ def test_the_tests_line_says_which_reject_and_which_do_not(level):
         assert "Not rejected by TARP, p = 0.5" in text
     else:
         assert "Calibration is not rejected at level 0.01 by KCCSD, p = 0.03; TARP, p = 0.5" in text
+
+
+# -- p-value histories ------------------------------------------------------------------
+def _axes_height(ax, value):
+    """Where ``value`` sits on a log axis, as a share of the axis' height from the bottom."""
+    low, high = (math.log10(v) for v in ax.get_ylim())
+    return (math.log10(value) - low) / (high - low)
+
+
+def test_a_history_with_1e_155_keeps_the_level_line_apart_from_a_final_1e_5():
+    """The ranks history of the Two Moons demo: 1e-155 at the first check stretched the
+    axis over 155 decades, and a final p-value of 1e-5 sat 2 % of the panel below the
+    0.05 line, as if touching it."""
+    from calib_lightning.plots import plot_history
+
+    values = [4.8e-155, 1e-93, 1e-58, 3e-15, 7e-9, 1e-5]
+    fig = plot_history([0, 3, 6, 9, 12, 15], {"global_p_value": values}, level=0.05)
+    (ax,) = fig.axes
+    gap = _axes_height(ax, 0.05) - _axes_height(ax, 1e-5)
+    assert gap > 0.25, gap  # a quarter of the panel, not 2 %
+    assert _axes_height(ax, 0.05) < 0.95  # the level line inside the panel, not on its edge
+    (floored,) = [line for line in ax.lines if line.get_marker() == "v"]
+    assert list(floored.get_xdata()) == [0, 3, 6, 9]  # each below the floor, marked there
+    assert {t.get_text() for t in ax.texts} >= {"5e-155", "1e-93", "1e-58", "3e-15"}
+    assert 0 < _axes_height(ax, floored.get_ydata()[0]) < 0.3  # the floor: low, inside
