@@ -11,16 +11,20 @@ tells "no draws here" apart from "consistent" and labels its crosshair.
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
-from matplotlib.collections import PathCollection
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import PathCollection, QuadMesh
+from matplotlib.contour import ContourSet
 from matplotlib.text import Text
 from torch.distributions import Independent, Normal
 
 import calib_lightning as cl
 from calib_lightning.callbacks import RankCalibrationCallback
 from calib_lightning.functional.recovery import recovery
-from calib_lightning.plots import plot_z_score_contraction
+from calib_lightning.plots import plot_probability_map, plot_z_score_contraction
+from calib_lightning.plots.lc2st import HPD_MASSES
 from calib_lightning.plots.recovery import KAPPA_CAP, Z_CAP
 
 
@@ -165,3 +169,81 @@ def test_a_history_with_1e_155_keeps_the_level_line_apart_from_a_final_1e_5():
     assert list(floored.get_xdata()) == [0, 3, 6, 9]  # each below the floor, marked there
     assert {t.get_text() for t in ax.texts} >= {"5e-155", "1e-93", "1e-58", "3e-15"}
     assert 0 < _axes_height(ax, floored.get_ydata()[0]) < 0.3  # the floor: low, inside
+
+
+# -- probability maps ---------------------------------------------------------------------
+def _ring(n=3000, seed=5):
+    """Draws on a ring of radius 2: no posterior mass at its centre."""
+    g = torch.Generator().manual_seed(seed)
+    angle = 2 * math.pi * torch.rand(n, generator=g)
+    radius = 2 + 0.15 * torch.randn(n, generator=g)
+    return torch.stack([radius * angle.cos(), radius * angle.sin()], -1)
+
+
+def _pixel(fig, ax, x, y):
+    """The RGB colour the rendered figure has at data point ``(x, y)`` of ``ax``."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    image = np.asarray(canvas.buffer_rgba())[..., :3]
+    px, py = ax.transData.transform((x, y))
+    return image[image.shape[0] - round(py), round(px)]
+
+
+def _map_panel(fig):
+    """The 2-D panel of a two-parameter probability map."""
+    (ax,) = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"
+             and any(isinstance(c, QuadMesh) for c in ax.collections)]
+    return ax
+
+
+def test_a_probability_map_tells_no_mass_from_consistent():
+    samples = _ring()
+    fig = plot_probability_map(samples, torch.full((samples.shape[0],), 0.5))  # consistent
+    ax = _map_panel(fig)
+    on_ring, centre = _pixel(fig, ax, 0.0, 2.0), _pixel(fig, ax, 0.05, 0.05)
+    assert (on_ring >= 245).all(), on_ring  # d = 0.5: white, consistent
+    assert (centre <= 235).all(), centre  # no draws: grey (hatched), never white
+    (legend,) = fig.legends
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert "d ≈ 0.5: consistent" in labels
+    assert "fewer than 5 draws: no posterior mass, not tested" in labels
+
+
+def test_a_probability_map_draws_the_posteriors_highest_density_regions():
+    g = torch.Generator().manual_seed(6)
+    samples = torch.randn(2000, 2, generator=g, dtype=torch.float64)
+    fig = plot_probability_map(samples, torch.full((2000,), 0.5))
+    (contours,) = [c for c in _map_panel(fig).collections if isinstance(c, ContourSet)]
+    assert len(contours.levels) == len(HPD_MASSES) == 2
+    inner, outer = contours.get_paths()[::-1]  # levels ascend: the 90 % region first
+    points = samples.numpy()
+    # the regions hold their masses of the draws (KDE level sets at the draws' quantiles)
+    assert inner.contains_points(points).mean() == pytest.approx(0.5, abs=0.04)
+    assert outer.contains_points(points).mean() == pytest.approx(0.9, abs=0.03)
+    # for a standard normal, the 50 % region is the disk of radius sqrt(2 ln 2) = 1.18
+    radius = np.hypot(*inner.vertices.T)
+    assert np.median(radius) == pytest.approx(math.sqrt(2 * math.log(2)), rel=0.1)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert {"50% HPD region of the draws", "90% HPD region of the draws"} <= set(labels)
+
+
+def test_a_probability_maps_crosshair_is_the_true_parameter_and_is_named():
+    samples = _ring()
+    truth = torch.tensor([3.5, -0.5])  # outside the draws' range: the axes reach it
+    fig = plot_probability_map(samples, torch.full((samples.shape[0],), 0.5), truth=truth)
+    ax = _map_panel(fig)
+    low, high = ax.get_xlim()
+    assert low < 3.5 < high
+    crosshair = [line for line in ax.lines if line.get_linestyle() == "-."]
+    horizontal = [float(line.get_ydata()[0]) for line in crosshair
+                  if line.get_ydata()[0] == line.get_ydata()[1]]  # fmt: skip
+    vertical = [float(line.get_xdata()[0]) for line in crosshair
+                if line.get_xdata()[0] == line.get_xdata()[1]]  # fmt: skip
+    assert (horizontal, vertical) == ([-0.5], [3.5])
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "true parameter (generated x_o)" in labels
+    # without a truth, no crosshair and nothing in the legend claims one
+    fig = plot_probability_map(samples, torch.full((samples.shape[0],), 0.5))
+    assert not [line for line in _map_panel(fig).lines if line.get_linestyle() == "-."]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "true parameter (generated x_o)" not in labels

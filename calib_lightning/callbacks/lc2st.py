@@ -50,7 +50,10 @@ class LC2STNFCallback(CalibrationCallback):
     latents from normal draws). Figures: ``pp`` (PP-plots with the null band),
     ``probability_map/<o>`` (the classifier's probability over 1-D and 2-D marginals
     of posterior samples at :math:`x_o`, for the chosen ``parameters``: red where the
-    estimator puts too much mass, blue too little) and ``history``.
+    estimator puts too much mass, blue too little, white consistent, hatched grey where
+    it has no draws; contours of the posterior's 50 % and 90 % highest-density regions;
+    with ``truths``, a crosshair and a star at the parameter that generated
+    :math:`x_o`) and ``history``.
 
     With ``reference_samples`` (exact posterior samples at the observations, e.g. from a
     benchmark task or MCMC) it also logs, per observation, how the posterior's draws at
@@ -82,7 +85,8 @@ class LC2STNFCallback(CalibrationCallback):
             when ``metric`` is given.
         metric: a configured :class:`calib_lightning.LC2STNF`; default
             ``LC2STNF(observations)`` (100 null classifiers, 2,000 evaluation points).
-        truths: parameters that generated the observations ``(O, D)``, drawn on the maps.
+        truths: parameters that generated the observations ``(O, D)``, drawn on the maps
+            as a labelled crosshair.
         reference_samples: exact posterior samples ``(S_ref, O, D)`` at the observations.
         labels: names of all ``D`` parameters, for the figures.
         parameters: indices of the parameters (at most six) whose marginals and pairs
