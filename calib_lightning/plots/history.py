@@ -81,11 +81,10 @@ def _p_value_panel(ax: Axes, epochs: list[int], values: list[float],
     finite = [v for v in drawn if not math.isnan(v)]
     low = min([_TOP, *finite] + ([level] if level is not None else []))
     ax.set_yscale("log")
-    span = math.log10(1.25 / low)
     if floored:  # a band below the floor for the values
         bottom = math.log10(floor) - _BAND / (1 - _BAND) * math.log10(1.25 / floor)
-    else:
-        bottom = math.log10(low) - 0.06 * span  # a margin of 6 % of the span
+    else:  # a margin of 6 % of the span
+        bottom = math.log10(low) - 0.06 * math.log10(1.25 / low)
     ax.set_ylim(10**bottom, 1.25)
     ax.yaxis.set_major_locator(LogLocator(numticks=6))
     if level is not None:
