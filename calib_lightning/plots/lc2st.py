@@ -272,7 +272,8 @@ def plot_probability_map(
             ``(0, 0.5]``; bin means beyond it take the end colours (the colour bar's
             arrows say so).
         range_quantile: axes span the ``range_quantile`` to ``1 - range_quantile``
-            quantiles of each parameter, so that a few outliers do not squeeze the bulk.
+            quantiles of each parameter and 5 % of that span on each side, so that a few
+            outliers do not squeeze the bulk and a mode at the edge is drawn whole.
         panel_size: inches per panel.
     """
     theta = samples.detach().cpu().double().numpy()
@@ -297,10 +298,10 @@ def plot_probability_map(
     truth = None if truth is None else np.array([float(truth[i]) for i in chosen])
     labels = names
     low, high = np.quantile(theta, [range_quantile, 1 - range_quantile], axis=0)
-    if truth is not None:  # the crosshair inside the axes, with a margin
-        margin = 0.05 * np.maximum(high - low, 1e-12)
-        low = np.minimum(low, truth - margin)
-        high = np.maximum(high, truth + margin)
+    margin = 0.05 * np.maximum(high - low, 1e-12)  # a mode at the edge is drawn whole
+    low, high = low - margin, high + margin
+    if truth is not None:  # the crosshair inside the axes
+        low, high = np.minimum(low, truth - margin), np.maximum(high, truth + margin)
     edges = [np.linspace(low[i], high[i] + 1e-12, bins + 1) for i in range(dim)]
     panels = {  # (i, j) -> (counts, bin means) of the 1-D (i == j) and 2-D histograms
         (i, j): _bin_means(d_values, [edges[j], edges[i]] if i != j else [edges[i]],
