@@ -622,8 +622,10 @@ def test_lc2st_nf_callback_logs_per_observation_tests_maps_and_reference_scores(
     trainer(max_epochs=1, logger=logger, callbacks=[callback]).fit(FixedPosterior(0.0), train)
 
     acc = events(logger.log_dir)
-    keys = ("statistic", "p_value", "mmd", "mmd_p_value", "frechet_distance", "density",
-            "coverage", "oracle_c2st", "misspecification_p_value")  # fmt: skip
+    keys = ("statistic", "p_value", "mmd", "mmd_p_value", "frechet_distance",
+            "reference_density", "reference_coverage", "oracle_c2st",
+            "misspecification_p_value",
+            "density", "coverage")  # deprecated aliases of the reference scores, until 0.3.0
     expected = {f"calibration/lc2st_nf/{k}/{o}" for k in keys for o in (0, 1)}
     expected.add("calibration/lc2st_nf/global_p_value")  # the O local tests combined
     expected |= {f"calibration/lc2st_nf/log10_{k}" for k in ("global_p_value", "p_value/0",
@@ -638,6 +640,16 @@ def test_lc2st_nf_callback_logs_per_observation_tests_maps_and_reference_scores(
         assert callback.history[f"mmd_p_value/{o}"][0] > 0.01
         assert 0.4 < callback.history[f"oracle_c2st/{o}"][0] < 0.6
     assert oracle_calls == [{"seed": 0, **quick}]  # the oracle's settings reach it
+    for new, old in (("reference_density", "density"), ("reference_coverage", "coverage")):
+        for o in (0, 1):  # the alias holds the renamed score's value, in the logs too
+            assert callback.history[old + f"/{o}"] == callback.history[new + f"/{o}"]
+            (renamed,), (alias,) = (acc.Scalars(f"calibration/lc2st_nf/{k}/{o}")
+                                    for k in (new, old))  # fmt: skip
+            assert renamed.value == alias.value
+    # draws like the reference: density about 1, coverage about 1 - 2^-5 (Naeem et al.)
+    for o in (0, 1):
+        assert 0.7 < callback.history[f"reference_density/{o}"][0] < 1.3
+        assert 0.85 < callback.history[f"reference_coverage/{o}"][0] <= 1.0
     # simulator outputs: not flagged as misspecified; the p-value equals the function's
     expected_p = cl.misspecification_test(x_o, x).p_value
     logged = [callback.history[f"misspecification_p_value/{o}"][0] for o in (0, 1)]

@@ -147,11 +147,10 @@ def test_analytic_p_values_never_underflow_to_zero():
     assert "global p < 2.2e-308" in plot_rank_ecdf(out)._suptitle.get_text()
     fig = plot_history([0, 1, 2], {"global_p_value": [0.5, 1e-9, P_VALUE_FLOOR]})
     (ax,) = fig.axes
-    assert any("p < 2.2e-308" in t.get_text() for t in ax.get_legend().get_texts())
-    floored = [line for line in ax.lines if line.get_marker() == "v"]  # upper bounds
+    assert any(t.get_text() == "<2e-308" for t in ax.texts)  # an upper bound, written
+    floored = [line for line in ax.lines if line.get_marker() == "v"]  # below the axis
     assert len(floored) == 1
     assert list(floored[0].get_xdata()) == [2]
-    assert ax.get_ylim()[0] < P_VALUE_FLOOR  # the axis reaches the floor: nothing clipped
 
 
 def test_one_dimensional_outputs_keep_their_shapes():

@@ -184,3 +184,41 @@ def test_summary_table_prints_tiny_p_values_of_every_p_value_field():
     assert rows["marginal_p_values/0"].split()[-1] == "1e-100"
     assert "< 2.2e-308" in rows["marginal_p_values/1"]  # never 0
     assert rows["statistic"].split()[2] == "1e-100"
+
+
+def test_renamed_recalibration_scores_are_logged_under_both_names(tmp_path):
+    """``latent_coverage_error_before`` / ``_after`` (the latent-ball regions, beside the
+    ``hpd_`` ones) and, until 0.3.0, their old names with the same values."""
+    import zuko
+
+    from calib_lightning.callbacks import RecalibrationCallback
+    from calib_lightning.callbacks.recalibration import RENAMED_TAGS
+
+    class NPE(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.flow = zuko.flows.MAF(2, 2, transforms=1, hidden_features=(16, 16))
+
+        def training_step(self, batch, batch_idx):
+            return -self.flow(batch[1]).log_prob(batch[0]).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(200, torch.Generator().manual_seed(8))
+    callback = RecalibrationCallback(*toy.sample(100, torch.Generator().manual_seed(9)),
+                                     method="scale+radial")  # fmt: skip
+    logger = CSVLogger(tmp_path, name="csv", version=0)
+    trainer = L.Trainer(max_epochs=2, logger=logger, callbacks=[callback],
+                        enable_progress_bar=False, enable_model_summary=False,
+                        enable_checkpointing=False)  # fmt: skip
+    trainer.fit(NPE(), DataLoader(TensorDataset(theta, x), batch_size=50))
+    with open(f"{logger.log_dir}/metrics.csv") as f:
+        (row,) = [r for r in csv.DictReader(f) if r.get("calibration/recalibration/nll_after")]
+    assert set(RENAMED_TAGS) == {"latent_coverage_error_before", "latent_coverage_error_after"}
+    for new, old in RENAMED_TAGS.items():
+        assert row[f"calibration/recalibration/{new}"] != ""
+        assert row[f"calibration/recalibration/{old}"] == row[f"calibration/recalibration/{new}"]
+        assert callback.scores[old] == callback.scores[new]

@@ -38,6 +38,7 @@ from calib_lightning.plots import (
 )
 from calib_lightning.plots._format import format_p_value
 from calib_lightning.plots._grid import MAX_COLUMNS
+from calib_lightning.plots.history import HISTORY_FLOOR, axis_floor
 from calib_lightning.plots.lc2st import MAX_MAP_PARAMETERS
 from calib_lightning.tasks import GaussianToy
 
@@ -403,21 +404,30 @@ def test_oracle_c2st_history_of_the_lc2st_callback_is_referenced_at_chance():
     assert [float(line.get_ydata()[0]) for line in level] == [0.05]
 
 
-def test_history_p_value_axis_reaches_the_smallest_p_value_of_the_run():
+def test_history_p_value_axis_stops_at_its_floor_and_writes_the_smaller_values():
     values = [1e-150, 1e-40, 3e-6, 0.2]
     fig = plot_history([0, 1, 2, 3], {"p_value": values})
     (ax,) = fig.axes
     low, high = ax.get_ylim()
-    assert low < 1e-150
+    assert 1e-15 < low < HISTORY_FLOOR  # not 1e-150: the level line stays readable
     assert high >= 1.0
     (curve,) = [line for line in ax.lines if line.get_color() == "tab:blue"]
-    assert list(curve.get_ydata()) == values  # drawn where they are: nothing clipped
-    assert not [line for line in ax.lines if line.get_marker() == "v"]
+    assert list(curve.get_ydata()) == [HISTORY_FLOOR, HISTORY_FLOOR, 3e-6, 0.2]
+    (floored,) = [line for line in ax.lines if line.get_marker() == "v"]
+    assert list(floored.get_xdata()) == [0, 1]
+    assert [t.get_text() for t in ax.texts] == ["level 0.05", "1e-150", "1e-40"]
+    assert "below 1e-10" in fig.get_supxlabel()
     (level,) = [line for line in ax.lines if line.get_linestyle() == "--"]
     assert float(level.get_ydata()[0]) == 0.05
+    # above the floor, the axis reaches the smallest p-value, and nothing is floored
+    (ax,) = plot_history([0, 1], {"p_value": [3e-9, 0.6]}).axes
+    assert ax.get_ylim()[0] < 3e-9
+    assert not [line for line in ax.lines if line.get_marker() == "v"]
     # a calibrated run keeps the usual axis (down to 1e-4)
     (ax,) = plot_history([0, 1], {"p_value": [0.3, 0.6]}).axes
     assert 1e-5 < ax.get_ylim()[0] < 1e-4
+    # a tiny level keeps its line four decades above the floor
+    assert axis_floor(1e-8) == pytest.approx(1e-12)
 
 
 def _map_colours(fig):

@@ -30,7 +30,9 @@ __all__ = [
     "SetupCheck",
     "SetupError",
     "check_data",
+    "cost_words",
     "describe",
+    "epoch_check_seconds",
     "eval_mode",
     "find_estimator",
     "find_part",
@@ -267,47 +269,84 @@ class DrawSharing(Callback):
         release_shared_draws(trainer)
 
 
-#: a check in ``fit`` longer than this fraction of its epoch warns, once per callback
+#: a check in ``fit`` longer than this fraction of its epoch's training warns, once per callback
 COST_WARNING_FRACTION = 0.25
+
+
+def cost_words(seconds: float, epoch: float) -> str:
+    """How a check of ``seconds`` compares with an epoch's training of ``epoch`` seconds.
+
+    Example:
+        >>> for seconds in (3.0, 10.4, 24.0, 9400.0):
+        ...     print(cost_words(seconds, 10.0))
+        30% of an epoch's training
+        about as long as an epoch's training
+        2.4x an epoch's training
+        940x an epoch's training
+    """
+    if epoch <= 0:
+        return "longer than an epoch's training"
+    ratio = seconds / epoch
+    if ratio < 0.9:
+        return f"{ratio:.0%} of an epoch's training"
+    if ratio < 1.15:
+        return "about as long as an epoch's training"
+    return f"{ratio:{'.2g' if ratio < 10 else '.0f'}}x an epoch's training"
 
 
 class CostWarning(Callback):
     """Warns once per callback when a check in ``fit`` costs more than
-    :data:`COST_WARNING_FRACTION` of its epoch (the seconds from the training epoch's
-    start to the check: training, validation and any checks before it), giving both
-    numbers: an expensive estimator (ODE log-densities of sbi's FMPE and NPSE, spline
-    flows drawn many times) can make the checks the larger part of training."""
+    :data:`COST_WARNING_FRACTION` of its epoch's training, giving both numbers: an
+    expensive estimator (ODE log-densities of sbi's FMPE and NPSE, spline flows drawn
+    many times) can make the checks the larger part of training.
+
+    The epoch's training is the time from the training epoch's start to the check
+    (training, validation, other callbacks) less the checks of every calibration
+    callback of the trainer that ran before it in that epoch: each check is compared
+    with the same training time, whatever the callbacks' order.
+    """
 
     _epoch_start: float | None = None
+    #: seconds of this callback's checks in ``fit`` since its epoch started
+    epoch_check_seconds = 0.0
     cost_warned = False
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_train_epoch_start(trainer, pl_module)
         self._epoch_start = time.perf_counter()
+        self.epoch_check_seconds = 0.0
 
-    def warn_cost(self, started: float, seconds: float, stage: str) -> None:
+    def add_check_seconds(self, seconds: float, stage: str) -> None:
+        """Count a check of ``seconds`` in ``stage`` towards this epoch's checks."""
+        if stage == "fit":
+            self.epoch_check_seconds += seconds
+
+    def warn_cost(self, started: float, seconds: float, stage: str, checks: float = 0.0) -> None:
         """Warn (once) if a check that started at ``started`` (``time.perf_counter``) and
-        took ``seconds`` in stage ``stage`` cost a large part of its epoch."""
+        took ``seconds`` in stage ``stage`` cost a large part of its epoch's training;
+        ``checks``: the seconds of calibration checks (of any callback) that ran in this
+        epoch before it (:func:`epoch_check_seconds`), which are not training."""
         if self.cost_warned or stage != "fit" or self._epoch_start is None:
             return
-        epoch = started - self._epoch_start
+        epoch = started - self._epoch_start - checks
         if seconds <= COST_WARNING_FRACTION * epoch:
             return
         self.cost_warned = True
-        if epoch <= 0:
-            fraction = "more than an epoch's"
-        elif seconds < epoch:
-            fraction = f"{seconds / epoch:.2g} of an epoch's"
-        else:  # "940 times an epoch's", not "9.4e+02 of an epoch's"
-            fraction = f"{seconds / epoch:.0f} times an epoch's"
         warnings.warn(
             f"{type(self).__name__} ({getattr(self, 'tag_name', '')}): one check took "
-            f"{seconds:.3g} s, {fraction} {epoch:.3g} s (training and validation before "
-            "it). On an expensive estimator, check less often (every_n_epochs), with fewer "
-            "draws (num_posterior_samples) or fewer pairs; this warning is shown once.",
+            f"{seconds:.3g} s, {cost_words(seconds, epoch)} ({max(epoch, 0.0):.3g} s: "
+            "training and validation, the calibration checks excluded). On an expensive "
+            "estimator, check less often (every_n_epochs), with fewer draws "
+            "(num_posterior_samples) or fewer pairs; this warning is shown once.",
             RuntimeWarning,
             stacklevel=2,
         )
+
+
+def epoch_check_seconds(trainer: Trainer) -> float:
+    """Seconds spent in ``fit`` checks of the trainer's calibration callbacks since their
+    training epoch started."""
+    return sum(c.epoch_check_seconds for c in trainer.callbacks if isinstance(c, CostWarning))
 
 
 class SetupCheck(Callback):

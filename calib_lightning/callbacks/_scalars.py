@@ -23,15 +23,28 @@ your own included) gets ``log10 = log10(P_VALUE_FLOOR)``, about ``-307.65``: rea
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
 import torch
 from torch import Tensor
 
 from calib_lightning.functional.bands import P_VALUE_FLOOR
 
-__all__ = ["LOG10_PREFIX", "is_p_value", "log10_key", "logged_scalars"]
+__all__ = [
+    "ALIASES_REMOVED_IN",
+    "LOG10_PREFIX",
+    "is_p_value",
+    "log10_key",
+    "logged_scalars",
+    "with_deprecated_aliases",
+]
 
 #: the tag of a p-value's log10: ``log10_`` before the key's first part
 LOG10_PREFIX = "log10_"
+
+#: the release in which the deprecated tag aliases (:func:`with_deprecated_aliases`) go
+ALIASES_REMOVED_IN = "0.3.0"
 
 # parts of a p-value field's tags that are not p-values (counts of rejections)
 _NOT_P_VALUES = ("num_rejected",)
@@ -85,4 +98,28 @@ def logged_scalars(scalars: dict[str, Tensor]) -> dict[str, Tensor]:
         if is_p_value(key):
             floor = P_VALUE_FLOOR if value.dtype == torch.float64 else torch.finfo(value.dtype).tiny
             out[log10_key(key)] = torch.log10(value.clamp_min(floor))
+    return out
+
+
+Value = TypeVar("Value")
+
+
+def with_deprecated_aliases(
+    scalars: Mapping[str, Value], renamed: Mapping[str, str]
+) -> dict[str, Value]:
+    """``scalars`` and, after them, each scalar whose key's first part was renamed
+    (``renamed``: new first part -> old one) once more under its old key, so that
+    dashboards and monitors on the old tag keep working until
+    :data:`ALIASES_REMOVED_IN`.
+
+    Example:
+        >>> with_deprecated_aliases({"reference_density/0": 0.9, "mmd/0": 0.1},
+        ...                         {"reference_density": "density"})
+        {'reference_density/0': 0.9, 'mmd/0': 0.1, 'density/0': 0.9}
+    """
+    out = dict(scalars)
+    for key, value in scalars.items():
+        first, *rest = key.split("/")
+        if first in renamed:
+            out["/".join([renamed[first], *rest])] = value
     return out

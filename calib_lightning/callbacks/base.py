@@ -36,6 +36,7 @@ from calib_lightning.callbacks._plumbing import (
     SetupCheck,
     SetupError,
     check_data,
+    epoch_check_seconds,
     eval_mode,
     find_estimator,
     last_epoch,
@@ -119,7 +120,8 @@ class CalibrationCallback(CostWarning, DrawSharing, SetupCheck):
             checkpoint and continue after a resume.
         stages: the stage of each check: ``"fit"``, ``"validate"`` or ``"test"``.
         seconds: wall-clock seconds of each check (metric, logging and figures); a check
-            in ``fit`` longer than a quarter of its epoch warns once with both numbers.
+            in ``fit`` longer than a quarter of its epoch's training (the epoch less every
+            calibration callback's checks) warns once with both numbers.
         last_result: the metric's result at the latest check, on the CPU (``None``
             before the first check and after a failed one).
         last_extras: what :meth:`extra_results` returned at the latest check, on the CPU.
@@ -313,15 +315,18 @@ class CalibrationCallback(CostWarning, DrawSharing, SetupCheck):
 
     def _run(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         checks, start = len(self.epochs), time.perf_counter()
+        before = epoch_check_seconds(trainer)  # other callbacks' checks: not training
         try:
             with seeded_check(self.seed, trainer, pl_module, stage):
                 self._check(trainer, pl_module, stage)
-            self.warn_cost(start, time.perf_counter() - start, stage)  # an expensive check
+            self.warn_cost(start, time.perf_counter() - start, stage, before)
         except Exception as error:
             if self.on_error == "raise" or isinstance(error, SetupError):
                 raise
             self._fail(trainer, pl_module, error, recorded=len(self.epochs) > checks,
                        seconds=time.perf_counter() - start, stage=stage)  # fmt: skip
+        finally:
+            self.add_check_seconds(time.perf_counter() - start, stage)
 
     def _fail(
         self,

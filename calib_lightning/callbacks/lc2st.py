@@ -14,6 +14,7 @@ from calib_lightning._checks import check_positive
 from calib_lightning.baselines.c2st import oracle_c2st
 from calib_lightning.callbacks._plumbing import describe as _describe
 from calib_lightning.callbacks._plumbing import find_part
+from calib_lightning.callbacks._scalars import with_deprecated_aliases
 from calib_lightning.callbacks.base import CalibrationCallback
 from calib_lightning.evaluation import draws
 from calib_lightning.functional.reference import compare_to_reference
@@ -24,8 +25,14 @@ from calib_lightning.plots._grid import as_indices, select_parameters
 from calib_lightning.plots.lc2st import MAX_MAP_PARAMETERS, plot_pp, plot_probability_map
 from calib_lightning.posteriors import Posterior
 
-__all__ = ["LC2STNFCallback"]
+__all__ = ["RENAMED_TAGS", "LC2STNFCallback"]
 
+#: reference scores renamed in 0.2.0 (new name -> old name): density and coverage of
+#: Naeem et al. (2020) compare the posterior draws with the reference samples, and the
+#: old names read as a posterior density and as the coverage of credible regions (as in
+#: ``ranks/coverage_error``). **Deprecated**: the old tags are logged as well, with the
+#: same values, until 0.3.0 (:data:`~._scalars.ALIASES_REMOVED_IN`), then dropped.
+RENAMED_TAGS = {"reference_density": "density", "reference_coverage": "coverage"}
 
 
 class LC2STNFCallback(CalibrationCallback):
@@ -43,12 +50,22 @@ class LC2STNFCallback(CalibrationCallback):
     latents from normal draws). Figures: ``pp`` (PP-plots with the null band),
     ``probability_map/<o>`` (the classifier's probability over 1-D and 2-D marginals
     of posterior samples at :math:`x_o`, for the chosen ``parameters``: red where the
-    estimator puts too much mass, blue too little) and ``history``.
+    estimator puts too much mass, blue too little, white consistent, hatched grey where
+    it has no draws; contours of the posterior's 50 % and 90 % highest-density regions;
+    with ``truths``, a crosshair and a star at the parameter that generated
+    :math:`x_o`) and ``history``.
 
     With ``reference_samples`` (exact posterior samples at the observations, e.g. from a
-    benchmark task or MCMC) it also logs, per observation, ``mmd``, ``mmd_p_value``,
-    ``frechet_distance``, ``density``, ``coverage`` and ``oracle_c2st`` (accuracy of a
-    classifier between estimator and reference samples; 0.5 = indistinguishable).
+    benchmark task or MCMC) it also logs, per observation, how the posterior's draws at
+    :math:`x_o` compare with them: ``mmd`` and its permutation ``mmd_p_value``,
+    ``frechet_distance``, ``reference_density`` and ``reference_coverage`` (density and
+    coverage of Naeem et al. 2020: how densely the draws fill the nearest-neighbour balls
+    of the reference samples, and the share of those balls holding a draw; about 1 and
+    :math:`1 - 2^{-5}` for draws like the reference; not the coverage of credible
+    regions) and ``oracle_c2st`` (accuracy of a classifier between estimator and
+    reference samples; 0.5 = indistinguishable). **Deprecated**: ``density`` and
+    ``coverage``, the old names of ``reference_density`` and ``reference_coverage``, are
+    logged too until 0.3.0 (:data:`RENAMED_TAGS`).
 
     With ``misspecification=True`` (default) it also logs
     ``misspecification_p_value/<o>``: does :math:`x_o` look like an output of the
@@ -68,7 +85,8 @@ class LC2STNFCallback(CalibrationCallback):
             when ``metric`` is given.
         metric: a configured :class:`calib_lightning.LC2STNF`; default
             ``LC2STNF(observations)`` (100 null classifiers, 2,000 evaluation points).
-        truths: parameters that generated the observations ``(O, D)``, drawn on the maps.
+        truths: parameters that generated the observations ``(O, D)``, drawn on the maps
+            as a labelled crosshair.
         reference_samples: exact posterior samples ``(S_ref, O, D)`` at the observations.
         labels: names of all ``D`` parameters, for the figures.
         parameters: indices of the parameters (at most six) whose marginals and pairs
@@ -187,7 +205,8 @@ class LC2STNFCallback(CalibrationCallback):
         Keys: ``misspecification_p_value`` ``(O,)`` (logged); ``map_samples``
         ``(O, S, D)`` and ``map_probabilities`` ``(O, S)`` (figures only); with
         ``reference_samples``, ``mmd``, ``mmd_p_value``, ``frechet_distance``,
-        ``density``, ``coverage`` and ``oracle_c2st``, each ``(O,)`` (logged).
+        ``reference_density``, ``reference_coverage`` and ``oracle_c2st``, each ``(O,)``
+        (logged; :meth:`scalars` adds the deprecated ``density`` and ``coverage``).
         """
         draw_maps = self.log_figures and trainer.is_global_zero
         out: dict[str, Tensor] = {}
@@ -212,12 +231,18 @@ class LC2STNFCallback(CalibrationCallback):
                     samples, reference, vendi=False,
                     generator=torch.Generator().manual_seed(self.seed),
                 )  # fmt: skip
-                out.update({key: getattr(scores, key) for key in scores.logged})  # (O,) each
+                tag = {field: name for name, field in RENAMED_TAGS.items()}  # field -> tag
+                out.update({tag.get(k, k): getattr(scores, k) for k in scores.logged})  # (O,)
                 out["oracle_c2st"] = oracle_c2st(
                     samples.transpose(0, 1), reference.transpose(0, 1), seed=self.seed,
                     **self.oracle_kwargs,
                 ).accuracy
         return out
+
+    def scalars(self, result: LC2STResult) -> dict[str, Tensor]:
+        """The result's and the extras' scalars, then the deprecated aliases of the
+        renamed reference scores (:data:`RENAMED_TAGS`, logged until 0.3.0)."""
+        return with_deprecated_aliases(super().scalars(result), RENAMED_TAGS)
 
     def figures(self, result: LC2STResult) -> dict[str, Figure]:
         figures = super().figures(result)

@@ -187,7 +187,10 @@ class RankCalibrationCallback(CalibrationCallback):
                 num_posterior_samples=min(self.metric.num_posterior_samples, MOMENT_DRAWS),
             )  # fmt: skip
             figures["recovery"] = plot_recovery(recovered, **chosen)
-            figures["z_score_contraction"] = plot_z_score_contraction(recovered, **chosen)
+            figures["z_score_contraction"] = plot_z_score_contraction(
+                recovered, **chosen, level=self.level,
+                calibration_tests={"the rank tests combined": float(result.global_p_value)},
+            )  # fmt: skip
         return figures
 
     def histograms(self, result: RankCalibrationResult) -> dict[str, Tensor]:

@@ -22,6 +22,7 @@ from calib_lightning._checks import check_pairs
 from calib_lightning._prior import check_prior
 from calib_lightning._random import seeded
 from calib_lightning.callbacks._plumbing import eval_mode, find_estimator, selecting_monitors
+from calib_lightning.callbacks._scalars import with_deprecated_aliases
 from calib_lightning.posteriors import Posterior, as_posterior
 from calib_lightning.recalibration import (
     LatentMap,
@@ -31,20 +32,31 @@ from calib_lightning.recalibration import (
 )
 from calib_lightning.recalibration.api import AUTO_CANDIDATES, MIN_PAIRS, cross_fit_scores
 
-__all__ = ["RecalibrationCallback"]
+__all__ = ["RENAMED_TAGS", "RecalibrationCallback"]
+
+#: scores renamed in 0.2.0 (new name -> old name): the coverage error of the flow's
+#: latent-ball regions, beside ``hpd_coverage_error_*``, read as the HPD one.
+#: **Deprecated**: the old keys are logged too, with the same values, until 0.3.0.
+RENAMED_TAGS = {
+    "latent_coverage_error_before": "coverage_error_before",
+    "latent_coverage_error_after": "coverage_error_after",
+}
 
 
 class RecalibrationCallback(Callback):
     r"""Fit :func:`calib_lightning.recalibrate` on held-out pairs at the end of ``fit``.
 
     Logged under ``{prefix}/{name}/`` at the last global step, to every logger:
-    ``coverage_error_before`` / ``_after`` and ``nll_before`` / ``_after`` (the held-out
-    latent coverage error and NLL of :func:`~calib_lightning.recalibration.api.cross_fit_scores`:
-    each half of the pairs scored by the map fitted on the other half, so "after" is not
-    measured on the pairs it was fitted on), and ``fit_seconds``. ``method="auto"`` also
-    logs which method won (``method_index``: its position in ``AUTO_CANDIDATES``) and the
-    cross-fitted HPD coverage error it chose by (``hpd_coverage_error_before`` /
-    ``_after``).
+    ``latent_coverage_error_before`` / ``_after`` and ``nll_before`` / ``_after`` (the
+    held-out coverage error of the flow's latent-ball regions and the NLL of
+    :func:`~calib_lightning.recalibration.api.cross_fit_scores`: each half of the pairs
+    scored by the map fitted on the other half, so "after" is not measured on the pairs
+    it was fitted on), and ``fit_seconds``. ``method="auto"`` also logs which method won
+    (``method_index``: its position in ``AUTO_CANDIDATES``) and the cross-fitted
+    coverage error of the HPD regions it chose by (``hpd_coverage_error_before`` /
+    ``_after``, the regions of ``ranks/coverage_error``). **Deprecated**:
+    ``coverage_error_before`` / ``_after``, the old names of the latent ones (which
+    read as the HPD coverage error), are logged too until 0.3.0 (:data:`RENAMED_TAGS`).
 
     Arguments:
         theta: held-out parameters ``(n, D)``, never trained on and apart from the pairs
@@ -153,8 +165,8 @@ class RecalibrationCallback(Callback):
             selection = cross_fit_scores(z, log_prob, ("none", method), seed=self.seed,
                                          band=self.options.get("band"))  # fmt: skip
         out = {
-            "coverage_error_before": selection["none"]["latent_coverage_error"],
-            "coverage_error_after": selection[method]["latent_coverage_error"],
+            "latent_coverage_error_before": selection["none"]["latent_coverage_error"],
+            "latent_coverage_error_after": selection[method]["latent_coverage_error"],
             "nll_before": selection["none"]["nll"],
             "nll_after": selection[method]["nll"],
         }
@@ -163,7 +175,7 @@ class RecalibrationCallback(Callback):
             out["hpd_coverage_error_after"] = selection[method]["hpd_coverage_error"]
         if self.method == "auto":
             out["method_index"] = float(AUTO_CANDIDATES.index(method))
-        return out
+        return with_deprecated_aliases(out, RENAMED_TAGS)
 
     def posterior(self, estimator: Any) -> Posterior:
         """The recalibrated posterior of ``estimator`` (e.g. reloaded from a checkpoint)

@@ -20,6 +20,9 @@ from calib_lightning.plots.tarp import plot_tarp
 
 __all__ = ["draw_figures"]
 
+#: the checks of calibration over all pairs, named beside the z-score figure
+_GLOBAL_TESTS = ("kccsd", "ranks", "tarp", "joint_c2st", "support")
+
 
 def draw_figures(
     checks: Mapping[str, Any], level: float, labels: Sequence[str] | None = None,
@@ -47,7 +50,10 @@ def draw_figures(
     recovery = checks.get("recovery")
     if recovery is not None:
         out["recovery_mean_vs_truth"] = plot_recovery(recovery, **chosen)
-        out["recovery_z_score_vs_contraction"] = plot_z_score_contraction(recovery, **chosen)
+        tests = {NAMES[n][0]: float(getattr(checks[n], checks[n].verdict))
+                 for n in _GLOBAL_TESTS if n in checks}  # what the z-scores are read beside
+        out["recovery_z_score_vs_contraction"] = plot_z_score_contraction(
+            recovery, **chosen, calibration_tests=tests or None, level=level)  # fmt: skip
     name = next((n for n in LOCAL_TESTS if n in checks), None)  # the one whose maps were drawn
     if name is not None:
         local = checks[name]

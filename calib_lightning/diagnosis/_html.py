@@ -88,8 +88,12 @@ def caption(key: str) -> str:
         o = key.rsplit("_", 1)[1]
         return (
             f"L-C2ST-NF at observation {o}: where the estimator puts too much (red) or "
-            "too little (blue) mass, and its PP-plot"
+            "too little (blue) mass (white: consistent; hatched grey: no posterior draws; "
+            "contours: the posterior's 50 % and 90 % HPD regions), and its PP-plot"
         )
+    if key == "recovery_z_score_vs_contraction":
+        return ("Recovery: posterior z-score against contraction (the posterior means' errors "
+                "against the posterior widths; not a calibration test)")  # fmt: skip
     if key.startswith("conformal_region_"):
         return (f"Observation {key.rsplit('_', 1)[1]}: the calibrated 90 % credible region "
                 "(conformal) beside the posterior's own 90 % HPD region")

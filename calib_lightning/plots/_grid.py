@@ -170,9 +170,11 @@ def outer_labels(
                 axis.set_major_locator(MaxNLocator(4, steps=[1, 2, 5, 10]))
 
 
-def heading_and_note(fig: Figure, heading: str, note: str, *, fontsize: float = 8.0) -> None:
-    """``heading`` on top; the reading ``note`` at the bottom, wrapped to the figure's width."""
+def heading_and_note(fig: Figure, heading: str, note: str, *, fontsize: float = 8.0) -> int:
+    """``heading`` on top; the reading ``note`` at the bottom, wrapped to the figure's width.
+    Returns the number of lines of the wrapped note."""
     fig.suptitle(heading, fontsize=fontsize + 2)
     width = int(fig.get_figwidth() * 14)  # ~14 characters per inch at 8 pt
     wrapped = "\n".join(textwrap.fill(line, width=width) for line in note.split("\n"))
     fig.supxlabel(wrapped, fontsize=fontsize, color="0.2")
+    return wrapped.count("\n") + 1

@@ -2,10 +2,11 @@
 
 Some diagnostics have no natural picture of a single check (KCCSD is one number and
 its p-value); what a user watches is how they move while the estimator trains.
-:func:`plot_history` draws one panel per scalar: p-values on a log axis that reaches the
-smallest p-value of the run, with the test level marked, so the epoch at which
-calibration is reached (or lost) is visible however small the p-values are; other
-scalars with a line at their value for a calibrated estimator (:data:`CALIBRATED`).
+:func:`plot_history` draws one panel per scalar: p-values on a log axis from 1 down to
+the smallest p-value of the run but no lower than :data:`HISTORY_FLOOR` (1e-10), with
+the test level marked, so the level line stays far from a p-value of 1e-5 even when an
+early check gave 1e-155 (drawn on the floor, its value written beneath); other scalars
+with a line at their value for a calibrated estimator (:data:`CALIBRATED`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ from matplotlib.ticker import LogLocator, MaxNLocator
 
 from calib_lightning._checks import check_probability
 from calib_lightning.functional.bands import P_VALUE_FLOOR
-from calib_lightning.plots._format import format_p_value
 from calib_lightning.plots._grid import MAX_COLUMNS, panel_grid  # wraps many scalars into rows
 
-__all__ = ["CALIBRATED", "MAX_COLUMNS", "plot_history"]
+__all__ = ["CALIBRATED", "HISTORY_FLOOR", "MAX_COLUMNS", "axis_floor", "plot_history"]
 
 #: the value of a scalar (by the first part of its key) for a calibrated estimator, and
 #: how its reference line is labelled; scalars not listed get no line
@@ -32,9 +32,15 @@ CALIBRATED: dict[str, tuple[float, str]] = {
     "oracle_c2st": (0.5, "0.5: chance (indistinguishable)"),  # a classifier's accuracy
     "mmd": (0.0, "0: same distribution"),
     "frechet_distance": (0.0, "0: same distribution"),
-    "density": (1.0, "1: same distribution"),
+    "reference_density": (1.0, "1: same distribution"),
+    "density": (1.0, "1: same distribution"),  # reference_density's old tag, until 0.3.0
 }
 _TOP = 1e-4  # the p-value axis reaches at least this low, so calibrated runs look alike
+#: the p-value axis stops at this floor (or at ``level * 1e-4`` if lower): a p-value of
+#: 1e-155 would otherwise stretch it over 155 decades and squeeze 0.05 and 1e-5 together.
+#: Smaller p-values are drawn on the floor as red triangles, their values written below.
+HISTORY_FLOOR = 1e-10
+_BAND = 0.25  # share of the axis' height below the floor, for the values of floored points
 
 
 def _is_p_value(name: str) -> bool:
@@ -42,31 +48,66 @@ def _is_p_value(name: str) -> bool:
     return name.split("/")[0].endswith(("p_value", "p_values"))
 
 
-def _p_value_panel(ax: Axes, epochs: list[int], values: list[float], level: float | None,
-                   first: bool) -> None:  # fmt: skip
-    """Log axis down to the run's smallest p-value; values at the float64 floor (or 0) as
-    downward triangles on it: they are upper bounds."""
-    floored = [(e, P_VALUE_FLOOR) for e, v in zip(epochs, values, strict=True)
-               if v <= P_VALUE_FLOOR]  # fmt: skip
-    drawn = [v if math.isnan(v) else min(max(v, P_VALUE_FLOOR), 1.0) for v in values]
+def axis_floor(level: float | None) -> float:
+    """The lowest p-value a history panel draws where it is: :data:`HISTORY_FLOOR`, or
+    ``level * 1e-4`` for a level below ``1e-6``, so that the level line stays four
+    decades above it."""
+    return HISTORY_FLOOR if level is None else min(HISTORY_FLOOR, level * 1e-4)
+
+
+def _short(p: float) -> str:
+    """``"2e-150"``; ``"<2e-308"`` at the float64 floor (an upper bound)."""
+    return f"<{P_VALUE_FLOOR:.0e}" if p <= P_VALUE_FLOOR else f"{p:.0e}"
+
+
+def _labelled(floored: list[tuple[int, float]], room: int) -> list[tuple[int, float]]:
+    """At most ``room`` of the floored points to write the values of: evenly spread,
+    always with the smallest and the last."""
+    if len(floored) <= room:
+        return floored
+    keep = {round(i * (len(floored) - 1) / max(room - 1, 1)) for i in range(room)}
+    keep |= {min(range(len(floored)), key=lambda i: floored[i][1]), len(floored) - 1}
+    return [floored[i] for i in sorted(keep)]
+
+
+def _p_value_panel(ax: Axes, epochs: list[int], values: list[float],
+                   level: float | None) -> bool:
+    """Log axis from 1 down to the run's smallest p-value, at most to :func:`axis_floor`;
+    values below the floor as downward triangles on it (they are smaller than drawn),
+    each value written below it. Returns whether any value is below the floor."""
+    floor = axis_floor(level)
+    floored = [(e, v) for e, v in zip(epochs, values, strict=True) if v < floor]
+    drawn = [v if math.isnan(v) else min(max(v, floor), 1.0) for v in values]
     finite = [v for v in drawn if not math.isnan(v)]
     low = min([_TOP, *finite] + ([level] if level is not None else []))
     ax.set_yscale("log")
-    bottom = math.log10(low) - 0.06 * math.log10(1.25 / low)  # a margin of 6 % of the span
-    ax.set_ylim(10 ** max(bottom, -320.0), 1.25)  # below the floor, above float64's 5e-324
+    if floored:  # a band below the floor for the values
+        bottom = math.log10(floor) - _BAND / (1 - _BAND) * math.log10(1.25 / floor)
+    else:  # a margin of 6 % of the span
+        bottom = math.log10(low) - 0.06 * math.log10(1.25 / low)
+    ax.set_ylim(10**bottom, 1.25)
     ax.yaxis.set_major_locator(LogLocator(numticks=6))
     if level is not None:
-        ax.axhline(level, color="tab:red", ls="--", lw=1, label=f"level {level:g}")
+        ax.axhline(level, color="tab:red", ls="--", lw=1)
+        ax.annotate(f"level {level:g}", (0.02, level), xycoords=("axes fraction", "data"),
+                    xytext=(0, 2), textcoords="offset points", va="bottom", fontsize=7,
+                    color="tab:red", bbox={"facecolor": "white", "alpha": 0.7, "lw": 0,
+                                           "pad": 0.5})  # fmt: skip
     ax.plot(epochs, drawn, marker="o", ms=3, color="tab:blue")
     if level is not None:  # checks at which the test rejects
         rejected = [(e, v) for e, v in zip(epochs, drawn, strict=True) if v < level]
         if rejected:
             ax.plot(*zip(*rejected, strict=True), ls="none", marker="o", ms=4, color="tab:red")
     if floored:
-        ax.plot(*zip(*floored, strict=True), ls="none", marker="v", ms=6, color="tab:red",
-                label=format_p_value(0.0) + " (float64 floor)")  # fmt: skip
-    if (level is not None and first) or floored:  # the level line: said once
-        ax.legend(loc="lower right", fontsize="small", frameon=False)
+        ax.axhline(floor, color="0.5", ls="-.", lw=0.8)
+        ax.plot([e for e, _ in floored], [floor] * len(floored), ls="none", marker="v", ms=6,
+                color="tab:red")  # fmt: skip
+        room = max(2, int(ax.get_position().width * ax.figure.get_figwidth() / 0.13))
+        for epoch, value in _labelled(floored, room):
+            ax.annotate(_short(value), (epoch, floor), xytext=(0, -5),
+                        textcoords="offset points", rotation=90, ha="center", va="top",
+                        fontsize=6, color="tab:red")  # fmt: skip
+    return bool(floored)
 
 
 def _scalar_panel(ax: Axes, name: str, epochs: list[int], values: list[float],
@@ -101,10 +142,15 @@ def plot_history(
 
     Keys whose first part ends in ``p_value`` or ``p_values`` are drawn on a
     logarithmic axis from 1 down to the smallest p-value of the run (at least down to
-    :math:`10^{-4}`), with a dashed line at ``level``: points below the line (red) are
-    checks at which the test rejects :math:`H_0` ("the posterior is calibrated").
-    p-values at the analytic floor :data:`~calib_lightning.functional.bands.P_VALUE_FLOOR`
-    (or 0) are upper bounds, drawn as downward triangles and named in the legend. Other
+    :math:`10^{-4}`, at most down to :func:`axis_floor`, :math:`10^{-10}` at the usual
+    levels), with a dashed line at ``level``: points below the line (red) are checks at
+    which the test rejects :math:`H_0` ("the posterior is calibrated"). p-values below
+    the floor are drawn on it (a dash-dotted line) as red downward triangles with their
+    values written beneath (``<2e-308`` for the analytic floor
+    :data:`~calib_lightning.functional.bands.P_VALUE_FLOOR`, an upper bound), and a note
+    under the panels says so: the axis spans at most about 13.5 decades (a quarter of
+    them below the floor, for the values), so the level line and a p-value of
+    :math:`10^{-5}` stay a quarter of the panel apart however small the smallest. Other
     scalars are drawn on a linear axis with a dotted line at their value for a calibrated
     estimator (:data:`CALIBRATED`: 0 for statistics and coverage errors, 0.5 for a
     classifier's accuracy); ``coverage_error`` panels say which side is over-confident
@@ -131,8 +177,10 @@ def plot_history(
         ...                                "statistic": [0.2, 0.05, 0.001]})
         >>> [ax.get_ylabel() for ax in fig.axes]
         ['p_value', 'statistic']
-        >>> bool(fig.axes[0].get_ylim()[0] < 1e-30)  # the axis reaches the smallest p-value
+        >>> bool(1e-15 < fig.axes[0].get_ylim()[0] < 1e-10)  # 1e-30 is drawn at the floor
         True
+        >>> [t.get_text() for t in fig.axes[0].texts]  # the level, the floored value
+        ['level 0.05', '1e-30']
 
     References:
         Glaser, Widmann, Lindsten, Gretton. "Fast and Scalable Score-Based Kernel
@@ -153,11 +201,12 @@ def plot_history(
     titles = titles or {}
     fig, axes = panel_grid(len(history), panel_size, max_columns=MAX_COLUMNS, min_width=0.0,
                            extra_height=0.3 if title is not None else 0.0)  # fmt: skip
-    for k, (ax, (name, values)) in enumerate(zip(axes, history.items(), strict=True)):
+    floored = False
+    for ax, (name, values) in zip(axes, history.items(), strict=True):
         values = [float(v) for v in values]
         first = name.split("/")[0]
         if _is_p_value(name):
-            _p_value_panel(ax, epochs, values, level, first=k == 0)
+            floored |= _p_value_panel(ax, epochs, values, level)
         else:
             _scalar_panel(ax, name, epochs, values, lines.get(first))
         panel_title = titles.get(name, titles.get(first)) or ""
@@ -171,4 +220,8 @@ def plot_history(
         ax.grid(alpha=0.3)
     if title is not None:
         fig.suptitle(title)
+    if floored:
+        floor = axis_floor(level)
+        fig.supxlabel(f"▼ a p-value below {floor:g}: drawn on the dash-dotted line at "
+                      f"{floor:g}, its value written beneath", fontsize=8, color="0.25")
     return fig

@@ -8,7 +8,9 @@ r"""Figures of L-C2ST: PP-plots with the null band, classifier probabilities on 
 * :func:`plot_probability_map`: 1-D and 2-D marginal histograms of posterior samples
   at :math:`x_o`, each bin coloured by the mean classifier output of its samples. Since
   :math:`d = P(\text{true posterior} \mid \theta, x_o)`, bins with :math:`d < 1/2` (red)
-  are where the estimator puts too much mass, :math:`d > 1/2` (blue) too little.
+  are where the estimator puts too much mass, :math:`d > 1/2` (blue) too little, white
+  consistent; bins without draws are hatched grey, and contours draw the posterior's
+  50 % and 90 % highest-density regions.
 
 :func:`plot_pp` takes the :class:`~calib_lightning.metrics.lc2st.LC2STResult` of
 :meth:`calib_lightning.LC2STNF.compute` / :meth:`calib_lightning.LC2ST.compute`,
@@ -33,19 +35,35 @@ from matplotlib.axes import Axes
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch, Rectangle
+from scipy import stats
 from torch import Tensor
 
 from calib_lightning._checks import check_positive
 from calib_lightning.plots._format import format_p_value
 from calib_lightning.plots._grid import MAX_COLUMNS, select_parameters
 
-__all__ = ["DEFAULT_MAP_PARAMETERS", "MAX_MAP_PARAMETERS", "plot_pp", "plot_probability_map"]
+__all__ = [
+    "DEFAULT_MAP_PARAMETERS",
+    "HPD_MASSES",
+    "MAX_MAP_PARAMETERS",
+    "plot_pp",
+    "plot_probability_map",
+]
 
 DEFAULT_MAP_PARAMETERS = 4  # parameters of a probability map by default: 4 x 4 panels
 MAX_MAP_PARAMETERS = 6  # at most 6 x 6 panels, whatever D
 
 _CMAP = "RdBu"  # low d (estimator has too much mass) red, high d (too little) blue
 _NULL_COLOR, _CURVE_COLOR = "0.8", "C0"
+#: the highest-density regions of the draws drawn as contours on the 2-D panels
+HPD_MASSES = (0.5, 0.9)
+_CONTOUR_STYLES = {0.5: "-", 0.9: ":"}
+_CONTOUR_COLOR = "0.1"
+_CONTOUR_GRID, _KDE_POINTS = 60, 2000  # grid per axis, draws kept for the density
+_EMPTY_COLOR, _HATCH_COLOR, _HATCH = "0.86", "0.6", "////"  # bins without draws
+_CROSSHAIR = {"color": "k", "ls": "-.", "lw": 0.8}
 
 
 def _get(result: Any, *names: str) -> list[np.ndarray]:
@@ -176,6 +194,30 @@ def _bin_means(
     return counts, means
 
 
+def _hpd_contours(ax: Axes, points: np.ndarray, low: np.ndarray, high: np.ndarray) -> bool:
+    """Draw the 50 % and 90 % HPD contours of ``points`` ``(S, 2)`` (x, y) from a Gaussian
+    KDE; the density level of a region of mass ``m`` is the ``1 - m`` quantile of the KDE
+    at the points themselves. Returns whether they were drawn (not for fewer than ten
+    points or a degenerate cloud)."""
+    if points.shape[0] < 10:
+        return False
+    points = points[:: max(1, points.shape[0] // _KDE_POINTS)]  # bounded cost
+    try:
+        kde = stats.gaussian_kde(points.T)
+    except (np.linalg.LinAlgError, ValueError):  # all draws on a line: no 2-D density
+        return False
+    grid_x, grid_y = (np.linspace(low[k], high[k], _CONTOUR_GRID) for k in (0, 1))
+    mesh_x, mesh_y = np.meshgrid(grid_x, grid_y)
+    density = kde(np.vstack([mesh_x.ravel(), mesh_y.ravel()])).reshape(mesh_x.shape)
+    levels = np.quantile(kde(points.T), [1 - m for m in HPD_MASSES[::-1]])  # ascending
+    if not np.all(np.diff(levels) > 0):
+        return False
+    ax.contour(mesh_x, mesh_y, density, levels=levels, colors=_CONTOUR_COLOR,
+               linestyles=[_CONTOUR_STYLES[m] for m in HPD_MASSES[::-1]],
+               linewidths=0.9)  # fmt: skip
+    return True
+
+
 def plot_probability_map(
     samples: Tensor,
     probabilities: Tensor,
@@ -200,11 +242,17 @@ def plot_probability_map(
 
     Diagonal: 1-D histograms; below it: 2-D histograms. Each bin's colour is the mean of
     :math:`d` over its samples: red (:math:`d < 1/2`) where the estimator puts too much
-    mass relative to the true posterior, blue (:math:`d > 1/2`) too little, white-ish
-    where the classifier is at chance. Bins with fewer than ``min_count`` samples stay
-    blank. The colour scale is fixed, :math:`[1/2 - r, 1/2 + r]` with ``r =
+    mass relative to the true posterior, blue (:math:`d > 1/2`) too little, white where
+    the classifier is at chance (consistent). Bins with fewer than ``min_count`` samples
+    (where the estimator puts no mass, so the classifier was not asked) are hatched grey,
+    never white. The colour scale is fixed, :math:`[1/2 - r, 1/2 + r]` with ``r =
     color_range`` (default the whole :math:`[0, 1]`), whatever the data: maps of two
     epochs, two observations or a callback and the report compare colour for colour.
+    Each 2-D panel draws the posterior's shape: the 50 % (solid) and 90 % (dotted)
+    highest-density regions of the samples, from a Gaussian kernel density estimate.
+    With ``truth``, a dash-dotted crosshair and a star mark the true parameter (the one
+    that generated :math:`x_o`). A legend under the panels names the hatching, the
+    contours and the crosshair.
 
     Arguments:
         samples: posterior samples :math:`\theta_s \sim q(\cdot \mid x_o)`, ``(S, D)``.
@@ -214,7 +262,8 @@ def plot_probability_map(
         parameters: indices of the parameters whose 1-D and pairwise 2-D marginals are
             drawn, in order (default the first ``min(D, 4)``; at most
             :data:`MAX_MAP_PARAMETERS`).
-        truth: parameter that generated :math:`x_o`, ``(D,)``, drawn as dashed lines.
+        truth: the parameter that generated :math:`x_o`, ``(D,)``, drawn as a crosshair
+            (the axes reach it).
         bins: bins per axis.
         min_count: samples a bin needs to be coloured.
         pp: ``(pp_grid, pp_ecdf[o], pp_band[:, o])`` to draw the PP-plot in the free corner.
@@ -223,7 +272,8 @@ def plot_probability_map(
             ``(0, 0.5]``; bin means beyond it take the end colours (the colour bar's
             arrows say so).
         range_quantile: axes span the ``range_quantile`` to ``1 - range_quantile``
-            quantiles of each parameter, so that a few outliers do not squeeze the bulk.
+            quantiles of each parameter and 5 % of that span on each side, so that a few
+            outliers do not squeeze the bulk and a mode at the edge is drawn whole.
         panel_size: inches per panel.
     """
     theta = samples.detach().cpu().double().numpy()
@@ -245,9 +295,13 @@ def plot_probability_map(
     if not 0 <= range_quantile < 0.5:
         raise ValueError(f"range_quantile must lie in [0, 0.5), got {range_quantile!r}")
     theta, dim = theta[:, chosen], len(chosen)
-    truth = None if truth is None else [float(truth[i]) for i in chosen]
+    truth = None if truth is None else np.array([float(truth[i]) for i in chosen])
     labels = names
     low, high = np.quantile(theta, [range_quantile, 1 - range_quantile], axis=0)
+    margin = 0.05 * np.maximum(high - low, 1e-12)  # a mode at the edge is drawn whole
+    low, high = low - margin, high + margin
+    if truth is not None:  # the crosshair inside the axes
+        low, high = np.minimum(low, truth - margin), np.maximum(high, truth + margin)
     edges = [np.linspace(low[i], high[i] + 1e-12, bins + 1) for i in range(dim)]
     panels = {  # (i, j) -> (counts, bin means) of the 1-D (i == j) and 2-D histograms
         (i, j): _bin_means(d_values, [edges[j], edges[i]] if i != j else [edges[i]],
@@ -258,8 +312,9 @@ def plot_probability_map(
     norm, cmap = Normalize(0.5 - half, 0.5 + half), colormaps[_CMAP]
 
     side = max(dim, 2)
-    fig = Figure(figsize=(panel_size * side + 1.4, panel_size * side + 0.4), layout="constrained")
+    fig = Figure(figsize=(panel_size * side + 1.4, panel_size * side + 0.9), layout="constrained")
     axes = fig.subplots(side, side, squeeze=False)
+    contoured = False
     for i in range(side):
         for j in range(side):
             ax = axes[i, j]
@@ -270,18 +325,26 @@ def plot_probability_map(
             if i == j:
                 width = np.diff(edges[i])
                 density = counts / max(counts.sum(), 1) / width
-                colors = [cmap(norm(m)) if np.isfinite(m) else "0.9" for m in means]
+                colors = [cmap(norm(m)) if np.isfinite(m) else _EMPTY_COLOR for m in means]
+                hatches = ["" if np.isfinite(m) else _HATCH for m in means]
                 ax.bar(edges[i][:-1], density, width=width, align="edge", color=colors,
-                       edgecolor="0.4", lw=0.3)  # fmt: skip
+                       edgecolor="0.4", lw=0.3, hatch=hatches)  # fmt: skip
+                ax.set_xlim(edges[i][0], edges[i][-1])
                 ax.set_yticks([])
             else:
+                ax.add_patch(Rectangle((0, 0), 1, 1, transform=ax.transAxes, zorder=0,
+                                       facecolor=_EMPTY_COLOR, edgecolor=_HATCH_COLOR,
+                                       hatch=_HATCH, lw=0))  # fmt: skip
                 ax.pcolormesh(edges[j], edges[i], np.ma.masked_invalid(means.T), cmap=cmap,
-                              norm=norm)  # fmt: skip
+                              norm=norm, zorder=1)  # fmt: skip
+                contoured |= _hpd_contours(ax, theta[:, [j, i]], low[[j, i]], high[[j, i]])
                 ax.set_ylabel(labels[i] if j == 0 else "")
                 if truth is not None:
-                    ax.axhline(truth[i], color="k", ls="--", lw=0.8)
+                    ax.axhline(truth[i], **_CROSSHAIR)
+                    ax.plot(truth[j], truth[i], marker="*", ms=9, color="k", mec="white",
+                            mew=0.6, zorder=4)  # fmt: skip
             if truth is not None:
-                ax.axvline(truth[j], color="k", ls="--", lw=0.8)
+                ax.axvline(truth[j], **_CROSSHAIR)
             ax.set_xlabel(labels[j] if i == dim - 1 else "")
             ax.tick_params(labelsize=7)
     if pp is not None:
@@ -304,8 +367,27 @@ def plot_probability_map(
     )
     bar.set_label("mean classifier output in the bin, d(θ, x_o) = P(true posterior | θ, x_o)",
                   fontsize=8)  # fmt: skip
+    _map_legend(fig, min_count, contoured, truth is not None)
     heading = title or "Where the estimator puts too much (red) or too little (blue) mass"
     if dim < num_dims:
         heading += f"\n{', '.join(names)} of D = {num_dims} parameters (parameters= picks others)"
     fig.suptitle(heading, fontsize=10)
     return fig
+
+
+def _map_legend(fig: Figure, min_count: int, contoured: bool, truth: bool) -> None:
+    """The legend under a probability map: white, hatched, contours, crosshair."""
+    handles = [
+        Patch(facecolor="white", edgecolor="0.4", lw=0.5, label="d ≈ 0.5: consistent"),
+        Patch(facecolor=_EMPTY_COLOR, edgecolor=_HATCH_COLOR, hatch=_HATCH, lw=0,
+              label=f"fewer than {min_count} draws: no posterior mass, not tested"),
+    ]  # fmt: skip
+    if contoured:
+        handles += [Line2D([], [], color=_CONTOUR_COLOR, ls=_CONTOUR_STYLES[m], lw=0.9,
+                           label=f"{m:.0%} HPD region of the draws") for m in HPD_MASSES]
+    if truth:
+        handles.append(Line2D([], [], marker="*", ms=9, color="k", mec="white", mew=0.6,
+                              **{k: v for k, v in _CROSSHAIR.items() if k != "color"},
+                              label="true parameter (generated x_o)"))  # fmt: skip
+    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7,
+               frameon=False)  # fmt: skip
