@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.distributions import AffineTransform, Distribution, Transform, constraints
+from torch.distributions import Distribution, Transform, constraints
 
 from calib_lightning.functional.radial import radial_map
 from calib_lightning.recalibration._module import PosteriorModule
@@ -157,39 +157,55 @@ class LatentMap(nn.Module):
 
 
 class LatentMapTransform(Transform):
-    r""":math:`g` as a ``torch.distributions`` transform of the latent, ``(*, D)``: the
+    r""":math:`g` as a ``torch.distributions`` transform, ``(*, D)`` to ``(*, D)``: the
     piece a recalibrated zuko flow adds after the flow's own transform.
+
+    With the base's ``loc`` and ``scale`` (a diagonal normal that is not standard), it maps
+    :math:`y \mapsto \mathrm{loc} + \mathrm{scale} \odot g((y - \mathrm{loc}) /
+    \mathrm{scale})` (the standardization's Jacobians cancel).
 
     Arguments:
         latent_map: the :class:`LatentMap` (read at every call, so a loaded state applies).
+        loc: the base's mean, broadcastable to ``(*, D)``; ``None``: 0.
+        scale: the base's standard deviation, likewise; ``None``: 1.
     """
 
     domain = constraints.real_vector
     codomain = constraints.real_vector
     bijective = True
 
-    def __init__(self, latent_map: LatentMap) -> None:
+    def __init__(self, latent_map: LatentMap, loc: Tensor | None = None,
+                 scale: Tensor | None = None) -> None:  # fmt: skip
         super().__init__()
-        self.latent_map = latent_map
+        self.latent_map, self.loc, self.scale = latent_map, loc, scale
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, LatentMapTransform) and other.latent_map is self.latent_map
+        return other is self
 
     def __hash__(self) -> int:
-        return id(self.latent_map)
+        return id(self)
 
-    def _call(self, z: Tensor) -> Tensor:
-        return self.latent_map(z)[0]
+    def _standard(self, y: Tensor) -> Tensor:
+        loc = 0.0 if self.loc is None else self.loc
+        return (y - loc) if self.scale is None else (y - loc) / self.scale
 
-    def _inverse(self, u: Tensor) -> Tensor:
-        return self.latent_map.inverse(u)
+    def _back(self, u: Tensor) -> Tensor:
+        u = u if self.scale is None else u * self.scale
+        return u if self.loc is None else u + self.loc
 
-    def log_abs_det_jacobian(self, z: Tensor, u: Tensor) -> Tensor:
-        return self.latent_map(z)[1]
+    def _call(self, y: Tensor) -> Tensor:
+        return self._back(self.latent_map(self._standard(y))[0])
 
-    def call_and_ladj(self, z: Tensor) -> tuple[Tensor, Tensor]:
-        """``g(z)`` and its log-determinant in one evaluation (zuko's protocol)."""
-        return self.latent_map(z)
+    def _inverse(self, v: Tensor) -> Tensor:
+        return self._back(self.latent_map.inverse(self._standard(v)))
+
+    def log_abs_det_jacobian(self, y: Tensor, v: Tensor) -> Tensor:
+        return self.latent_map(self._standard(y))[1]
+
+    def call_and_ladj(self, y: Tensor) -> tuple[Tensor, Tensor]:
+        """``g(y)`` and its log-determinant in one evaluation (zuko's protocol)."""
+        u, ladj = self.latent_map(self._standard(y))
+        return self._back(u), ladj
 
 
 class RecalibratedPosterior(PosteriorModule):
@@ -287,10 +303,10 @@ class RecalibratedPosterior(PosteriorModule):
 
     def forward(self, x: Tensor) -> Distribution:
         """The recalibrated distribution at ``x (N, *X)``: for a zuko flow over a
-        diagonal normal base, the ``NormalizingFlow`` of the flow's transform, then the
-        standardization of its base, then :math:`g` (:class:`LatentMapTransform`), then
-        back to the base (``log_prob``, ``sample`` and ``rsample`` with gradients to the
-        flow's weights); else a :class:`~._module.ConditionalDistribution`."""
+        diagonal normal base, the ``NormalizingFlow`` of the flow's transform followed by
+        :math:`g` in the standardized base (:class:`LatentMapTransform`): ``log_prob``,
+        ``sample`` and ``rsample``, with gradients to the flow's weights; else a
+        :class:`~._module.ConditionalDistribution`."""
         from calib_lightning.posteriors import DistributionPosterior
         from calib_lightning.recalibration._hpd import _zuko_flow_on_normal
 
@@ -300,11 +316,9 @@ class RecalibratedPosterior(PosteriorModule):
                 from zuko.distributions import NormalizingFlow
                 from zuko.transforms import ComposedTransform
 
-                loc, scale = dist.base.base_dist.loc, dist.base.base_dist.scale
-                to_standard = AffineTransform(-loc / scale, 1.0 / scale, event_dim=1)
-                back = AffineTransform(loc, scale, event_dim=1)
-                recalibrated = LatentMapTransform(self.latent_map)
-                transform = ComposedTransform(dist.transform, to_standard, recalibrated, back)
+                normal = dist.base.base_dist
+                recalibrated = LatentMapTransform(self.latent_map, normal.loc, normal.scale)
+                transform = ComposedTransform(dist.transform, recalibrated)
                 return NormalizingFlow(transform, dist.base)
         return super().forward(x)
 
