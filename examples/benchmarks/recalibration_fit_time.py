@@ -22,6 +22,7 @@ then ``log_prob`` (one more flow pass), with the scale it picks beside the curre
 (20 draws per pair and scale at n = 1,000, the log-density from the sampling pass).
 
     PYTHONPATH=. python examples/benchmarks/recalibration_fit_time.py
+    PYTHONPATH=. python examples/benchmarks/recalibration_fit_time.py --compare-hpd
     python examples/benchmarks/recalibration_fit_time.py --smoke   # seconds, temporary folder
 """
 
@@ -146,11 +147,50 @@ def fits(name: str, flow: torch.nn.Module, theta: torch.Tensor, x: torch.Tensor,
     return rows
 
 
+def compare_hpd(out: Path, smoke: bool) -> None:
+    """``--compare-hpd``: one torch thread (no thread of ours waits on another, so CPU
+    seconds count work, whatever the neighbours do), the issue's flow at 1,000 pairs: a
+    log_prob pass, the HPD scale now and as drawn before; printed and appended to the
+    results file."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    theta, x = gaussian_linear(500 if smoke else NUM_TRAIN, 3, torch.Generator().manual_seed(0))
+    flow = zuko.flows.NSF(3, 3)
+    train(flow, theta, x, 1 if smoke else EPOCHS)
+    n = 50 if smoke else 1000
+    theta_val, x_val = gaussian_linear(n, 3, torch.Generator().manual_seed(n))
+    passes = []
+    with torch.no_grad():
+        for _ in range(5):
+            cpu = time.process_time()
+            flow(x_val).log_prob(theta_val)
+            passes.append(time.process_time() - cpu)
+    unit = statistics.median(passes)
+    now, wall_now, cpu_now = timed(cl.recalibrate, flow, theta_val, x_val, method="scale",
+                                   scale_target="hpd")  # fmt: skip
+    before, wall_before, cpu_before = timed(hpd_scale_before, flow, theta_val, x_val)
+    lines = ["", f"## One torch thread, n = {n} (`--compare-hpd`)", "",
+             "| | CPU s | wall s | CPU / one log_prob pass | scale |", "|---|---|---|---|---|",
+             f"| one log_prob pass | {unit:.4f} | | 1 | |",
+             f"| scale hpd (now) | {cpu_now:.2f} | {wall_now:.2f} | {cpu_now / unit:.0f} | "
+             f"{float(now.latent_map.log_scale[0].exp()):.3f} |",
+             f"| scale hpd (before) | {cpu_before:.2f} | {wall_before:.2f} | "
+             f"{cpu_before / unit:.0f} | {before:.3f} |"]  # fmt: skip
+    print("\n".join(lines), flush=True)
+    path = out / "recalibration_fit_time.md"
+    with open(path, "a") as handle:
+        handle.write("\n".join(lines) + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_smoke_argument(parser)
+    parser.add_argument("--compare-hpd", action="store_true", help=compare_hpd.__doc__)
     args = parser.parse_args(argv)
     out = output_folder(RESULTS, args.smoke)
+    if args.compare_hpd:
+        compare_hpd(out, args.smoke)
+        return
     sizes, epochs, num_train = ((50,), 1, 500) if args.smoke else ((100, 400, 1000), EPOCHS,
                                                                     NUM_TRAIN)  # fmt: skip
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
