@@ -267,6 +267,7 @@ def test_auto_rule_guards_the_nll_and_prefers_the_simpler_map():
             gaps = cl.recalibration.api.coverage_gaps(levels[name])
             diff = changes["none"] - changes[name]
             scores[name] = {"calibration_error": float(gaps.abs().mean()),
+                            "hpd_coverage_error": float(0.5 - levels[name].mean()),
                             "max_gap": float(gaps.abs().max()),
                             "nll": 10.0 - float(changes[name].mean()),
                             "nll_difference_se": float(diff.std() / math.sqrt(n))}  # fmt: skip

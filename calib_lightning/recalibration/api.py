@@ -297,14 +297,20 @@ def select_method(
        ``nll_tolerance * max(1, |nll|)`` plus :math:`k` paired standard errors
        (``nll_difference_se``: a map fitted on half of the pairs is noisier than the
        final one) are out (``kept_by_nll``); it only vetoes a clearly worse density;
-    2. of the others the one with the smallest :math:`e` is the best, and the first
-       candidate in :data:`AUTO_CANDIDATES` order (simplest first, ``"none"`` included)
-       whose :math:`e` is within :math:`k` standard errors of the best's is picked
+    2. of the others the one with the smallest :math:`e` is the best; as calibrated are
+       those within :math:`k` standard errors of it in :math:`e`
        (``calibration_difference_se``: the paired bootstrap standard error of the
-       difference, :data:`BOOTSTRAP_RESAMPLES` resamples of the pairs), so the identity
-       stays unless a map is measurably better on held-out pairs, and a map replaces a
-       simpler one only when it is measurably better;
-    3. a candidate whose map, fitted on all pairs, is the same as a simpler candidate's
+       difference, :data:`BOOTSTRAP_RESAMPLES` resamples of the pairs) and not off in the
+       absolute signed area ``hpd_coverage_error`` (off: beyond :math:`k` of its own
+       standard errors from 0, ``hpd_se``, and beyond the best's by :math:`k` paired ones,
+       ``hpd_difference_se``; the more powerful measure against a shift of every level, a
+       variance error, where :math:`e` is noisier);
+    3. of those, the first in :data:`AUTO_CANDIDATES` order (simplest first, ``"none"``
+       included) whose held-out NLL is within :math:`k` paired standard errors of their
+       lowest (``nll_to_sharpest_se``) is picked: the identity stays unless a map is
+       measurably better calibrated, and a map replaces a simpler one only when it is
+       measurably better calibrated or, as calibrated, measurably sharper;
+    4. a candidate whose map, fitted on all pairs, is the same as a simpler candidate's
        (:meth:`~.radial.LatentMap.same_as`: ``"scale"`` fitted to the identity is
        ``"none"``) gives way to it, and the table says so.
     """
@@ -343,16 +349,25 @@ def choose(
     error = {name: scores[name]["calibration_error"] for name in names}
     best = min(kept, key=error.__getitem__)
     se = _bootstrap_se(levels, best, seed)
-    level = [name for name in kept if error[name] - error[best] <= k * se[name]]
+    root_n = math.sqrt(levels[best].numel())
+    signed = {name: abs(scores[name]["hpd_coverage_error"]) for name in names}
+    signed_se = {name: float((levels[name] - levels[best]).std() / root_n) for name in names}
+    own_se = {name: float(levels[name].std() / root_n) for name in names}
+    # as calibrated as the best: within k SE of it by the curve's distance, and by the
+    # signed area (the more powerful against a shift of every level, a variance error)
+    # unless that area is itself within k SE of 0
+    off = {name: signed[name] > k * own_se[name]
+           and signed[name] - signed[best] > k * signed_se[name] for name in names}  # fmt: skip
+    level = [name for name in kept if error[name] - error[best] <= k * se[name]
+             and not off[name]]  # fmt: skip
     nll = {name: scores[name]["nll"] for name in names}
     sharpest = min(level, key=nll.__getitem__)
-    root_n = math.sqrt(levels[best].numel())
     nll_se = {name: float((changes[sharpest] - changes[name]).std() / root_n) for name in names}
     within = [name for name in level if nll[name] - nll[sharpest] <= k * nll_se[name]]
     chosen = same[within[0]] or within[0]
     for name in names:
-        scores[name]["hpd_se"] = float(levels[name].std() / root_n)
-        scores[name]["hpd_difference_se"] = float((levels[name] - levels[best]).std() / root_n)
+        scores[name]["hpd_se"] = own_se[name]
+        scores[name]["hpd_difference_se"] = signed_se[name]
         scores[name]["calibration_difference_se"] = se[name]
         scores[name]["nll_to_sharpest_se"] = nll_se[name]
         scores[name]["kept_by_nll"] = float(name in kept)
@@ -369,6 +384,9 @@ def choose(
             return f"{within[0]!r} won, and fitted on all pairs its map is this one"
         if gap > k * se[name]:
             return f"{gap:+.4f} from the best {best!r}, beyond {k:g} SE ({k * se[name]:.4f})"
+        if name not in level:
+            return (f"signed coverage area {signed[name] - signed[best]:+.4f} beyond the best "
+                    f"{best!r}'s, more than {k:g} SE ({k * signed_se[name]:.4f})")  # fmt: skip
         loss = nll[name] - nll[sharpest]
         if name == chosen:
             calibrated = ("lowest held-out calibration error" if name == best else
