@@ -248,37 +248,50 @@ def test_auto_picks_the_right_fix_on_repeated_draws(variance_scale, right):
     assert picks.count(right) >= 5, picks
 
 
-def test_auto_guards_the_nll(monkeypatch):
-    """The rule of select_method on given held-out scores: a candidate whose NLL is worse
-    than the identity's by more than 1 % (plus 2 standard errors, here 0.02) is out,
-    however good its coverage; an identity whose HPD error is within 2 standard errors
-    of 0 stays."""
-    from calib_lightning.recalibration import api
+def test_auto_rule_guards_the_nll_and_prefers_the_simpler_map():
+    """The rule of ``choose`` on given held-out levels and NLLs: a candidate whose NLL is
+    worse than the identity's by more than 1 % (plus 2 standard errors) is out however
+    well calibrated; of the calibrated ones (within 2 bootstrap SE of the best) the
+    simplest within 2 SE of the lowest NLL wins; a map equal to a simpler one gives way."""
+    from calib_lightning.recalibration.api import choose
 
     n = 400
     uniform = (torch.arange(n, dtype=torch.float64) + 0.5) / n
+    noise = torch.randn(n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
 
-    def fake(error_and_nll):
-        levels = {name: (uniform - error).clamp(0, 1) for name, (error, _) in error_and_nll.items()}
-        scores = {name: {"hpd_coverage_error": float(0.5 - levels[name].mean()), "nll": nll,
-                         "nll_difference_se": 0.01}
-                  for name, (_, nll) in error_and_nll.items()}  # fmt: skip
-        return lambda *args: (scores, levels)
+    def run(cases, same=None):  # name -> (power of the levels, per-pair NLL shift)
+        levels = {name: uniform.pow(power) for name, (power, _) in cases.items()}
+        changes = {name: -shift + 0.1 * noise for name, (_, shift) in cases.items()}
+        scores = {}
+        for name in cases:
+            gaps = cl.recalibration.api.coverage_gaps(levels[name])
+            diff = changes["none"] - changes[name]
+            scores[name] = {"calibration_error": float(gaps.abs().mean()),
+                            "hpd_coverage_error": float(0.5 - levels[name].mean()),
+                            "max_gap": float(gaps.abs().max()),
+                            "nll": 10.0 - float(changes[name].mean()),
+                            "nll_difference_se": float(diff.std() / math.sqrt(n))}  # fmt: skip
+        same = same or dict.fromkeys(cases)
+        return choose(scores, levels, changes, same)
 
-    z, log_prob = torch.zeros(n, 2), torch.zeros(n)
-    cases = [  # (none, scale, radial, scale+radial): (shift of the levels, nll) -> pick
-        ({"none": (0.2, 10.0), "scale": (0.0, 10.2), "radial": (0.05, 10.05),
-          "scale+radial": (0.0, 10.5)}, "radial"),  # scale: +2 % NLL, out
-        ({"none": (0.2, 10.0), "scale": (0.0, 10.09), "radial": (0.0, 10.0),
-          "scale+radial": (0.0, 10.0)}, "scale"),  # NLL within 1 %; a tie: the simpler
-        ({"none": (0.01, 10.0), "scale": (0.0, 9.0), "radial": (0.0, 9.0),
-          "scale+radial": (0.0, 9.0)}, "none"),  # 0.01 < 2 x 0.29 / 20: no evidence
-    ]  # fmt: skip
-    for error_and_nll, expected in cases:
-        monkeypatch.setattr(api, "_cross_fit", fake(error_and_nll))
-        chosen, scores = api.select_method(z, log_prob, draws=None)
-        assert chosen == expected, (chosen, scores)
-    assert scores["scale"]["kept_by_nll"] == 1.0
+    chosen, table = run({"none": (2.0, 0.0), "scale": (1.0, 0.3), "radial": (1.05, 0.0),
+                         "scale+radial": (1.0, 0.0)})  # fmt: skip
+    assert chosen == "radial", table  # scale: +3 % NLL, out; radial as good as scale+radial
+    assert table["scale"]["kept_by_nll"] == 0.0
+    assert "beyond the guard" in next(r.why for r in table.rows if r.method == "scale")
+    chosen, table = run({"none": (2.0, 0.0), "scale": (1.0, 0.0), "radial": (1.0, -0.2),
+                         "scale+radial": (1.0, -0.2)})  # fmt: skip
+    assert chosen == "radial", table  # as calibrated as scale, 0.2 nats sharper
+    assert "NLL +0.2000" in next(r.why for r in table.rows if r.method == "scale")
+    chosen, table = run({"none": (1.02, 0.0), "scale": (1.0, 0.0), "radial": (1.0, 0.0),
+                         "scale+radial": (1.0, 0.0)})  # fmt: skip
+    assert chosen == "none", table  # a 2 % warp of the levels: no evidence at n = 400
+    chosen, table = run({"none": (2.0, 0.0), "scale": (1.0, 0.0), "radial": (1.0, 0.0),
+                         "scale+radial": (1.0, 0.0)}, same={"none": None, "scale": "none",
+                                                            "radial": None,
+                                                            "scale+radial": None})  # fmt: skip
+    assert chosen == "none", table  # scale won, but its map is the identity
+    assert "same map as 'none'" in next(r.why for r in table.rows if r.method == "scale")
 
 
 def test_hpd_scale_finds_the_variance_error_from_shared_draws():

@@ -139,7 +139,8 @@ class RecalibrationCallback(Callback):
             mapped = fixed.inner if isinstance(fixed, TruncatedPosterior) else fixed
             scores = self._before_after(post, mapped, theta, x)
             if isinstance(mapped, RecalibratedPosterior):
-                self._state = {"method": mapped.method, "selection": mapped.selection,
+                selection = None if mapped.selection is None else mapped.selection.state()
+                self._state = {"method": mapped.method, "selection": selection,  # plain values
                                "map": mapped.latent_map.state_dict(),
                                "dim": theta.shape[1]}  # fmt: skip
             if isinstance(fixed, TruncatedPosterior):

@@ -39,14 +39,76 @@ from calib_lightning._prior import outside_support
 from calib_lightning.posteriors import as_posterior
 
 __all__ = [
+    "DRAW_BUDGET",
     "LatentDraws",
+    "draws_per_pair",
+    "from_latent_and_log_prob",
     "hpd_levels",
     "inside_log_share",
     "latent_draws",
     "levels_and_log_share",
     "normal_log_kernel",
     "on_cpu",
+    "shared_scale_levels",
 ]
+
+
+#: draws per proposal scale, over all pairs, that :func:`draws_per_pair` aims at
+DRAW_BUDGET = 20_000
+#: bounds of :func:`draws_per_pair`
+MIN_DRAWS, MAX_DRAWS = 20, 100
+
+
+def draws_per_pair(n: int) -> int:
+    r"""Draws per pair and proposal scale for ``n`` held-out pairs when none is given:
+    ``clamp(ceil(DRAW_BUDGET / n), 20, 100)`` (100 up to 200 pairs, 50 at 400, 20 from
+    1,000), so that the flow passes cost about the same from a few hundred pairs on.
+
+    The Monte Carlo error of each pair's level is independent across pairs, so what is
+    fitted from all of them (one shared scale, a choice among maps) averages it out; at
+    1,000 pairs the shared HPD scale fitted from 20 and from 100 draws per pair and scale
+    is the same grid point (``examples/benchmarks/results/recalibration_fit_time.md``).
+    """
+    return min(MAX_DRAWS, max(MIN_DRAWS, math.ceil(DRAW_BUDGET / max(int(n), 1))))
+
+
+def from_latent_and_log_prob(posterior: Any, z: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+    r"""``theta = T_x(z)`` ``(*, N, D)`` and :math:`\log q(\theta \mid x)` ``(*, N)``.
+
+    For a zuko flow (an autoregressive one above all, whose inverse takes ``D`` network
+    passes per transform) the log-density comes from the Jacobian of the inverse pass,
+    :math:`\log q(\theta) = \log N(z) - \log |\det \partial T_x / \partial z|`, instead of
+    one more pass of the flow (a quarter of the work at ``D = 3``); for every other
+    posterior, ``from_latent`` then ``log_prob``."""
+    from calib_lightning.posteriors import DistributionPosterior
+
+    post = as_posterior(posterior)
+    if isinstance(post, DistributionPosterior):
+        dist = post.distribution(x)
+        if _zuko_flow_on_normal(dist):
+            from torch.distributions.utils import _sum_rightmost
+
+            from calib_lightning.posteriors.distributions import _inverse_and_ladj
+
+            base = dist.base
+            inner = z.to(post.dtype or z.dtype)
+            y = base.base_dist.loc + base.base_dist.scale * inner
+            theta, ladj = _inverse_and_ladj(dist.transform, y)
+            log_prob = base.log_prob(y) - _sum_rightmost(ladj, dist.reinterpreted)
+            return theta.to(z.dtype), log_prob.to(z.dtype)
+    theta = post.from_latent(z, x)
+    return theta, post.log_prob(theta, x)
+
+
+def _zuko_flow_on_normal(dist: Any) -> bool:
+    """A zuko ``NormalizingFlow`` over a diagonal normal base (``Independent(Normal)``)."""
+    from torch.distributions import Independent, Normal
+    from zuko.distributions import NormalizingFlow
+
+    base = getattr(dist, "base", None)
+    return (type(dist) is NormalizingFlow and isinstance(base, Independent)
+            and isinstance(base.base_dist, Normal)
+            and base.reinterpreted_batch_ndims == 1)  # fmt: skip
 
 
 def normal_log_kernel(z: Tensor, log_s: Tensor | float) -> Tensor:
@@ -88,7 +150,7 @@ def latent_draws(
     posterior: Any,
     theta: Tensor,
     x: Tensor,
-    num_posterior_samples: int = 100,
+    num_posterior_samples: int | None = None,
     proposal_scales: tuple[float, ...] = (0.5, 1.0, 2.0),
     seed: int = 0,
     truth: tuple[Tensor, Tensor] | None = None,
@@ -96,13 +158,16 @@ def latent_draws(
 ) -> LatentDraws:
     r"""``num_posterior_samples`` draws per pair at each of the ``proposal_scales``
     (latent :math:`s_j u`, :math:`u \sim N(0, I)`, pushed through the flow), with their
-    latents and log-densities; seeded by ``seed`` without touching the caller's random
+    latents and log-densities (:func:`from_latent_and_log_prob`; ``None``:
+    :func:`draws_per_pair`); seeded by ``seed`` without touching the caller's random
     state. Needs ``to_latent`` and ``from_latent``. ``truth``: the latents ``(n, D)``
     and log-densities ``(n,)`` at the pairs when the caller has them (one ODE solve
     each for sbi's vector-field estimators), else computed here. ``prior``: mark the
     draws inside its support (``LatentDraws.inside``)."""
     post = as_posterior(posterior)
     n, dim = theta.shape
+    if num_posterior_samples is None:
+        num_posterior_samples = draws_per_pair(n)
     proposals = torch.tensor(proposal_scales, dtype=torch.float64).log()
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # common random numbers: the same draws for every map
@@ -114,9 +179,9 @@ def latent_draws(
         for log_s in proposals:
             u = torch.randn(num_posterior_samples, n, dim, dtype=theta.dtype, device=theta.device)
             z = (u * log_s.exp()).to(theta.dtype)
-            draws = post.from_latent(z, x)
+            draws, log_prob = from_latent_and_log_prob(post, z, x)
             latents.append(z.double())
-            bases.append(post.log_prob(draws, x).double() + 0.5 * z.double().pow(2).sum(-1))
+            bases.append(log_prob.double() + 0.5 * z.double().pow(2).sum(-1))
             if prior is not None:
                 inside.append(~outside_support(prior, draws))
     z, base = torch.cat(latents), torch.cat(bases)
@@ -173,3 +238,38 @@ def hpd_levels(
     ``draws.inside``, of that posterior restricted to the prior's support (a pair with
     no draw inside keeps all of its draws)."""
     return levels_and_log_share(draws, log_latent_density, rows, with_share=False)[0]
+
+
+def shared_scale_levels(
+    draws: LatentDraws, log_scales: Tensor, rows: Tensor | None = None
+) -> Tensor:
+    r"""The HPD levels ``(G, n)`` of :func:`hpd_levels` under each shared latent scale
+    :math:`\log s_g` of ``log_scales (G,)`` (:func:`normal_log_kernel`), for the whole grid
+    at once: the squared latent norms are computed once and the grid is evaluated in
+    blocks of at most about 4 million numbers."""
+    z, base, mixture, inside = draws.z, draws.base, draws.log_mixture, draws.inside
+    z_true, base_true = draws.z_true, draws.base_true
+    if rows is not None:
+        z, base, mixture = z[:, rows], base[:, rows], mixture[:, rows]
+        z_true, base_true = z_true[rows], base_true[rows]
+        inside = None if inside is None else inside[:, rows]
+    dim = z.shape[-1]
+    norm2, norm2_true = z.pow(2).sum(-1), z_true.pow(2).sum(-1)  # (K, n), (n,)
+    mask = None
+    if inside is not None:
+        inside = inside.to(z.device)
+        mask = ~(inside | ~inside.any(0))  # a pair with no draw inside keeps all of its draws
+    log_scales = log_scales.to(z)
+    block = max(1, 4_000_000 // max(1, norm2.numel()))
+    out = []
+    for part in log_scales.split(block):
+        g = part[:, None, None]
+        log_density = -0.5 * norm2 * torch.exp(-2 * g) - dim * g  # (G, K, n)
+        log_weight = log_density - mixture
+        if mask is not None:
+            log_weight = log_weight.masked_fill(mask, -math.inf)
+        weight = torch.softmax(log_weight, 1)
+        true = -0.5 * norm2_true * torch.exp(-2 * part[:, None]) - dim * part[:, None]  # (G, n)
+        higher = base + log_density > (base_true + true).unsqueeze(1)
+        out.append((weight * higher).sum(1))
+    return torch.cat(out)

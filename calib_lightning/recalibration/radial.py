@@ -27,11 +27,19 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributions import Distribution, Transform, constraints
 
 from calib_lightning.functional.radial import radial_map
-from calib_lightning.posteriors import WrappedPosterior
+from calib_lightning.recalibration._module import PosteriorModule
 
-__all__ = ["LatentMap", "RecalibratedPosterior"]
+__all__ = ["IDENTITY_TOLERANCE", "LatentMap", "LatentMapTransform", "RecalibratedPosterior"]
+
+#: a fitted map is the identity when its log-scales, its knots' distance to the diagonal
+#: and the log-slopes between them are all below this: it then moves ``log q`` by at most
+#: about ``(D + |z|^2) 1e-6`` nats and a latent norm by a factor ``exp(1e-6)``, far below
+#: any Monte Carlo or sampling error, while the fits never land there by chance (the HPD
+#: scale's grid steps by 0.035 in log-scale; the latent scales are Adam iterates)
+IDENTITY_TOLERANCE = 1e-6
 
 
 def standard_normal_log_prob(z: Tensor) -> Tensor:
@@ -70,6 +78,50 @@ class LatentMap(nn.Module):
         """Whether the map has a radial part."""
         return self.knots.shape[1] > 0
 
+    def is_identity(self, tolerance: float = IDENTITY_TOLERANCE) -> bool:
+        r"""Whether :math:`g` is the identity within ``tolerance``: every
+        :math:`|\log s_d|`, and for a radial part every knot's
+        :math:`|\log R - \log t|` and every log-slope between knots, below it."""
+        if bool((self.log_scale.abs() >= tolerance).any()):
+            return False
+        if not self.radial:
+            return True
+        log_t, log_r = self.knots
+        if bool(((log_r - log_t).abs() >= tolerance).any()):
+            return False
+        slopes = (log_r.diff() / log_t.diff()).log()
+        return bool((slopes.abs() < tolerance).all())
+
+    def same_as(self, other: LatentMap, tolerance: float = IDENTITY_TOLERANCE) -> bool:
+        """Whether ``other`` is the same map within ``tolerance`` (log-scales, and knots
+        of the same number; a radial part that is the identity counts as none)."""
+        if self.log_scale.shape != other.log_scale.shape:
+            return False
+        if bool(((self.log_scale - other.log_scale.to(self.log_scale)).abs() >= tolerance).any()):
+            return False
+        mine = self.radial and not LatentMap(self.log_scale.numel(), None, self.knots).is_identity(
+            tolerance)  # fmt: skip
+        theirs = other.radial and not LatentMap(
+            other.log_scale.numel(), None, other.knots).is_identity(tolerance)  # fmt: skip
+        if not (mine or theirs):
+            return True
+        if not (mine and theirs) or self.knots.shape != other.knots.shape:
+            return False
+        return bool(((self.knots - other.knots.to(self.knots)).abs() < tolerance).all())
+
+    def describe(self) -> str:
+        """The map in words: its scales and its radial part."""
+        if self.is_identity():
+            return "identity"
+        parts = []
+        if bool((self.log_scale.abs() >= IDENTITY_TOLERANCE).any()):
+            scales = ", ".join(f"{float(v):.3g}" for v in self.log_scale.exp()[:4])
+            more = ", ..." if self.log_scale.numel() > 4 else ""
+            parts.append(f"scale=[{scales}{more}]")
+        if self.radial:
+            parts.append(f"radial map with {self.knots.shape[1]} knots")
+        return ", ".join(parts)
+
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
         saved = state_dict.get(prefix + "knots")
         if saved is not None:  # fitted knots have their own number of columns
@@ -104,44 +156,171 @@ class LatentMap(nn.Module):
         return f"scale=[{scales}{more}], radial knots={self.knots.shape[1]}"
 
 
-class RecalibratedPosterior(WrappedPosterior):
+class LatentMapTransform(Transform):
+    r""":math:`g` as a ``torch.distributions`` transform, ``(*, D)`` to ``(*, D)``: the
+    piece a recalibrated zuko flow adds after the flow's own transform.
+
+    With the base's ``loc`` and ``scale`` (a diagonal normal that is not standard), it maps
+    :math:`y \mapsto \mathrm{loc} + \mathrm{scale} \odot g((y - \mathrm{loc}) /
+    \mathrm{scale})` (the standardization's Jacobians cancel).
+
+    Arguments:
+        latent_map: the :class:`LatentMap` (read at every call, so a loaded state applies).
+        loc: the base's mean, broadcastable to ``(*, D)``; ``None``: 0.
+        scale: the base's standard deviation, likewise; ``None``: 1.
+    """
+
+    domain = constraints.real_vector
+    codomain = constraints.real_vector
+    bijective = True
+
+    def __init__(self, latent_map: LatentMap, loc: Tensor | None = None,
+                 scale: Tensor | None = None) -> None:  # fmt: skip
+        super().__init__()
+        self.latent_map, self.loc, self.scale = latent_map, loc, scale
+
+    def __eq__(self, other: object) -> bool:
+        return other is self
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def _standard(self, y: Tensor) -> Tensor:
+        loc = 0.0 if self.loc is None else self.loc
+        return (y - loc) if self.scale is None else (y - loc) / self.scale
+
+    def _back(self, u: Tensor) -> Tensor:
+        u = u if self.scale is None else u * self.scale
+        return u if self.loc is None else u + self.loc
+
+    def _call(self, y: Tensor) -> Tensor:
+        return self._back(self.latent_map(self._standard(y))[0])
+
+    def _inverse(self, v: Tensor) -> Tensor:
+        return self._back(self.latent_map.inverse(self._standard(v)))
+
+    def log_abs_det_jacobian(self, y: Tensor, v: Tensor) -> Tensor:
+        return self.latent_map(self._standard(y))[1]
+
+    def call_and_ladj(self, y: Tensor) -> tuple[Tensor, Tensor]:
+        """``g(y)`` and its log-determinant in one evaluation (zuko's protocol)."""
+        u, ladj = self.latent_map(self._standard(y))
+        return self._back(u), ladj
+
+
+class RecalibratedPosterior(PosteriorModule):
     """A posterior whose latent space goes through a fitted :class:`LatentMap` first.
 
     Built by :func:`calib_lightning.recalibrate`; accepted by every metric, callback and
-    ``cl.diagnose`` like the posterior it wraps.
+    ``cl.diagnose`` like the posterior it wraps. An ``nn.Module``
+    (:class:`~._module.PosteriorModule`): ``fixed(x)`` is the recalibrated distribution
+    (for a zuko flow, a ``NormalizingFlow`` whose transform is the flow's followed by
+    :math:`g`, with ``rsample``), and ``state_dict`` holds the wrapped estimator's
+    weights (``estimator.*``), the map (``latent_map.log_scale``, ``latent_map.knots``)
+    and what was fitted (``method``, ``scale_target``, ``selection``, as plain values).
+
+    To load a saved state, build the same structure with the map left empty and load it:
+
+    >>> import zuko
+    >>> flow = zuko.flows.NSF(2, 2, transforms=1)
+    >>> fresh = RecalibratedPosterior(flow, 2)  # the identity map of D = 2
+    >>> fresh.is_identity
+    True
+
+    then ``fresh.load_state_dict(torch.load(path, weights_only=True))`` (the knots take
+    the saved size).
 
     Arguments:
         posterior: anything :func:`calib_lightning.as_posterior` accepts, with
             ``to_latent`` and ``from_latent``.
-        latent_map: the fitted map.
+        latent_map: the fitted map, or ``D`` for the identity map (to load a state into).
         method: the name of the method that fitted it (shown in the ``repr``).
-        selection: held-out scores of the candidate methods when ``method="auto"``
-            chose (see :func:`calib_lightning.recalibrate`).
+        selection: what ``method="auto"`` scored
+            (:class:`~calib_lightning.recalibration.selection.Selection`, or its
+            :meth:`~calib_lightning.recalibration.selection.Selection.state`).
+        scale_target: how the scales were fitted (``"latent"``, ``"hpd"``, or ``""``).
 
     Attributes:
         inner: the wrapped :class:`~calib_lightning.posteriors.Posterior`.
         latent_map: the :class:`LatentMap`.
         method: what was fitted (``"none"``, ``"scale"``, ``"radial"``,
             ``"scale+radial"``).
-        selection: method -> its held-out scores, or ``None``.
+        selection: the :class:`~calib_lightning.recalibration.selection.Selection` table
+            of ``method="auto"``, or ``None``.
     """
 
     def __init__(
         self,
         posterior: Any,
-        latent_map: LatentMap,
+        latent_map: LatentMap | int,
         method: str = "",
-        selection: dict[str, dict[str, float]] | None = None,
+        selection: Any = None,
+        scale_target: str = "",
     ) -> None:
+        from calib_lightning.recalibration.selection import Selection
+
         super().__init__(posterior)
-        self.latent_map, self.method, self.selection = latent_map, method, selection
+        if isinstance(latent_map, int):
+            latent_map = LatentMap(latent_map)
+        if not isinstance(latent_map, LatentMap):
+            raise ValueError(f"latent_map must be a LatentMap or an int D, got {latent_map!r}")
+        self.latent_map = latent_map
+        self.method, self.scale_target = method, scale_target
+        self.selection = Selection.from_state(selection)
+
+    @property
+    def is_identity(self) -> bool:
+        """Whether the fitted map is the identity (:meth:`LatentMap.is_identity`, within
+        :data:`IDENTITY_TOLERANCE`): the posterior is then the wrapped one, unchanged."""
+        return self.latent_map.is_identity()
 
     def __repr__(self) -> str:
-        picked = ", picked by 'auto'" if self.selection is not None else ""
-        return f"RecalibratedPosterior({self.inner!r}, method={self.method!r}{picked})"
+        words = [f"method={self.method!r}"]
+        if "scale" in self.method and self.scale_target:
+            words.append(f"scale_target={self.scale_target!r}")
+        if self.selection is not None:
+            words.append("picked by 'auto'")
+        words.append("identity: the fit changed nothing" if self.is_identity
+                     else self.latent_map.describe())  # fmt: skip
+        return f"RecalibratedPosterior({self.inner!r}, {', '.join(words)})"
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """What was fitted, as plain values (``torch.load(..., weights_only=True)`` reads
+        them)."""
+        selection = None if self.selection is None else self.selection.state()
+        return {"method": self.method, "scale_target": self.scale_target,
+                "selection": selection}  # fmt: skip
+
+    def set_extra_state(self, state: Any) -> None:
+        from calib_lightning.recalibration.selection import Selection
+
+        self.method = str(state.get("method", ""))
+        self.scale_target = str(state.get("scale_target", ""))
+        self.selection = Selection.from_state(state.get("selection"))
 
     def event_size(self) -> int | None:
         return self.latent_map.log_scale.numel()
+
+    def forward(self, x: Tensor) -> Distribution:
+        """The recalibrated distribution at ``x (N, *X)``: for a zuko flow over a
+        diagonal normal base, the ``NormalizingFlow`` of the flow's transform followed by
+        :math:`g` in the standardized base (:class:`LatentMapTransform`): ``log_prob``,
+        ``sample`` and ``rsample``, with gradients to the flow's weights; else a
+        :class:`~._module.ConditionalDistribution`."""
+        from calib_lightning.posteriors import DistributionPosterior
+        from calib_lightning.recalibration._hpd import _zuko_flow_on_normal
+
+        if isinstance(self.inner, DistributionPosterior):
+            dist = self.inner.distribution(x)
+            if _zuko_flow_on_normal(dist):
+                from zuko.distributions import NormalizingFlow
+                from zuko.transforms import ComposedTransform
+
+                normal = dist.base.base_dist
+                recalibrated = LatentMapTransform(self.latent_map, normal.loc, normal.scale)
+                transform = ComposedTransform(dist.transform, recalibrated)
+                return NormalizingFlow(transform, dist.base)
+        return super().forward(x)
 
     def _density_change(self, z: Tensor) -> tuple[Tensor, Tensor]:
         """``u = g(z)`` and ``log q' - log q`` at the same ``theta``."""

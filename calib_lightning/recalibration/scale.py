@@ -31,9 +31,8 @@ from calib_lightning._checks import check_pairs, check_positive
 from calib_lightning.losses.latent import latent_coverage_loss
 from calib_lightning.recalibration._hpd import (
     LatentDraws,
-    hpd_levels,
     latent_draws,
-    normal_log_kernel,
+    shared_scale_levels,
 )
 
 __all__ = ["LatentScale", "hpd_log_scale", "latent_log_scale", "shared_hpd_log_scale"]
@@ -116,7 +115,7 @@ class LatentScale(nn.Module):
         target: str = "latent",
         steps: int = 200,
         lr: float = 0.05,
-        num_posterior_samples: int = 100,
+        num_posterior_samples: int | None = None,
         num_scales: int = 41,
     ) -> LatentScale:
         r"""Fit :math:`s` on held-out pairs ``theta (n, D)``, ``x (n, *X)`` (pairs the flow
@@ -131,14 +130,16 @@ class LatentScale(nn.Module):
         :class:`~calib_lightning.RankCalibration` reports: :func:`hpd_log_scale`, a
         grid of ``num_scales`` shared scales over ``[1/2, 2]`` scored from
         ``3 * num_posterior_samples`` draws per pair shared by the whole grid
-        (importance-weighted); it implies ``shared``.
+        (importance-weighted; ``None``: :func:`~._hpd.draws_per_pair`); it implies
+        ``shared``.
         """
         check_pairs(theta, x, min_rows=2)
         if target not in ("latent", "hpd"):
             raise ValueError(f"target must be 'latent' or 'hpd', got {target!r}")
         for name, value in (("steps", steps), ("num_posterior_samples", num_posterior_samples),
                             ("num_scales", num_scales)):  # fmt: skip
-            check_positive(name, value, integer=True)
+            if value is not None:
+                check_positive(name, value, integer=True)
         check_positive("lr", lr)
         dim = theta.shape[1]
         if target == "hpd":
@@ -174,7 +175,7 @@ def hpd_log_scale(
     posterior: Any,
     theta: Tensor,
     x: Tensor,
-    num_posterior_samples: int = 100,
+    num_posterior_samples: int | None = None,
     num_scales: int = 41,
     proposal_scales: tuple[float, ...] = (0.5, 1.0, 2.0),
     prior: Any = None,
@@ -184,9 +185,12 @@ def hpd_log_scale(
     :math:`(i - 1/2)/n`).
 
     Shared draws (:func:`~calib_lightning.recalibration._hpd.latent_draws`):
-    ``num_posterior_samples`` draws per pair at each of the ``proposal_scales`` (latent
-    :math:`s_j u`, :math:`u \sim N(0, I)`, pushed through the flow, one density pass
-    each), reused for every grid scale by importance weighting against their mixture:
+    ``num_posterior_samples`` draws per pair (``None``:
+    :func:`~calib_lightning.recalibration._hpd.draws_per_pair`, 100 up to 200 pairs, 20
+    from 1,000) at each of the ``proposal_scales`` (latent :math:`s_j u`,
+    :math:`u \sim N(0, I)`, pushed through the flow, one pass each, the log-density from
+    the same pass for a zuko flow), reused for every grid scale by importance weighting
+    against their mixture:
     with :math:`z_k` a draw's latent, its weight under scale :math:`s` is
     :math:`N(z_k/s) s^{-D} / \frac1J \sum_j N(z_k/s_j) s_j^{-D}` (at most ``J`` on the
     proposal scales), and the level of :math:`\theta^*` is the weighted fraction of
@@ -208,8 +212,7 @@ def shared_hpd_log_scale(
     grid = torch.linspace(-math.log(2.0), math.log(2.0), num_scales, dtype=torch.float64)
     n = draws.z_true.shape[0] if rows is None else rows.numel()
     quantiles = (torch.arange(n, dtype=torch.float64, device=draws.z.device) + 0.5) / n
-    gaps = []
-    for log_s in grid:  # log q_s = base + log N(z / s) - D log s, up to a shared constant
-        levels = hpd_levels(draws, lambda z, log_s=log_s: normal_log_kernel(z, log_s), rows)
-        gaps.append(float((levels.sort().values - quantiles).pow(2).mean()))
-    return grid[int(torch.tensor(gaps).argmin())].reshape(1)
+    # log q_s = base + log N(z / s) - D log s, up to a shared constant: the whole grid at once
+    levels = shared_scale_levels(draws, grid, rows)  # (G, n)
+    gaps = (levels.sort(-1).values - quantiles).pow(2).mean(-1)
+    return grid[int(gaps.cpu().argmin())].reshape(1)

@@ -39,8 +39,9 @@ from calib_lightning._chunks import pair_blocks
 from calib_lightning._prior import not_a_prior, outside_support
 from calib_lightning.evaluation import draws as budgeted_draws
 from calib_lightning.evaluation import draws_and_log_probs
-from calib_lightning.posteriors import WrappedPosterior, supports, unsupported
+from calib_lightning.posteriors import supports, unsupported
 from calib_lightning.posteriors.base import UnsupportedError
+from calib_lightning.recalibration._module import PosteriorModule
 
 __all__ = ["NoMassInsideError", "TruncatedPosterior"]
 
@@ -64,11 +65,18 @@ class NoMassInsideError(UnsupportedError):
     draws there with this message."""
 
 
-class TruncatedPosterior(WrappedPosterior):
+class TruncatedPosterior(PosteriorModule):
     r"""``posterior`` restricted to ``prior``'s support and renormalized.
 
     Built by ``cl.recalibrate(..., prior=prior)`` (after its latent map), or directly;
     accepted by every metric, callback and ``cl.diagnose`` (the latent checks excepted).
+    An ``nn.Module`` (:class:`~._module.PosteriorModule`): ``fixed(x)`` is the restricted
+    distribution at ``x`` (a :class:`~._module.ConditionalDistribution`: ``log_prob``
+    and ``sample``), and ``state_dict`` is the wrapped posterior's (``inner.*`` for a
+    recalibrated one, else ``estimator.*``); the prior is not in it (give it again to
+    the ``TruncatedPosterior`` you load into). The normalizers cached per ``x`` assume
+    fixed weights: loading a state or switching between ``train()`` and ``eval()``
+    clears them.
 
     Arguments:
         posterior: anything :func:`calib_lightning.as_posterior` accepts, with ``sample``
@@ -88,6 +96,9 @@ class TruncatedPosterior(WrappedPosterior):
         method: ``inner.method + "+support"`` for a recalibrated posterior, else
             ``"support"``.
         selection: ``inner.selection`` (what ``method="auto"`` scored), or ``None``.
+        is_identity: always ``False``: the restriction changes the posterior wherever it
+            puts mass outside the support (``inner.is_identity`` says whether the map
+            before it changed anything).
 
     Example:
         >>> from torch.distributions import Independent, Normal, Uniform
@@ -112,13 +123,40 @@ class TruncatedPosterior(WrappedPosterior):
             raise unsupported(self.inner, "sample")
         self.prior, self.num_normalizer_samples = prior, num_normalizer_samples
         self.min_acceptance = min_acceptance
-        inner_method = getattr(self.inner, "method", "")
-        self.method = f"{inner_method}+support" if inner_method else "support"
-        self.selection = getattr(self.inner, "selection", None)
         self._log_z: OrderedDict[tuple, float] = OrderedDict()
 
+    @property
+    def method(self) -> str:
+        """``inner.method + "+support"``, or ``"support"``."""
+        inner_method = getattr(self.inner, "method", "")
+        return f"{inner_method}+support" if inner_method else "support"
+
+    @property
+    def selection(self) -> Any:
+        """``inner.selection``: what ``method="auto"`` scored, or ``None``."""
+        return getattr(self.inner, "selection", None)
+
+    @property
+    def is_identity(self) -> bool:
+        """``False``: restricted to the support, the posterior loses (and renormalizes)
+        whatever mass it had outside; ``inner.is_identity`` is the map's."""
+        return False
+
     def __repr__(self) -> str:
-        return f"TruncatedPosterior({self.inner!r}, prior={type(self.prior).__name__})"
+        return (f"TruncatedPosterior({self.inner!r}, prior={type(self.prior).__name__}; "
+                "restricted to the prior's support)")  # fmt: skip
+
+    def clear_normalizer_cache(self) -> None:
+        r"""Forget the cached :math:`\log \hat Z(x)` (after the wrapped weights changed)."""
+        self._log_z.clear()
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
+        self.clear_normalizer_cache()
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
+    def train(self, mode: bool = True) -> TruncatedPosterior:
+        self.clear_normalizer_cache()
+        return super().train(mode)
 
     @property
     def capabilities(self) -> frozenset[str]:  # type: ignore[override]

@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> None:
                 with torch.no_grad():
                     z, log_prob = post.to_latent(theta, x), post.log_prob(theta, x)
                     draws = latent_draws(post, theta, x, api.AUTO_NUM_POSTERIOR_SAMPLES, seed=rep)
-                    chosen, _ = api.select_method(z, log_prob, draws, seed=rep,
-                                                  num_standard_errors=1.0, scale_target="hpd")
+                    chosen = api.select_method(z, log_prob, draws, seed=rep,
+                                               num_standard_errors=1.0)[0]
                 picks[1.0][chosen] += 1  # fmt: skip
             cells = [", ".join(f"{name} {count}" for name, count in picks[k].most_common())
                      for k in (2.0, 1.0)]  # fmt: skip
