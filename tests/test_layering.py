@@ -124,6 +124,18 @@ def test_public_namespace_lists_only_package_names() -> None:
         assert owner.startswith("calib_lightning"), f"cl.{name} comes from {owner}"
 
 
+def test_every_name_in_every_all_exists() -> None:
+    """``from module import *`` works for every module: each name in an ``__all__`` is
+    defined (``functional.__all__`` listed a ``kccsd_test`` that was not)."""
+    import importlib
+
+    missing = []
+    for name in modules():
+        module = importlib.import_module(name)
+        missing += [f"{name}.{n}" for n in module.__all__ if not hasattr(module, n)]
+    assert missing == []
+
+
 if __name__ == "__main__":
     sizes = {name: len(p.read_text().splitlines()) for name, p in modules().items()}
     for part, targets in sorted(import_graph().items()):

@@ -24,7 +24,11 @@ from torch import Tensor
 
 from calib_lightning._checks import check_positive
 from calib_lightning.classifiers._make import Ensemble
-from calib_lightning.functional.joint_c2st import averaged_ranks, rank_sum_test
+from calib_lightning.functional.joint_c2st import (
+    averaged_ranks,
+    rank_sum_test,
+    repeat_p_value_error,
+)
 
 __all__ = ["joint_c2st_folds", "joint_c2st_test", "joint_c2st_train"]
 
@@ -94,7 +98,7 @@ def joint_c2st_test(
     classifier: Ensemble,
     folds: Tensor,
     rank_generator: torch.Generator | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     r"""Run the cross-fitted joint classifier test on ``B`` datasets at once.
 
     Arguments:
@@ -108,7 +112,9 @@ def joint_c2st_test(
         rank_generator: draws the tie-breaking of the ranks.
 
     Returns:
-        ``(z, p_value, ranks)``: ``(B,)``, ``(B,)``, every pair's averaged rank ``(B, N)``.
+        ``(z, p_value, ranks, p_value_error)``: ``(B,)``, ``(B,)``, every pair's averaged
+        rank ``(B, N)``, the p-value's Monte Carlo error over the repetitions ``(B,)``
+        (:func:`~calib_lightning.functional.joint_c2st.repeat_p_value_error`).
         Each classifier trains on the first ``n_train`` pairs outside its fold, ``n_train``
         the smallest such count (folds differ in size by at most one).
     """
@@ -153,6 +159,6 @@ def joint_c2st_test(
         for k in range(num_folds):
             idx = held[r * num_folds + k, : int(sizes[r, k])]
             per_pair[:, r, :, idx] = scores[:, r, k, :, : len(idx)]
-    ranks, variance = averaged_ranks(per_pair, rank_generator)
+    ranks, variance, per_repeat = averaged_ranks(per_pair, rank_generator)
     z, p_value = rank_sum_test(ranks, variance)
-    return z, p_value, ranks
+    return z, p_value, ranks, repeat_p_value_error(per_repeat, variance)

@@ -152,7 +152,6 @@ __all__ = [
     "holm_adjust",
     "kccsd",
     "kccsd_matrix",
-    "kccsd_test",
     "knn_distance",
     "knn_sq_radii",
     "latent_calibration",

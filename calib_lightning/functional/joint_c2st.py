@@ -76,6 +76,7 @@ __all__ = [
     "conformal_ranks",
     "normal_two_sided_p_value",
     "rank_sum_test",
+    "repeat_p_value_error",
     "uniform_mean_test",
 ]
 
@@ -161,7 +162,7 @@ def normal_two_sided_p_value(z: Tensor) -> Tensor:
 
 def averaged_ranks(
     scores: Tensor, generator: torch.Generator | None = None
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor]:
     r"""Each pair's conformal rank averaged over repetitions, and its exact null variance.
 
     Arguments:
@@ -171,13 +172,14 @@ def averaged_ranks(
         generator: draws the tie-breaking :math:`V_i` (on the CPU), one per pair.
 
     Returns:
-        ``(ranks, variance)``, each ``(*, n)`` float64: :math:`\bar u_i` and its variance
-        :math:`\sigma_i^2` under :math:`H_0` (module docstring); :math:`\bar u_i` has mean
-        1/2 there.
+        ``(ranks, variance, per_repeat)``: :math:`\bar u_i` and its variance
+        :math:`\sigma_i^2` under :math:`H_0`, each ``(*, n)`` float64 (module docstring;
+        :math:`\bar u_i` has mean 1/2 there), and each repetition's rank ``(*, R, n)``
+        (their mean is :math:`\bar u_i`).
 
     Example:
         >>> s = torch.tensor([[[2.0], [0.0], [1.0]]])  # one repetition, M = 2, one pair
-        >>> u, v = averaged_ranks(s, torch.Generator().manual_seed(0))
+        >>> u, v, _ = averaged_ranks(s, torch.Generator().manual_seed(0))
         >>> bool(2 / 3 < u < 1), round(float(v), 4)  # the truth above both draws
         (True, 0.0833)
     """
@@ -190,12 +192,13 @@ def averaged_ranks(
     query = scores.transpose(-1, -2).contiguous()
     below = torch.searchsorted(ordered, query).double()  # strictly below each value
     ties = torch.searchsorted(ordered, query, right=True).double() - below  # itself included
+    jitter = torch.rand(below.shape[:-3] + below.shape[-2:-1], generator=generator,
+                        dtype=torch.float64).to(below.device).unsqueeze(-2)  # one per pair
+    per_repeat = (below[..., 0] + jitter * ties[..., 0]) / values  # (*, R, n)
     below, ties = below.mean(-3), ties.mean(-3)  # (*, n, M + 1): averaged over repetitions
     middle = below + ties / 2
     variance = (middle.var(-1, unbiased=False) + ties.square().mean(-1) / 12) / values**2
-    jitter = torch.rand(below.shape[:-1], generator=generator, dtype=torch.float64)
-    ranks = (below[..., 0] + jitter.to(below.device) * ties[..., 0]) / values
-    return ranks, variance
+    return per_repeat.mean(-2), variance, per_repeat
 
 
 def rank_sum_test(ranks: Tensor, variance: Tensor) -> tuple[Tensor, Tensor]:
@@ -218,3 +221,31 @@ def rank_sum_test(ranks: Tensor, variance: Tensor) -> tuple[Tensor, Tensor]:
                          f"{tuple(ranks.shape)} and {tuple(variance.shape)}")  # fmt: skip
     z = (ranks.double() - 0.5).sum(-1) / variance.double().sum(-1).sqrt()
     return z, normal_two_sided_p_value(z)
+
+
+def repeat_p_value_error(per_repeat: Tensor, variance: Tensor) -> Tensor:
+    r"""Monte Carlo standard error of :func:`rank_sum_test`'s p-value over the repetitions.
+
+    The statistic's numerator is the mean over the ``R`` repetitions of
+    :math:`S_r = \sum_i (u_{ir} - \frac12)`; its standard error
+    :math:`\mathrm{sd}_r(S_r) / \sqrt R`, divided by :math:`\sqrt{\sum_i \sigma_i^2}`, moves
+    :math:`Z` by :math:`\pm \delta`, and half the p-value's change over
+    :math:`Z \pm \delta` is the error. ``0`` for one repetition (no spread to measure).
+
+    Arguments:
+        per_repeat: ``(*, R, n)`` (:func:`averaged_ranks`).
+        variance: ``(*, n)``.
+
+    Returns:
+        ``(*)`` float64.
+    """
+    repeats = per_repeat.shape[-2]
+    sums = (per_repeat.double() - 0.5).sum(-1)  # (*, R)
+    scale = variance.double().sum(-1).sqrt()
+    z = sums.mean(-1) / scale
+    if repeats < 2:
+        return torch.zeros_like(z)
+    delta = sums.std(-1) / math.sqrt(repeats) / scale
+    low, high = normal_two_sided_p_value(z.abs() + delta), normal_two_sided_p_value(
+        (z.abs() - delta).clamp_min(0))  # fmt: skip
+    return (high - low) / 2

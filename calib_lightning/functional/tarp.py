@@ -71,8 +71,6 @@ References:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
@@ -80,16 +78,30 @@ from calib_lightning._checks import (
     check_choice,
     check_finite,
     check_matrix,
-    check_points,
     check_positive,
     check_probability,
 )
 from calib_lightning._chunks import pair_blocks
-from calib_lightning._moments import moments, std_from_moments
 from calib_lightning.functional._multinomial import uniform_multinomial
+from calib_lightning.functional._tarp_coordinates import (
+    NUM_REFERENCES,
+    check_scale,
+    pooled_values,
+    tarp_box,
+    tarp_fit_scale,
+    tarp_references,
+)
+from calib_lightning.functional._tarp_curve import (
+    DISTANCES,
+    TARPResult,
+    _distance,
+    _ks_coverage_error,
+    expected_coverage,
+    tarp_counts,
+    tarp_ranks,
+    tarp_test,
+)
 from calib_lightning.functional.combine import monte_carlo_p_value
-from calib_lightning.functional.ranks import _check_counts, rank_histogram
-from calib_lightning.results import Result
 
 __all__ = [
     "DISTANCES",
@@ -109,170 +121,8 @@ __all__ = [
     "uniform_multinomial",
 ]
 
-DISTANCES = ("l2", "l1")
-#: references per pair of :func:`tarp` and :class:`~calib_lightning.TARP`: on fixed data
-#: the p-value of an over-confident posterior spans 0.001-0.004 over seeds with 16, against
-#: 0.017-0.48 with one (``examples/benchmarks/results/seed_stability.md``)
-NUM_REFERENCES = 16
 #: null draws of the permutation test per block (bounded scratch: block x N x R ranks)
 _NULL_BLOCK_NUMBERS = 2**21
-
-
-@dataclass(eq=False)
-class TARPResult(Result):
-    """The TARP test and its curve (:func:`tarp_test`, ``TARP.compute()``).
-
-    ``*`` is the leading batch shape of the rank histogram, ``A = num_bins + 1``.
-
-    Attributes:
-        statistic: ``(*)`` sup deviation of the coverage curve from the diagonal.
-        p_value: ``(*)`` Monte Carlo p-value (the verdict), at least ``1 / (B + 1)``.
-        coverage_error: ``(*)`` signed area of the upper half (``c > 1/2``) of the curve
-            (the ATC): negative = over-confident, positive = under-confident.
-        band: ``(*)`` half-width of the simultaneous band (``1 - level`` null quantile).
-        level: ``()`` test level of the band.
-        credibility: ``(A,)`` credibility levels from 0 to 1.
-        coverage: ``(*, A)`` expected coverage at each credibility level.
-        num_pairs: ``(*)`` calibration pairs counted.
-    """
-
-    verdict = "p_value"
-    logged = ("p_value", "coverage_error", "statistic", "num_pairs")
-
-    statistic: Tensor
-    p_value: Tensor
-    coverage_error: Tensor
-    band: Tensor
-    level: Tensor
-    credibility: Tensor
-    coverage: Tensor
-    num_pairs: Tensor
-
-
-def tarp_fit_scale(values: Tensor) -> Tensor:
-    """Per-dimension standard deviation of ``values`` ``(*, P, D)`` -> ``(*, D)``; zeros become 1.
-
-    Computed in float64 from centred moments (exact at any offset), returned in the
-    dtype of ``values``. :func:`tarp` fits it on the pooled values of all pairs (their
-    ``theta`` and their samples, :func:`pooled_values`).
-    """
-    check_points("values", values, min_rows=2)
-    return std_from_moments(moments(values)).to(values.dtype)
-
-
-def pooled_values(samples: Tensor, theta: Tensor) -> Tensor:
-    """Every pair's :math:`S + 1` values, pooled: ``(S, N, D)``, ``(N, D)`` -> ``((S + 1) N, D)``.
-
-    A function of each pair's unordered set of values: which of them is the true one
-    does not change it (the coordinates of :func:`tarp` are fitted on it).
-    """
-    return torch.cat([theta.detach().unsqueeze(0), samples.detach().to(theta.dtype)]).flatten(0, 1)
-
-
-def tarp_box(values: Tensor, num_pairs: int) -> tuple[Tensor, Tensor]:
-    r"""The box references are drawn in: the :math:`1 / (N + 1)` and :math:`N / (N + 1)`
-    quantiles of each coordinate of ``values``.
-
-    These are where the smallest and the largest of ``N`` draws of the values' marginal
-    fall on average: the box of ``N`` points, without the randomness of which ``N``.
-
-    Arguments:
-        values: pooled values ``(P, D)`` (:func:`pooled_values`).
-        num_pairs: ``N``.
-
-    Returns:
-        ``(low, high)``, each ``(D,)`` in the dtype of ``values``.
-    """
-    check_matrix("values", values, min_rows=1)
-    check_positive("num_pairs", num_pairs, integer=True)
-    data = values.detach().double().T.contiguous()  # (D, P): selection along rows is fast
-    last = values.shape[0] - 1
-    bounds = []
-    for level in (1.0 / (num_pairs + 1), num_pairs / (num_pairs + 1)):
-        position = level * last  # linear interpolation between order statistics
-        below = int(position)
-        above = min(below + 1, last)
-        weight = position - below
-        low = data.kthvalue(below + 1, 1).values
-        high = data.kthvalue(above + 1, 1).values if above != below else low
-        bounds.append(((1 - weight) * low + weight * high).to(values.dtype))
-    return bounds[0], bounds[1]
-
-
-def tarp_references(
-    low: Tensor,
-    high: Tensor,
-    num_pairs: int,
-    num_references: int = NUM_REFERENCES,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    r"""``R`` reference points per pair, uniform on the box ``[low, high]``.
-
-    Arguments:
-        low, high: the box ``(D,)`` (:func:`tarp_box`, or a prior's bounds).
-        num_pairs: ``N``.
-        num_references: ``R``.
-        generator: random generator (on the CPU).
-
-    Returns:
-        ``(R, N, D)`` in the dtype and on the device of ``low``.
-    """
-    check_positive("num_pairs", num_pairs, integer=True)
-    check_positive("num_references", num_references, integer=True)
-    if low.ndim != 1 or low.shape != high.shape:
-        raise ValueError(f"low and high must be tensors of shape (D,), got {tuple(low.shape)} "
-                         f"and {tuple(high.shape)}")  # fmt: skip
-    u = torch.rand(num_references, num_pairs, low.shape[0], generator=generator,
-                   dtype=torch.float64)  # fmt: skip
-    low64, high64 = low.detach().double().cpu(), high.detach().double().cpu()
-    return (low64 + (high64 - low64) * u).to(dtype=low.dtype, device=low.device)
-
-
-def _distance(diff: Tensor, distance: str) -> Tensor:
-    return diff.pow(2).sum(-1) if distance == "l2" else diff.abs().sum(-1)
-
-
-def tarp_ranks(
-    samples: Tensor,
-    theta: Tensor,
-    references: Tensor,
-    *,
-    scale: Tensor | None = None,
-    distance: str = "l2",
-) -> Tensor:
-    r"""TARP ranks :math:`r_i = \#\{k : d(\theta_{ik}, \theta^r_i) < d(\theta^*_i, \theta^r_i)\}`.
-
-    Arguments:
-        samples: posterior samples ``(S, *, N, D)`` (the layout of ``Posterior.sample``).
-        theta: true parameters ``(*, N, D)``.
-        references: reference points ``(*, N, D)``.
-        scale: per-dimension scale ``(D,)`` or ``(*, D)``; distances are computed on
-            ``theta / scale``. ``None``: unscaled.
-        distance: ``"l2"`` (Euclidean) or ``"l1"``.
-
-    Returns:
-        ``(*, N)`` int64 ranks in ``{0, ..., S}``.
-    """
-    check_choice("distance", distance, DISTANCES)
-    check_points("theta", theta)
-    if samples.ndim != theta.ndim + 1 or samples.shape[1:] != theta.shape:
-        raise ValueError(
-            f"samples must have shape (S, {', '.join(map(str, theta.shape))}) like theta "
-            f"with a leading sample axis, got {tuple(samples.shape)}"
-        )
-    if references.shape != theta.shape:
-        raise ValueError(
-            f"references must have the shape of theta {tuple(theta.shape)}, "
-            f"got {tuple(references.shape)}"
-        )
-    blocks = pair_blocks(theta.shape[0], samples.shape[0] * theta.shape[-1])
-    if theta.ndim == 2 and len(blocks) > 1:  # by blocks of pairs: bounded scratch
-        return torch.cat([tarp_ranks(samples[:, rows], theta[rows], references[rows],
-                                     scale=scale, distance=distance) for rows in blocks])
-    inverse = 1.0 if scale is None else 1.0 / scale.unsqueeze(-2)
-    d_true = _distance((theta - references) * inverse, distance)
-    d_samples = _distance((samples - references) * inverse, distance)
-    return (d_samples < d_true).sum(0)
 
 
 def tarp_rank_table(
@@ -339,96 +189,6 @@ def tarp_rank_table(
     return out
 
 
-def tarp_counts(ranks: Tensor, num_posterior_samples: int) -> Tensor:
-    """Histogram of ranks ``(*, N)`` over ``{0, ..., S}``: ``(*, S + 1)`` int64 counts."""
-    return rank_histogram(ranks.unsqueeze(-1), num_posterior_samples).squeeze(-2)
-
-
-def _midpoints(cells: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    return (torch.arange(cells, dtype=dtype, device=device) + 0.5) / cells
-
-
-def expected_coverage(counts: Tensor, credibility: Tensor) -> Tensor:
-    r"""Expected coverage :math:`\mathrm{ECP}(c) = \frac{1}{N} \#\{i : c_i \le c\}`.
-
-    Arguments:
-        counts: rank histogram ``(*, S + 1)``.
-        credibility: credibility levels ``c``, ``(A,)`` in :math:`[0, 1]`.
-
-    Returns:
-        ``(*, A)`` in float64.
-    """
-    check_finite("credibility", credibility)
-    counts = counts.double()
-    cells = counts.shape[-1]
-    cdf = torch.cat([torch.zeros_like(counts[..., :1]), counts.cumsum(-1)], -1)
-    cdf = cdf / counts.sum(-1, keepdim=True).clamp_min(1.0)
-    mids = _midpoints(cells, torch.float64, counts.device)
-    index = torch.searchsorted(mids, credibility.double().to(counts.device), right=True)
-    return cdf[..., index]
-
-
-def _ks_coverage_error(counts: Tensor) -> tuple[Tensor, Tensor]:
-    """Exact sup-deviation of the ECP step function from the diagonal, and the signed
-    area of its upper half (``coverage_error``)."""
-    counts = counts.double()
-    cells = counts.shape[-1]
-    total = counts.sum(-1, keepdim=True).clamp_min(1.0)
-    upper = counts.cumsum(-1) / total  # ECP just after each jump
-    lower = upper - counts / total  # ECP just before it
-    mids = _midpoints(cells, torch.float64, counts.device)
-    statistic = torch.maximum((upper - mids).amax(-1), (mids - lower).amax(-1))
-    error = (counts * (1.0 - mids.clamp_min(0.5))).sum(-1) / total.squeeze(-1) - 0.375
-    return statistic, error
-
-
-def tarp_test(
-    counts: Tensor,
-    *,
-    num_null: int = 1000,
-    level: float = 0.05,
-    num_bins: int = 100,
-    generator: torch.Generator | None = None,
-) -> TARPResult:
-    r"""Monte Carlo test of uniform ranks, coverage error and the curve from a rank histogram.
-
-    Arguments:
-        counts: rank histogram ``(*, S + 1)`` (:func:`tarp_counts`).
-        num_null: ``B`` null histograms drawn per test.
-        level: the band is the ``1 - level`` quantile of the null statistics.
-        num_bins: the curve is returned on ``num_bins + 1`` credibility levels in [0, 1].
-        generator: random generator for the null draws.
-
-    Returns:
-        :class:`TARPResult`.
-    """
-    check_positive("num_null", num_null, integer=True)
-    check_positive("num_bins", num_bins, integer=True)
-    check_probability("level", level)
-    if counts.ndim < 1 or counts.shape[-1] < 2:
-        raise ValueError(
-            f"counts must have shape (*, S + 1) with S >= 1, got {tuple(counts.shape)}"
-        )
-    _check_counts("counts", counts, unit="calibration pair")
-    total = counts.sum(-1)
-    statistic, error = _ks_coverage_error(counts)
-    null = uniform_multinomial(total.cpu(), counts.shape[-1], num_null, generator)
-    null_statistic = _ks_coverage_error(null)[0].to(counts.device)
-    p_value = monte_carlo_p_value(statistic, null_statistic, tolerance=1e-12, dtype=torch.float64)
-    credibility = torch.linspace(0.0, 1.0, num_bins + 1, dtype=torch.float64,
-                                 device=counts.device)  # fmt: skip
-    return TARPResult(
-        statistic=statistic,
-        p_value=p_value,
-        coverage_error=error,
-        band=torch.quantile(null_statistic, 1.0 - level, dim=-1),
-        level=torch.tensor(level, dtype=torch.float64),
-        credibility=credibility,
-        coverage=expected_coverage(counts, credibility),
-        num_pairs=total,
-    )
-
-
 def tarp_permutation_test(
     table: Tensor,
     num_posterior_samples: int,
@@ -473,8 +233,11 @@ def tarp_permutation_test(
     table = table.cpu().long().reshape(-1, n, k, num_refs)  # (T, N, K, R)
     sets = table.shape[0]
     offsets = (torch.arange(sets) * cells).view(sets, 1, 1)
-    counts = torch.bincount((table[:, :, 0] + offsets).flatten(),
-                            minlength=sets * cells).view(sets, cells)  # fmt: skip
+    by_reference = (table[:, :, 0] + (offsets.view(sets, 1) * num_refs + torch.arange(num_refs)
+                                      * cells).unsqueeze(1))  # (T, N, R): one histogram each
+    by_reference = torch.bincount(by_reference.flatten(), minlength=sets * num_refs * cells)
+    by_reference = by_reference.view(sets, num_refs, cells)
+    counts = by_reference.sum(1)  # (T, S + 1)
     statistic, error = _ks_coverage_error(counts)  # (T,)
     rows = torch.arange(n)
     block = max(1, _NULL_BLOCK_NUMBERS // max(sets * n * num_refs, 1))
@@ -487,6 +250,8 @@ def tarp_permutation_test(
         null_counts = torch.bincount(ranks.flatten(), minlength=sets * size * cells)
         null.append(_ks_coverage_error(null_counts.view(sets, size, cells))[0])
     null_statistic = torch.cat(null, -1)  # (T, B)
+    p_value = monte_carlo_p_value(statistic, null_statistic, tolerance=1e-12, dtype=torch.float64)
+    p_error = _p_value_error(p_value, statistic, null_statistic, counts, by_reference)
     credibility = torch.linspace(0.0, 1.0, num_bins + 1, dtype=torch.float64)
 
     def shaped(value: Tensor) -> Tensor:
@@ -494,15 +259,35 @@ def tarp_permutation_test(
 
     return TARPResult(
         statistic=shaped(statistic),
-        p_value=shaped(monte_carlo_p_value(statistic, null_statistic, tolerance=1e-12,
-                                           dtype=torch.float64)),
+        p_value=shaped(p_value),
         coverage_error=shaped(error),
         band=shaped(torch.quantile(null_statistic, 1.0 - level, dim=-1)),
         level=torch.tensor(level, dtype=torch.float64),
         credibility=credibility.to(device),
         coverage=shaped(expected_coverage(counts, credibility)),
         num_pairs=torch.full(lead, n, device=device),
+        p_value_error=shaped(p_error),
     )  # fmt: skip
+
+
+def _p_value_error(
+    p_value: Tensor, statistic: Tensor, null: Tensor, counts: Tensor, by_reference: Tensor
+) -> Tensor:
+    """Monte Carlo standard error of the permutation p-value ``(T,)``: the binomial error
+    of the ``B`` permutations and the jackknife error over the ``R`` references (the
+    statistic without each reference's histogram), carried to the p-value through the
+    null statistics, added in quadrature."""
+    draws = null.shape[-1]
+    binomial = (p_value * (1 - p_value) / draws).sqrt()
+    num_refs = by_reference.shape[1]
+    if num_refs < 2:
+        return binomial
+    left_out = _ks_coverage_error(counts.unsqueeze(1) - by_reference)[0]  # (T, R)
+    spread = ((num_refs - 1) / num_refs * (left_out - left_out.mean(1, keepdim=True))
+              .square().sum(1)).sqrt()  # fmt: skip
+    low = monte_carlo_p_value(statistic - spread, null, dtype=torch.float64)
+    high = monte_carlo_p_value(statistic + spread, null, dtype=torch.float64)
+    return (binomial.square() + ((low - high) / 2).square()).sqrt()
 
 
 def tarp(
@@ -570,17 +355,7 @@ def tarp(
             raise ValueError(f"references must have shape (R, {n}, {d}) or ({n}, {d}) like "
                              f"theta, got {tuple(references.shape)}")  # fmt: skip
         check_finite("references", references)
-    scale = tarp_fit_scale(values) if scale is None else _check_scale(scale, d)
+    scale = tarp_fit_scale(values) if scale is None else check_scale(scale, d)
     table = tarp_rank_table(samples, theta, references, scale=scale, distance=distance)
     return tarp_permutation_test(table, samples.shape[0], num_null=num_null, level=level,
                                  num_bins=num_bins, generator=generator)  # fmt: skip
-
-
-def _check_scale(scale: Tensor, dim: int | None = None) -> Tensor:
-    """Raise unless ``scale`` is a positive finite tensor of shape ``(dim,)`` (any ``(D,)``)."""
-    if not isinstance(scale, Tensor) or scale.ndim != 1 or dim not in (None, scale.shape[0]):
-        shape = tuple(scale.shape) if isinstance(scale, Tensor) else type(scale).__name__
-        raise ValueError(f"scale must be a tensor of shape ({dim or 'D'},), got {shape}")
-    if not bool((scale > 0).all()) or not bool(torch.isfinite(scale).all()):
-        raise ValueError(f"scale must be a positive tensor of finite values, got {scale.tolist()}")
-    return scale

@@ -61,6 +61,8 @@ class JointC2STResult(Result):
             :math:`\bar u_i`, ``(N,)``.
         num_train: pairs each classifier trained on.
         num_classifiers: classifiers trained (folds x repetitions x ensemble members).
+        p_value_error: ``()`` Monte Carlo standard error of ``p_value`` over the
+            repetitions: what other folds and initializations could move it by.
     """
 
     logged = ("p_value", "statistic", "mean_rank")
@@ -72,6 +74,7 @@ class JointC2STResult(Result):
     ranks: Tensor
     num_train: int
     num_classifiers: int
+    p_value_error: Tensor | None = None
 
 
 def joint_c2st(
@@ -129,14 +132,14 @@ def joint_c2st(
     members = folds * repeats * num_ensemble
     ensemble = make_ensemble(classifier, members, stream_seed(seed, 2, *key),
                              **(classifier_kwargs or {}))  # fmt: skip
-    z, p_value, ranks = joint_c2st_test(
+    z, p_value, ranks, error = joint_c2st_test(
         theta[None], x[None], samples.to(theta)[None], ensemble, assignment,
         generator(seed, 3, *key),
     )  # fmt: skip
     num_train = theta.shape[0] - int(max(assignment.eq(k).sum(1).max() for k in range(folds)))
     return JointC2STResult(statistic=z[0], p_value=p_value[0], mean_rank=ranks[0].mean(),
-                           ranks=ranks[0], num_train=num_train,
-                           num_classifiers=members)  # fmt: skip
+                           ranks=ranks[0], num_train=num_train, num_classifiers=members,
+                           p_value_error=error[0])  # fmt: skip
 
 
 class JointC2ST(KeepShapes):

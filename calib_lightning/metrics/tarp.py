@@ -26,11 +26,11 @@ from calib_lightning._distributed import (
     shape_empty_list_states,
 )
 from calib_lightning.evaluation import check_event_size, checked_samples, draws
+from calib_lightning.functional._tarp_coordinates import check_scale
 from calib_lightning.functional.tarp import (
     DISTANCES,
     NUM_REFERENCES,
     TARPResult,
-    _check_scale,
     pooled_values,
     tarp_box,
     tarp_fit_scale,
@@ -179,7 +179,7 @@ class TARP(Metric):
 
         empty = torch.empty(0)
         if scale is not None:
-            _check_scale(scale)
+            check_scale(scale)
         low = high = empty
         if reference_bounds is not None:
             low, high = (torch.as_tensor(b).detach().clone() for b in reference_bounds)
@@ -318,13 +318,14 @@ class TARP(Metric):
         over-confident; ``Reading the sign`` in :mod:`calib_lightning.functional.sbc`).
         """
         parts = []
-        if isinstance(self.tables, Tensor):
-            parts.append(self.tables)
-        elif self.tables:
-            parts.append(dim_zero_cat(self.tables))
+        tables = self.tables
+        if isinstance(tables, list):  # not synced: this process's batches
+            tables = dim_zero_cat(tables) if tables else None
+        if tables is not None and tables.numel():  # (synced, empty everywhere: a 1-D stub)
+            parts.append(tables.long())
         pending = self._pending_table()
         if pending is not None:
-            parts.append(pending.to(parts[0].device) if parts else pending)
+            parts.append(pending.long().to(parts[0].device) if parts else pending.long())
         table = torch.cat(parts) if parts else None
         if table is None or table.shape[0] == 0:
             raise ValueError("TARP.compute() needs at least one update with N >= 1 pairs, got none")
