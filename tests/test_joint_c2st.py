@@ -213,21 +213,25 @@ def test_rank_sum_p_value_does_not_underflow():
 
 
 def test_decision_does_not_depend_on_the_seed_where_the_test_sees_the_error():
-    """One fixed calibration set (N = 1000) of a posterior shrunk 30 % of the way to the
-    prior: a single split (one fold pair, no repetition) decides by lottery over seeds;
-    the default cross-fit rejects at every seed."""
+    """One fixed calibration set (N = 1000) of a posterior shrunk 3.5 % of the way to the
+    prior: the default cross-fit rejects at every one of 8 seeds; the exact posterior at
+    most at one (each seed is a valid test at 0.05: on fixed data under H0 the p-value
+    still moves with the seed, 0.006-0.92 here, and says so through its Monte Carlo
+    error); the reported error is of the size of the spread over seeds."""
     g = torch.Generator().manual_seed(10)
     theta, x = TOY.sample(1000, g)
     torch.manual_seed(10)
-    samples = _shrunk(TOY, 0.3)(x).sample((100,))
-    one = [float(joint_c2st(theta, x, samples, repeats=1, seed=s).p_value) for s in range(8)]
-    default = [float(joint_c2st(theta, x, samples, seed=s).p_value) for s in range(8)]
-    assert max(default) < 0.05
-    assert max(one) / min(one) > 10 * max(default) / min(default)
-    # the reported Monte Carlo error is of the size of the spread over seeds
-    errors = [float(joint_c2st(theta, x, samples, seed=s).p_value_error) for s in range(8)]
-    spread = float(torch.tensor(default).std())
-    assert spread / 4 <= sum(errors) / 8 <= spread * 4
+    for posterior, rejects in ((_shrunk(TOY, 0.035), True), (TOY.posterior(), False)):
+        samples = posterior(x).sample((100,))
+        out = [joint_c2st(theta, x, samples, seed=s) for s in range(8)]
+        p = torch.stack([o.p_value for o in out])
+        if rejects:
+            assert bool((p < 0.05).all()), p
+        else:
+            assert int((p < 0.05).sum()) <= 1, p
+        error = float(torch.stack([o.p_value_error for o in out]).mean())
+        spread = float(p.std())
+        assert spread / 4 <= error <= spread * 4 or max(error, spread) < 0.005, (error, spread)
 
 
 def test_bad_inputs_raise():

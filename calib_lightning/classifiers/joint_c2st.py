@@ -6,11 +6,12 @@ information about :math:`\theta^*`. For each repetition and fold a classifier le
 :math:`d(\theta, x) = P(\text{class } 1 \mid \theta, x)` on the other folds, with class 1
 :math:`(\theta^*_i, x_i)` and class 0 :math:`(\tilde\theta_i, x_i)`, one posterior draw
 per pair (:func:`joint_c2st_train`), and scores the :math:`M + 1` values (the truth and
-the ``M`` draws) of every pair of its fold. Each pair's rank of the truth, averaged over
-the repetitions, and its exact null variance
-(:func:`~calib_lightning.functional.joint_c2st.averaged_ranks`) give the test
-(:func:`~calib_lightning.functional.joint_c2st.rank_sum_test`). ``B`` datasets train at
-once, ``R K`` groups of ``E`` ensemble members each.
+the ``M`` draws) of every pair of its fold. The ranks of the truths in a fold and their
+exact null variances (:func:`~calib_lightning.functional.joint_c2st.averaged_ranks`) give
+the fold's exact test (:func:`~calib_lightning.functional.joint_c2st.rank_sum_test`), and
+the ``K R`` fold p-values are combined by the Cauchy combination (why not one pooled
+statistic: :mod:`calib_lightning.functional.joint_c2st`). ``B`` datasets train at once,
+``R K`` groups of ``E`` ensemble members each.
 
 References:
     Bansal, Chen, Scott. "Conformal C2ST: Turning weak classifiers into strong two-sample
@@ -24,10 +25,11 @@ from torch import Tensor
 
 from calib_lightning._checks import check_positive
 from calib_lightning.classifiers._make import Ensemble
+from calib_lightning.functional.combine import combine_p_values
 from calib_lightning.functional.joint_c2st import (
     averaged_ranks,
+    normal_two_sided_p_value,
     rank_sum_test,
-    repeat_p_value_error,
 )
 
 __all__ = ["joint_c2st_folds", "joint_c2st_test", "joint_c2st_train"]
@@ -112,9 +114,12 @@ def joint_c2st_test(
         rank_generator: draws the tie-breaking of the ranks.
 
     Returns:
-        ``(z, p_value, ranks, p_value_error)``: ``(B,)``, ``(B,)``, every pair's averaged
-        rank ``(B, N)``, the p-value's Monte Carlo error over the repetitions ``(B,)``
-        (:func:`~calib_lightning.functional.joint_c2st.repeat_p_value_error`).
+        ``(z, p_value, ranks, p_value_error)``: the mean of the fold statistics
+        :math:`Z_f` ``(B,)`` (each ``N(0, 1)`` under :math:`H_0`, positive when the truths
+        score above the draws), the Cauchy combination of the folds' two-sided p-values
+        ``(B,)``, every pair's rank averaged over the repetitions ``(B, N)``, and the
+        p-value's Monte Carlo error ``(B,)``: the standard error over the repetitions of
+        each repetition's own combination (0 for one repetition).
         Each classifier trains on the first ``n_train`` pairs outside its fold, ``n_train``
         the smallest such count (folds differ in size by at most one).
     """
@@ -154,11 +159,19 @@ def joint_c2st_test(
     scores = _scores(classifier, points.reshape(datasets * groups, -1, dim),
                      context.reshape(datasets * groups, -1, x.shape[-1]), ensemble)  # fmt: skip
     scores = scores.view(datasets, repeats, num_folds, num_values, held_size)
-    per_pair = scores.new_empty(datasets, repeats, num_values, num_pairs)
+    statistics = scores.new_empty(datasets, repeats, num_folds)
+    ranks = scores.new_empty(datasets, repeats, num_pairs)
     for r in range(repeats):
         for k in range(num_folds):
-            idx = held[r * num_folds + k, : int(sizes[r, k])]
-            per_pair[:, r, :, idx] = scores[:, r, k, :, : len(idx)]
-    ranks, variance, per_repeat = averaged_ranks(per_pair, rank_generator)
-    z, p_value = rank_sum_test(ranks, variance)
-    return z, p_value, ranks, repeat_p_value_error(per_repeat, variance)
+            size = int(sizes[r, k])
+            idx = held[r * num_folds + k, :size]
+            fold = scores[:, r, k, :, :size].unsqueeze(1)  # (B, 1, M + 1, n_fold)
+            u, variance, _ = averaged_ranks(fold, rank_generator)
+            statistics[:, r, k] = rank_sum_test(u, variance)[0]
+            ranks[:, r, idx] = u
+    p_folds = normal_two_sided_p_value(statistics)  # (B, R, K)
+    p_value = combine_p_values(p_folds.flatten(1), dim=-1)
+    error = torch.zeros_like(p_value)
+    if repeats > 1:
+        error = combine_p_values(p_folds, dim=-1).std(-1) / repeats**0.5
+    return statistics.flatten(1).mean(-1), p_value, ranks.mean(1), error

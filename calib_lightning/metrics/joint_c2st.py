@@ -50,19 +50,21 @@ class JointC2STResult(Result):
     r"""Result of :class:`JointC2ST` (and of :func:`joint_c2st`).
 
     Attributes:
-        statistic: :math:`Z = \sum_i (\bar u_i - \frac12) / \sqrt{\sum_i \sigma_i^2}`,
-            ``()``; about ``N(0, 1)`` under :math:`H_0`, large when the classifiers tell
-            true pairs from the posterior's (negative when they rank them below the draws).
-        p_value: two-sided :math:`2 \Phi(-|Z|)`, ``()`` (the verdict), from
-            :math:`\log \Phi`: it does not underflow before ``2.2e-308``.
+        statistic: the mean of the folds' statistics :math:`Z_f`, ``()``; each is
+            ``N(0, 1)`` under :math:`H_0`, large when the classifiers tell true pairs from
+            the posterior's (negative when they rank them below the draws).
+        p_value: the Cauchy combination of the folds' two-sided p-values
+            :math:`2 \Phi(-|Z_f|)`, ``()`` (the verdict); from :math:`\log \Phi`, so it
+            does not underflow before ``2.2e-308``.
         mean_rank: :math:`\frac1N \sum_i \bar u_i`, ``()``: 0.5 when calibrated, up to 1
             when the true parameters always score above the posterior draws.
         ranks: every pair's conformal rank averaged over the repetitions,
             :math:`\bar u_i`, ``(N,)``.
         num_train: pairs each classifier trained on.
         num_classifiers: classifiers trained (folds x repetitions x ensemble members).
-        p_value_error: ``()`` Monte Carlo standard error of ``p_value`` over the
-            repetitions: what other folds and initializations could move it by.
+        p_value_error: ``()`` Monte Carlo standard error of ``p_value``: the standard
+            error over the repetitions of each repetition's own combination, what other
+            folds and initializations could move it by.
     """
 
     logged = ("p_value", "statistic", "mean_rank")
