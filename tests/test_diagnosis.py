@@ -371,3 +371,30 @@ def test_diagnose_gives_the_local_test_enough_null_classifiers_to_name_an_observ
         assert num_obs / (1 + h) <= 0.05 / 2  # the smallest Holm-adjusted p-value
     assert local_num_null(3, 0.05) == 120
     assert local_num_null(2, 0.05) == 100
+
+
+def test_a_verdict_inside_its_monte_carlo_error_says_so():
+    """A randomized check whose p-value lies within twice its Monte Carlo error of the
+    level is named as one another seed may reverse, in the sentence, the table and the
+    summary; one far from the level is not."""
+    import dataclasses
+
+    from calib_lightning.diagnosis._verdict import verdict
+    from calib_lightning.functional.tarp import tarp
+
+    theta, x = pairs(300, seed=7)
+    samples = TOY.posterior()(x).sample((50,))
+    result = tarp(samples, theta, generator=torch.Generator().manual_seed(0))
+    near = dataclasses.replace(result, p_value=torch.tensor(0.045, dtype=torch.float64),
+                               p_value_error=torch.tensor(0.01, dtype=torch.float64))
+    far = dataclasses.replace(near, p_value=torch.tensor(0.001, dtype=torch.float64),
+                              p_value_error=torch.tensor(0.001, dtype=torch.float64))
+    found = verdict({"tarp": near}, 0.05)
+    assert found.unsettled == {"tarp": (0.045, 0.01)}
+    assert "TARP (p = 0.045 ± 0.01) within twice its Monte Carlo error" in found.sentence
+    assert verdict({"tarp": far}, 0.05).unsettled == {}
+    report = cl.diagnosis.Diagnosis({"tarp": near}, level=0.05)
+    row = next(r for r in report.rows() if r["check"] == "tarp")
+    assert row["verdict"] == "rejected (within Monte Carlo error)"
+    assert row["p_value_error"] == 0.01
+    assert report.summary()["unsettled"] == {"tarp": {"p_value": 0.045, "p_value_error": 0.01}}

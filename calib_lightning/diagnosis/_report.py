@@ -24,7 +24,14 @@ from calib_lightning.diagnosis._compare import Comparison
 from calib_lightning.diagnosis._html import DISAGREE, TITLES, caption, style, table
 from calib_lightning.diagnosis._sizes import quantile as _quantile
 from calib_lightning.diagnosis._sizes import size as _size
-from calib_lightning.diagnosis._verdict import LOCAL_TESTS, NAMES, VERDICT_CHECKS, Verdict, verdict
+from calib_lightning.diagnosis._verdict import (
+    LOCAL_TESTS,
+    NAMES,
+    VERDICT_CHECKS,
+    Verdict,
+    verdict,
+    verdict_p_value_error,
+)
 from calib_lightning.plots._format import format_p_value
 
 if TYPE_CHECKING:
@@ -131,7 +138,10 @@ class Diagnosis:
                 "verdict": "" if p is None else ("rejected" if p < self.level else "not rejected"),
                 "size": _size(name, result, self.findings, self.level),
                 "seconds": self.seconds.get(name),
+                "p_value_error": verdict_p_value_error(name, result),
             }
+            if name in self.findings.unsettled:
+                row["verdict"] += " (within Monte Carlo error)"
             if name in self.findings.cannot_reject:
                 row["verdict"] = (f"cannot reject at this size (smallest p "
                                   f"{self.findings.cannot_reject[name]:.2g})")  # fmt: skip
@@ -144,7 +154,7 @@ class Diagnosis:
         for name, reason in self.skipped.items():
             rows.append({"check": name, "statistic": None, "p_value": None,
                          "global_p_value": None, "verdict": f"skipped: {reason}",
-                         "seconds": None, "size": ""})  # fmt: skip
+                         "seconds": None, "size": "", "p_value_error": None})  # fmt: skip
         return rows
 
     def table(self) -> str:
@@ -206,6 +216,8 @@ class Diagnosis:
             "observations": {name: dataclasses.asdict(o)
                              for name, o in self.findings.observations.items()},
             "cannot_reject": self.findings.cannot_reject,
+            "unsettled": {name: {"p_value": p, "p_value_error": e}
+                          for name, (p, e) in self.findings.unsettled.items()},
             "regions": None if self.regions is None else self.regions.rows(),
             "multiple_testing": MULTIPLE_TESTING,
         }  # fmt: skip

@@ -34,6 +34,13 @@ misspecification test with ``global_method="holm"``, so its row and its list agr
 ``1 - level`` confidence interval, the mean fractional marginal rank (0.5 when
 unbiased), the L-C2ST statistic beside its null quantile.
 
+**Monte Carlo error.** A randomized check's p-value moves with the seed by about its
+``p_value_error`` (the permutations, bootstrap or null classifiers it drew, the
+references and repetitions it averaged; for the local tests the binomial error of their
+null classifiers). When the p-value lies within twice that error of the level, the
+decision is one another seed may reverse: the sentence says so (``Verdict.unsettled``)
+instead of presenting it as settled.
+
 **Cannot reject.** A permutation or conformal test has a smallest attainable p-value
 (``result.smallest_p_value``); when it, times the multiplicity, is not below the level,
 the check could not have rejected whatever the data, and the sentence and the table say
@@ -65,6 +72,7 @@ __all__ = [
     "overall_p_value",
     "smallest_verdict_p_value",
     "verdict",
+    "verdict_p_value_error",
     "verdict_sentence",
 ]
 
@@ -170,6 +178,7 @@ class Verdict:
     directions: list[Direction]
     observations: dict[str, ObservationList]
     cannot_reject: dict[str, float]
+    unsettled: dict[str, tuple[float, float]]
 
 
 def combine_verdicts(p_values: Mapping[str, float]) -> float:
@@ -214,6 +223,24 @@ def smallest_verdict_p_value(result: Any) -> float | None:
     if value is None:
         value = getattr(result, "smallest_p_value", None)
     return None if value is None else float(value)
+
+
+def verdict_p_value_error(name: str, result: Any) -> float | None:
+    r"""The Monte Carlo standard error of a check's verdict p-value, or ``None`` (an
+    analytic test, or not estimated): ``global_p_value_error`` / ``p_value_error`` where
+    the result carries it, else for a test with ``H`` null classifiers the binomial error
+    :math:`\sqrt{p (1 - p) / H}` of its verdict p-value."""
+    field = VERDICT_CHECKS.get(name, getattr(type(result), "verdict", None))
+    for attribute in ("global_p_value_error", "p_value_error") if field == "global_p_value" \
+            else ("p_value_error",):  # fmt: skip
+        value = getattr(result, attribute, None)
+        if value is not None and (not hasattr(value, "numel") or value.numel() == 1):
+            return float(value)
+    p = _verdict_p_value(name, result)
+    nulls = getattr(result, "null_statistics", None)
+    if p is None or nulls is None:
+        return None
+    return math.sqrt(p * (1 - p) / nulls.shape[0])
 
 
 def _observations(indices: Sequence[int]) -> str:
@@ -317,6 +344,16 @@ def verdict(
     cannot = {n: s for n, r in checks.items()
               if (s := smallest_verdict_p_value(r)) is not None and s >= level}  # fmt: skip
     notes = [_cannot(n, checks[n], s, level) for n, s in cannot.items()]
+    unsettled = {}
+    for name, result in checks.items():
+        p, error = _verdict_p_value(name, result), verdict_p_value_error(name, result)
+        if p is not None and error and abs(p - level) < 2 * error and name not in cannot:
+            unsettled[name] = (p, error)
+    if unsettled:
+        words = _and([f"{NAMES.get(n, (n, ''))[0]} (p = {p:.2g} ± {e:.1g})"
+                      for n, (p, e) in unsettled.items()])  # fmt: skip
+        notes.append(f"{words} within twice {'its' if len(unsettled) == 1 else 'their'} Monte "
+                     f"Carlo error of the level {level:g}: another seed may decide otherwise")
 
     ranks = checks.get("ranks")
     directions = [] if ranks is None else direction_tests(
@@ -398,7 +435,8 @@ def verdict(
         head = "miscalibrated: " + "; ".join(found)
     sentence = "; ".join([head, *tail, *notes]) + "."
     return Verdict(sentence=sentence, overall_p_value=overall, rejected=rejected,
-                   directions=directions, observations=lists, cannot_reject=cannot)  # fmt: skip
+                   directions=directions, observations=lists, cannot_reject=cannot,
+                   unsettled=unsettled)  # fmt: skip
 
 
 def verdict_sentence(
