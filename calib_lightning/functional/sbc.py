@@ -78,6 +78,7 @@ from torch import Tensor
 from calib_lightning._checks import check_positive, check_probability
 from calib_lightning._chunks import pair_blocks
 from calib_lightning.functional._rank_results import RankCalibrationResult, RankSummary, Sharpness
+from calib_lightning.functional._tails import chi2_sf
 from calib_lightning.functional.bands import (
     P_VALUE_FLOOR,
     ecdf_levels,
@@ -151,8 +152,7 @@ def uniformity_test(histogram: Tensor, num_bins: int | None = None) -> tuple[Ten
     observed, edges = _binned_counts(histogram, num_bins)
     expected = n * (edges[1:] - edges[:-1]).double() / m1
     statistic = ((observed - expected) ** 2 / expected).sum(-1)
-    p_value = torch.special.gammaincc(statistic.new_tensor((num_bins - 1) / 2.0), statistic / 2)
-    return statistic, p_value.clamp_min(P_VALUE_FLOOR)
+    return statistic, chi2_sf(statistic, num_bins - 1)
 
 
 def sharpness(
