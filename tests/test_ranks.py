@@ -331,7 +331,7 @@ def test_non_finite_draws_name_the_affected_pairs():
         posterior_ranks(late, theta, x, 400, max_chunk_elements=2**20)  # one chunk
     samples, lp = _draw(toy.posterior(), x, 10)
     lp[3, 4] = float("nan")
-    with pytest.raises(ValueError, match=r"log_prob must be finite.* 1 of 20"):
+    with pytest.raises(ValueError, match=r"log_prob at its samples must be finite.* 1 of 20"):
         sbc_ranks(samples, lp, theta, toy.posterior()(x).log_prob(theta))
     lp_theta = toy.posterior()(x).log_prob(theta)
     lp_theta[0] = float("inf")

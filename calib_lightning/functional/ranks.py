@@ -34,7 +34,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_positive
+from calib_lightning._checks import NonFinitePairs, check_positive, non_finite_kinds
 from calib_lightning.functional.distance_rank import distance_log_prob
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "RankSums",
     "RankWorkspace",
     "draw_moments",
+    "draw_problems",
     "energy_ranks",
     "marginal_ranks",
     "rank_draw_chunk",
@@ -80,25 +81,38 @@ class RankWorkspace:
         return buffer[: like.numel()].view(like.shape)
 
 
-def _count_below(diff: Tensor, generator: torch.Generator | None) -> tuple[Tensor, bool]:
-    """``#{k : diff_k < 0}`` plus a uniform integer in ``[0, #{k : diff_k = 0}]``.
+def _count_signs(diff: Tensor) -> tuple[Tensor, Tensor]:
+    """``#{k : diff_k < 0}`` and ``#{k : diff_k = 0}`` over the first dimension of ``diff``
+    ``(M, *)``, int64 ``(*)`` each; ``diff`` is scratch (overwritten by its sign).
 
-    ``diff`` has shape ``(M, *)``, is scratch (overwritten by its sign) and is counted
-    over the first dimension. Two sums of ``s = sign(diff)`` give both counts:
-    ``sum(s) = above - below`` and ``sum(|s|) = above + below``. Also returns whether
-    any ``s`` was 0: a tie, or a NaN (``sign(nan) = 0``), which the caller rules out.
+    Two sums of ``s = sign(diff)`` give both counts: ``sum(s) = above - below`` and
+    ``sum(|s|) = above + below``. A NaN counts as a tie (``sign(nan) = 0``), which the
+    caller rules out.
     """
     m = diff.shape[0]
     exact = torch.float64 if m >= 2**24 or diff.dtype == torch.float64 else torch.float32
     sign = torch.sign(diff, out=diff)
     excess = sign.sum(0, dtype=exact)
     nonzero = sign.abs_().sum(0, dtype=exact)
-    below = ((nonzero - excess) / 2).round().long()
-    ties = m - nonzero.round().long()
+    return ((nonzero - excess) / 2).round().long(), m - nonzero.round().long()
+
+
+def _break_ties(
+    below: Tensor, ties: Tensor, generator: torch.Generator | None
+) -> tuple[Tensor, bool]:
+    """``below`` plus a uniform integer in ``[0, ties]`` per entry (the rank of a truth
+    among draws equal to it, at random), and whether there was any tie."""
     if not bool(ties.any()):
         return below, False
     u = torch.rand(ties.shape, generator=generator, dtype=torch.float64)
     return below + (u.to(ties.device) * (ties + 1)).floor().long().clamp_max(ties), True
+
+
+def _count_below(diff: Tensor, generator: torch.Generator | None) -> tuple[Tensor, bool]:
+    """``#{k : diff_k < 0}`` plus a uniform integer in ``[0, #{k : diff_k = 0}]`` over the
+    first dimension of the scratch ``diff`` ``(M, *)``, and whether any ``diff_k`` was 0:
+    a tie, or a NaN, which the caller rules out."""
+    return _break_ties(*_count_signs(diff), generator)
 
 
 def marginal_ranks(
@@ -165,29 +179,46 @@ def energy_ranks(
 
 
 def _raise_pairs(what: str, bad: Tensor, offset: int) -> None:
-    """Raise naming how many of the checked pairs are ``bad`` (flags ``(n,)``) and which."""
+    """Raise :class:`~calib_lightning._checks.NonFinitePairs` if any of the checked pairs
+    are ``bad`` (flags ``(n,)``, the first one row ``offset``)."""
     if bool(bad.any()):
-        first = (bad.nonzero().flatten()[:5] + offset).tolist()
-        raise ValueError(
-            f"{what}, got NaN/inf for {int(bad.sum())} of {bad.numel()} calibration pairs "
-            f"(pairs {offset}..{offset + bad.numel() - 1}; first affected: {first})"
-        )
+        raise NonFinitePairs({what: {"NaN": bad.cpu()}}, offset)
+
+
+#: what :func:`draw_problems` checks, in the order its messages list them
+LOG_PROB_THETA = "posterior log_prob at theta must be finite or -inf (zero density)"
+SAMPLES = "posterior samples must be finite"
+LOG_PROB = "posterior log_prob at its samples must be finite"
+
+
+def draw_problems(
+    samples: Tensor, log_prob_samples: Tensor | None, log_prob_theta: Tensor | None
+) -> dict[str, dict[str, Tensor]]:
+    """Which pairs hold non-finite draws ``(s, n, D)``, draw log-densities ``(s, n)`` or a
+    NaN / ``+inf`` truth log-density ``(n,)``: what must hold -> kind -> ``(n,)`` flags
+    (only what some pair breaks; never raises)."""
+    problems = {}
+    if log_prob_theta is not None:
+        problems[LOG_PROB_THETA] = non_finite_kinds(log_prob_theta, allow_negative_infinity=True)
+    problems[SAMPLES] = non_finite_kinds(samples, pair_dim=1)
+    if log_prob_samples is not None:
+        problems[LOG_PROB] = non_finite_kinds(log_prob_samples, pair_dim=1)
+    return {what: kinds for what, kinds in problems.items() if kinds}
 
 
 def _check_log_prob_theta(log_prob_theta: Tensor, offset: int = 0) -> None:
-    bad = log_prob_theta.isnan() | (log_prob_theta == float("inf"))
-    _raise_pairs("posterior log_prob at theta must be finite or -inf (zero density)",
-                 bad.flatten(), offset)  # fmt: skip
+    kinds = non_finite_kinds(log_prob_theta, allow_negative_infinity=True)
+    if kinds:
+        raise NonFinitePairs({LOG_PROB_THETA: kinds}, offset)
 
 
 def _check_draws(
     samples: Tensor, log_prob_samples: Tensor, log_prob_theta: Tensor, offset: int = 0
 ) -> None:
     """Raise, counting the affected pairs, on non-finite draws or a NaN/+inf truth density."""
-    for name, value in (("samples", samples), ("log_prob", log_prob_samples[..., None])):
-        bad = (~torch.isfinite(value)).any(0).any(-1).flatten()  # one flag per pair
-        _raise_pairs(f"posterior {name} must be finite", bad, offset)
-    _check_log_prob_theta(log_prob_theta, offset)
+    problems = draw_problems(samples, log_prob_samples, log_prob_theta)
+    if problems:
+        raise NonFinitePairs(problems, offset)
 
 
 def sbc_ranks(
