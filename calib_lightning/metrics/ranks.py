@@ -71,8 +71,10 @@ def posterior_ranks(
 
     The chunks come from :func:`calib_lightning.evaluation.draw_chunks` (memory: one
     chunk of draws sized from the memory budget, :func:`calib_lightning.set_memory_budget`,
-    or of ``max_chunk_elements`` numbers, their log-densities and two scratch buffers of
-    its size, plus the ``(N, D + 1)`` outputs); each is reduced by
+    or of ``max_chunk_elements`` numbers, and their log-densities; on the CPU, scratch
+    arrays of a block of
+    :data:`~calib_lightning.functional.ranks.BLOCK_NUMBERS` draws, elsewhere two of the
+    chunk's size; plus the ``(N, D + 1)`` outputs); each is reduced by
     :func:`~calib_lightning.functional.ranks.rank_draw_chunk` and the sums of a block of
     pairs add up over its chunks. The sharpness moments use the first
     ``min(M, MOMENT_DRAWS)`` draws of each pair.
@@ -215,8 +217,8 @@ class RankCalibration(LazyDimension):
     al.'s formula so the prior variance stays exact far from the origin (e.g.
     :math:`\theta = 10^9 + 0.01 z`). Memory is constant in the number of updates;
     ``update`` needs one chunk of draws, sized so that sampling it peaks near the memory
-    budget (:func:`calib_lightning.set_memory_budget`, 256 MiB by default), and two
-    scratch buffers of its size.
+    budget (:func:`calib_lightning.set_memory_budget`, 256 MiB by default), and scratch
+    arrays for ranking it (on the CPU about 4 MiB; on a GPU two of the chunk's size).
 
     Arguments:
         num_posterior_samples: ``M >= 2`` draws per pair.
