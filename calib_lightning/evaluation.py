@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -36,11 +37,14 @@ import torch
 from torch import Tensor
 
 from calib_lightning._checks import (
+    NonFinitePairs,
     check_finite,
+    check_finite_pairs,
     check_matrix,
     check_pairs,
     check_positive,
     check_same_device_dtype,
+    non_finite_kinds,
 )
 from calib_lightning._draw_cache import SharedDraws
 from calib_lightning._event_size import check_event_size
@@ -68,26 +72,73 @@ __all__ = [
 ]
 
 
+@contextlib.contextmanager
+def _named_in_full(**inputs: Tensor) -> Iterator[None]:
+    """Errors raised on blocks of rows name the caller's whole ``inputs``.
+
+    The loops below call the posterior on blocks of rows of ``theta`` and ``x`` (the
+    probe chunk: 28 pairs of 9 draws); an argument error raised there (theta's width, x
+    against the model's context) would show the block's shape, ``(28, 1)`` for an ``x``
+    of shape ``(200, 1)``. In the message of a ``ValueError`` leaving the block, a shape
+    ``(k, *X)`` with ``k <= N`` rows and the trailing shape of an input ``(N, *X)`` is
+    that input's: it becomes ``(N, *X)``.
+    """
+    try:
+        yield
+    except ValueError as error:
+        message = str(error)
+        for value in inputs.values():
+            n, tail = value.shape[0], "".join(f", {size}" for size in value.shape[1:])
+            block = re.compile(rf"\((\d+){re.escape(tail)}\)")
+            message = block.sub(lambda m, n=n, tail=tail: f"({n}{tail})"
+                                if int(m.group(1)) <= n else m.group(0), message)  # fmt: skip
+        if error.args and message != str(error):
+            error.args = (message, *error.args[1:])
+        raise
+
+
 def scores(
     posterior: Posterior | Any, theta: Tensor, x: Tensor, *, create_graph: bool = False
 ) -> Tensor:
     r"""Scores :math:`\nabla_\theta \log q(\theta_i \mid x_i)` at the pairs, ``(N, D)``,
-    checked finite.
+    checked finite, as are the log-densities :math:`\log q(\theta_i \mid x_i)` they are
+    the gradients of.
+
+    A log-density of ``±inf`` or NaN can have a finite gradient (``log_prob + inf`` has
+    the gradient of ``log_prob``), so the scores alone would pass: the log-densities are
+    evaluated too (one more forward pass per pair, without gradient) wherever the
+    posterior computes them cheaply (:func:`~calib_lightning.posteriors.density_draws`:
+    not through an ODE's trace).
 
     Arguments:
         posterior: anything :func:`calib_lightning.as_posterior` accepts.
         theta: parameters ``(N, D)``.
         x: observations ``(N, *X)``.
         create_graph: keep the scores differentiable in the model's parameters.
+
+    Raises:
+        ValueError: a non-finite score or log-density, counting the pairs affected and
+            naming the first rows.
     """
     check_pairs(theta, x)
     post = as_posterior(posterior)
-    if create_graph or theta.shape[0] == 0:  # the graph is kept whole: one call
-        score = post.score(theta, x, create_graph=create_graph)
-    else:  # autograd through the model, by blocks of pairs
-        score = _by_pairs(lambda rows: post.score(theta[rows], x[rows]), theta.shape[0],
-                          ChunkSizer(x.device))  # fmt: skip
-    check_finite("posterior score at theta", score)
+    n = theta.shape[0]
+    problems = {}
+    with _named_in_full(theta=theta, x=x):
+        if create_graph or n == 0:  # the graph is kept whole: one call
+            score = post.score(theta, x, create_graph=create_graph)
+        else:  # autograd through the model, by blocks of pairs
+            score = _by_pairs(lambda rows: post.score(theta[rows], x[rows]), n,
+                              ChunkSizer(x.device))  # fmt: skip
+        if n and density_draws(post):
+            with torch.no_grad():
+                log_q = _by_pairs(lambda rows: post.log_prob(theta[rows], x[rows]), n,
+                                  ChunkSizer(x.device))  # fmt: skip
+            problems["posterior log_prob at theta must be finite"] = non_finite_kinds(log_q)
+    problems["posterior score at theta must be finite"] = non_finite_kinds(score)
+    problems = {what: kinds for what, kinds in problems.items() if kinds}
+    if problems:
+        raise NonFinitePairs(problems)
     return score
 
 
@@ -123,6 +174,16 @@ def base_scores(
     if chunk_size is not None:
         check_positive("chunk_size", chunk_size, integer=True)
     post = as_posterior(posterior)
+    with _named_in_full(x=x):
+        out = _base_scores(post, x, base_points, create_graph, chunk_size)
+    check_finite_pairs("posterior score at the base points must be finite", out)
+    return out
+
+
+def _base_scores(
+    post: Posterior, x: Tensor, base_points: Tensor, create_graph: bool, chunk_size: int | None
+) -> Tensor:
+    """:func:`base_scores`, unchecked."""
     n, (m, d) = x.shape[0], base_points.shape
     if create_graph:  # every evaluation's graph is kept: chunk_size base points at all pairs
         step = chunk_size or 16
@@ -136,7 +197,6 @@ def base_scores(
             z = base_points[first : first + count, None].expand(-1, rows.stop - rows.start, d)
             part = sizer.run(z.shape[0] * z.shape[1], lambda z=z, rows=rows: post.score(z, x[rows]))
             out[rows, first : first + count] = part.transpose(0, 1)
-    check_finite("posterior score at the base points", out)
     return out
 
 
@@ -175,7 +235,7 @@ def latents(
         with contextlib.nullcontext() if create_graph else torch.no_grad():
             z = post.to_latent(theta, x)
     else:  # by blocks of pairs (ODE solves for vector fields: a small probe)
-        with torch.no_grad():
+        with torch.no_grad(), _named_in_full(theta=theta, x=x):
             z = _by_pairs(lambda rows: post.to_latent(theta[rows], x[rows]), theta.shape[0],
                           ChunkSizer(x.device, probe_units=LATENT_PROBE_UNITS))  # fmt: skip
     check_finite("posterior latents", z)
@@ -225,7 +285,9 @@ def draws(
     s = num_posterior_samples
     whole = chunk_size is not None or not supports(post, "log_prob")  # whole pairs a call
     sizer = ChunkSizer(x.device, fixed_units=None if chunk_size is None else chunk_size * s)
-    (samples,) = assembled_draws(lambda x_, take: (post.sample(x_, take),), x, s, sizer, whole)
+    with _named_in_full(x=x):
+        (samples,) = assembled_draws(lambda x_, take: (post.sample(x_, take),), x, s, sizer,
+                                     whole)  # fmt: skip
     checked_samples(samples)
     return samples
 
@@ -237,8 +299,9 @@ def draws_and_log_probs(
     from ``sample_and_log_prob``, in calls sized from the memory budget, no gradient."""
     check_positive("num_posterior_samples", num_posterior_samples, integer=True)
     post = as_posterior(posterior)
-    samples, log_prob = assembled_draws(post.sample_and_log_prob, x, num_posterior_samples,
-                                  ChunkSizer(x.device), whole=False)  # fmt: skip
+    with _named_in_full(x=x):
+        samples, log_prob = assembled_draws(post.sample_and_log_prob, x, num_posterior_samples,
+                                            ChunkSizer(x.device), whole=False)  # fmt: skip
     checked_samples(samples, log_prob)
     return samples, log_prob
 
@@ -311,18 +374,19 @@ def draw_chunks(
         raise unsupported(post, "log_prob")
     if isinstance(post, SharedDraws) and dense != density_draws(post):
         post = post.posterior  # the cache holds the other kind of draws: draw afresh
-    if isinstance(post, SharedDraws):
-        with torch.no_grad():
-            served = post.serve_chunks(theta, x, num_posterior_samples, max_chunk_elements,
-                                       functools.partial(_draw_fresh, post.posterior,
-                                                         kept_bytes=kept_bytes))  # fmt: skip
-            if served is not None:
-                for chunk in served:
-                    yield DrawChunk(*chunk)
-                return
-        post = post.posterior
-    yield from _draw_fresh(post, theta, x, num_posterior_samples, max_chunk_elements, dense,
-                           kept_bytes)  # fmt: skip
+    with _named_in_full(theta=theta, x=x):
+        if isinstance(post, SharedDraws):
+            with torch.no_grad():
+                served = post.serve_chunks(theta, x, num_posterior_samples, max_chunk_elements,
+                                           functools.partial(_draw_fresh, post.posterior,
+                                                             kept_bytes=kept_bytes))  # fmt: skip
+                if served is not None:
+                    for chunk in served:
+                        yield DrawChunk(*chunk)
+                    return
+            post = post.posterior
+        yield from _draw_fresh(post, theta, x, num_posterior_samples, max_chunk_elements, dense,
+                               kept_bytes)  # fmt: skip
 
 
 def _draw_fresh(

@@ -19,7 +19,7 @@ from calib_lightning.functional import (
     summarize_ranks,
     uniformity_test,
 )
-from calib_lightning.functional.ranks import statistic_ranks
+from calib_lightning.functional.ranks import rank_draw_chunk, statistic_ranks
 from calib_lightning.functional.sbc import statistic_tests
 from calib_lightning.metrics.ranks import posterior_ranks
 from calib_lightning.plots import plot_expected_coverage, plot_rank_ecdf, plot_rank_histograms
@@ -95,6 +95,43 @@ def test_ties_are_broken_uniformly():
     ranks = marginal_ranks(samples, theta, generator=torch.Generator().manual_seed(1))
     freq = torch.bincount(ranks.flatten(), minlength=4) / 40000
     assert torch.allclose(freq, torch.full((4,), 0.25), atol=0.01)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_cpu_and_the_generic_path_count_alike(monkeypatch, dtype):
+    """``rank_draw_chunk`` counts on the CPU with numpy comparisons by blocks of draws,
+    elsewhere (a GPU, other dtypes) from torch's sums of signs: the same counts below and
+    ties, on draws with ties (a grid) in the marginals and the energies, across block
+    boundaries (blocks of 5 draws here), with the same moments; a NaN draw is a tie in
+    both, which the lazy check then finds."""
+    from calib_lightning.functional import ranks
+
+    g = torch.Generator().manual_seed(21)
+    samples = ((torch.randn(300, 40, 3, generator=g) * 2).round() / 2).to(dtype)
+    theta = ((torch.randn(40, 3, generator=g) * 2).round() / 2).to(dtype)
+    lp, lp_theta = -samples.square().sum(-1).round(), -theta.square().sum(-1).round()
+    monkeypatch.setattr(ranks, "BLOCK_NUMBERS", 5 * 40 * 3)
+    work = ranks.RankWorkspace()
+    cpu = ranks._chunk_numpy(samples, theta, lp, lp_theta, 256, work)
+    generic = ranks._chunk_torch(samples, theta, lp, lp_theta, 256, work)
+    counts, total, total_sq, ties = generic
+    assert torch.equal(cpu[0], counts)
+    assert torch.equal(cpu[3], ties)
+    assert bool(ties[:, :3].sum() > 1000)
+    assert bool(ties[:, 3].sum() > 100)
+    expected = torch.stack([(samples < theta).sum(0), (samples == theta).sum(0)]).long()
+    assert torch.equal(counts[:, :3], expected[0])
+    assert torch.equal(ties[:, :3], expected[1])
+    assert torch.equal(counts[:, 3], (lp > lp_theta).sum(0))
+    torch.testing.assert_close(cpu[1], total, rtol=1e-12, atol=1e-9)
+    torch.testing.assert_close(cpu[2], total_sq, rtol=1e-6, atol=1e-9)  # float32 squares
+    assert cpu[4]  # finite log-densities
+    samples[7, 4, 1] = math.nan
+    nan_ties = ((samples == theta) | samples.isnan()).sum(0)
+    nan_counted = ranks._chunk_numpy(samples, theta, lp, lp_theta, 0, work)
+    assert torch.equal(nan_counted[3][:, :3], nan_ties)
+    with pytest.raises(ValueError, match=r"samples must be finite, got NaN for 1 of 40 .*\[4\]"):
+        rank_draw_chunk(theta, lp_theta, samples, lp)
 
 
 def test_discrete_posterior_with_ties_keeps_level():
@@ -331,7 +368,7 @@ def test_non_finite_draws_name_the_affected_pairs():
         posterior_ranks(late, theta, x, 400, max_chunk_elements=2**20)  # one chunk
     samples, lp = _draw(toy.posterior(), x, 10)
     lp[3, 4] = float("nan")
-    with pytest.raises(ValueError, match=r"log_prob must be finite.* 1 of 20"):
+    with pytest.raises(ValueError, match=r"log_prob at its samples must be finite.* 1 of 20"):
         sbc_ranks(samples, lp, theta, toy.posterior()(x).log_prob(theta))
     lp_theta = toy.posterior()(x).log_prob(theta)
     lp_theta[0] = float("inf")

@@ -46,6 +46,7 @@ from threadpoolctl import threadpool_limits
 from torch import Tensor
 
 from calib_lightning._checks import check_finite, check_positive, check_probability
+from calib_lightning.functional._tails import P_VALUE_FLOOR
 from calib_lightning.functional.ranks import _check_counts
 
 __all__ = [
@@ -61,11 +62,6 @@ __all__ = [
 _CANDIDATES = 32  # band levels tried per pass of the recursion
 _PRECISION = 1e-3  # relative width of the final bracket on gamma
 _TINY_P_VALUE = 1e-6  # below this, ecdf_test returns the Bonferroni bound (see there)
-
-#: Smallest p-value an analytic test reports: the smallest normal float64, about
-#: ``2.2e-308``. A tail probability that underflows below it is reported as this value,
-#: an upper bound on the exact p-value (so still a valid p-value), never as exactly 0.
-P_VALUE_FLOOR: float = float(torch.finfo(torch.float64).tiny)
 
 
 def ecdf_levels(num_posterior_samples: int, num_points: int | None = 100) -> Tensor:

@@ -31,6 +31,11 @@ any dependence (it rejects when some :math:`p_k \le w_k \alpha`, and the
 weight spends the level where the power is: a test that carries the power against
 most alternatives keeps most of :math:`\alpha`.
 
+Both return at least :data:`~calib_lightning.functional.bands.P_VALUE_FLOOR`, float64's
+smallest normal number, never 0: the Cauchy terms are summed scaled by the smallest
+p-value, so that a dozen p-values at the floor (terms of :math:`1.4 \cdot 10^{307}`
+each) do not overflow float64 (see :func:`_cauchy`).
+
 References:
     Liu, Xie. "Cauchy Combination Test: A Powerful Test With Analytic p-Value
     Calculation Under Arbitrary Dependency Structures." JASA 115 (2020).
@@ -45,6 +50,8 @@ import math
 
 import torch
 from torch import Tensor
+
+from calib_lightning.functional._tails import P_VALUE_FLOOR
 
 __all__ = ["COMBINATION_METHODS", "combine_p_values", "holm_adjust", "monte_carlo_p_value"]
 
@@ -71,9 +78,10 @@ def combine_p_values(
             the tests that ran); ``None``: equal weights.
 
     Returns:
-        ``(*, **)``, in ``[0, 1]``, float64 unless the input is another floating type
-        with more precision. NaN entries (a test that could not run) are ignored; a
-        slice of NaNs gives NaN.
+        ``(*, **)``, in ``[P_VALUE_FLOOR, 1]`` (never 0: the floor is float64's smallest
+        normal number, :data:`~calib_lightning.functional.bands.P_VALUE_FLOOR`), float64
+        unless the input is another floating type with more precision. NaN entries (a
+        test that could not run) are ignored; a slice of NaNs gives NaN.
 
     Example:
         >>> p = torch.tensor([0.01, 0.5, 0.9], dtype=torch.float64)
@@ -111,24 +119,39 @@ def combine_p_values(
             ratio = torch.where(valid, p / share, torch.ones_like(p))
             out = ratio.amin(-1).clamp(max=1.0)
     else:
-        clipped = p.clamp(min=torch.finfo(p.dtype).tiny, max=_LARGE_P)
-        terms = torch.where(
-            clipped < _SMALL_P,
-            1.0 / (clipped * math.pi),
-            torch.tan((0.5 - clipped) * math.pi),
-        )
-        if share is None:
-            statistic = torch.where(valid, terms, torch.zeros_like(terms)).sum(-1) / count
-        else:
-            statistic = torch.where(valid, share * terms, torch.zeros_like(terms)).sum(-1)
-        # 1/2 - arctan(T)/pi, written as arctan(1/T)/pi for T > 0 (no cancellation).
-        out = torch.where(
-            statistic > 0,
-            torch.atan(1.0 / statistic) / math.pi,
-            0.5 - torch.atan(statistic) / math.pi,
-        )
-        out = out.clamp(0.0, 1.0)
+        out = _cauchy(p, valid, count, share)
+    out = out.clamp(P_VALUE_FLOOR, 1.0)
     return torch.where(count > 0, out, torch.full_like(out, math.nan))
+
+
+def _cauchy(p: Tensor, valid: Tensor, count: Tensor, share: Tensor | None) -> Tensor:
+    r"""The Cauchy combination of ``p`` ``(*, K)`` (``valid``: not NaN) with weights
+    ``share`` (``None``: ``1 / count``), without overflow.
+
+    The terms :math:`t_k = \tan((\frac12 - p_k)\pi)` reach :math:`1 / (p_k \pi) \approx
+    1.4 \cdot 10^{307}` at the smallest normal float64, so a sum of a dozen of them would
+    overflow to ``inf`` (and the p-value to 0). They are summed scaled by
+    :math:`s = \pi \min_k p_k` (each scaled term of a small :math:`p_k` is
+    :math:`\min_k p_k / p_k \le 1`): :math:`R = s T`, and the p-value
+    :math:`\frac12 - \arctan(T) / \pi` is :math:`\arctan(s / R) / \pi` for
+    :math:`T > 0` (no cancellation), :math:`\frac12 - \arctan(R / s) / \pi` otherwise.
+    """
+    clipped = p.clamp(min=torch.finfo(p.dtype).tiny, max=_LARGE_P)
+    smallest = torch.where(valid, clipped, torch.ones_like(clipped)).amin(-1, keepdim=True)
+    scale = smallest * math.pi
+    scaled = torch.where(
+        clipped < _SMALL_P,
+        smallest / clipped,  # s / (p pi): tan((1/2 - p) pi) = 1 / (p pi) to float64 precision
+        scale * torch.tan((0.5 - clipped) * math.pi),
+    )
+    weight = 1.0 / count.unsqueeze(-1).to(p.dtype) if share is None else share
+    scaled_sum = torch.where(valid, weight * scaled, torch.zeros_like(scaled)).sum(-1)
+    scale = scale.squeeze(-1)
+    return torch.where(
+        scaled_sum > 0,
+        torch.atan(scale / scaled_sum) / math.pi,
+        0.5 - torch.atan(scaled_sum / scale) / math.pi,
+    )
 
 
 def _shares(weights: Tensor, valid: Tensor, dim: int) -> Tensor:

@@ -46,12 +46,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy as np
 import torch
-from scipy import special
 from torch import Tensor
 
-from calib_lightning.functional.bands import P_VALUE_FLOOR
+from calib_lightning.functional._tails import student_t_cdf
 from calib_lightning.functional.ranks import _check_counts
 
 __all__ = ["RankMeanTest", "rank_mean_test"]
@@ -119,14 +117,11 @@ def rank_mean_test(histogram: Tensor) -> RankMeanTest:
     error = torch.where(error > 1e-12, error, torch.zeros_like(error))  # rounding of all-equal
     statistic = torch.where(error > 0, offset / error, offset.sign() * torch.inf)
     statistic = torch.where(offset == 0, torch.zeros_like(statistic), statistic)
-    df, t = np.asarray((n - 1).cpu().numpy()), np.asarray(statistic.cpu().numpy())
-    less = torch.as_tensor(special.stdtr(df, t), device=counts.device)  # P(T <= t)
-    greater = torch.as_tensor(special.stdtr(df, -t), device=counts.device)  # P(T >= t)
     return RankMeanTest(
         offset=offset,
         standard_error=error,
         statistic=statistic,
-        p_greater=greater.clamp_min(P_VALUE_FLOOR),
-        p_less=less.clamp_min(P_VALUE_FLOOR),
+        p_greater=student_t_cdf(-statistic, n - 1),  # P(T >= t)
+        p_less=student_t_cdf(statistic, n - 1),  # P(T <= t)
         num_pairs=n,
     )

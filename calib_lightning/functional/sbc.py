@@ -75,9 +75,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_positive, check_probability
+from calib_lightning._checks import NonFinitePairs, PairAudit, check_positive, check_probability
 from calib_lightning._chunks import pair_blocks
 from calib_lightning.functional._rank_results import RankCalibrationResult, RankSummary, Sharpness
+from calib_lightning.functional._tails import chi2_sf
 from calib_lightning.functional.bands import (
     P_VALUE_FLOOR,
     ecdf_levels,
@@ -87,7 +88,12 @@ from calib_lightning.functional.bands import (
     simultaneous_band,
 )
 from calib_lightning.functional.combine import COMBINATION_METHODS, combine_p_values
-from calib_lightning.functional.ranks import _check_counts, rank_histogram, sbc_ranks
+from calib_lightning.functional.ranks import (
+    _check_counts,
+    draw_problems,
+    rank_histogram,
+    sbc_ranks,
+)
 
 __all__ = [
     "RankCalibrationResult",
@@ -151,8 +157,7 @@ def uniformity_test(histogram: Tensor, num_bins: int | None = None) -> tuple[Ten
     observed, edges = _binned_counts(histogram, num_bins)
     expected = n * (edges[1:] - edges[:-1]).double() / m1
     statistic = ((observed - expected) ** 2 / expected).sum(-1)
-    p_value = torch.special.gammaincc(statistic.new_tensor((num_bins - 1) / 2.0), statistic / 2)
-    return statistic, p_value.clamp_min(P_VALUE_FLOOR)
+    return statistic, chi2_sf(statistic, num_bins - 1)
 
 
 def sharpness(
@@ -381,7 +386,12 @@ def rank_calibration(
     for rows in blocks:
         lp = None if log_prob_samples is None else log_prob_samples[:, rows]
         lt = None if log_prob_theta is None else log_prob_theta[rows]
-        ranks = sbc_ranks(samples[:, rows], lp, theta[rows], lt, generator=generator)
+        try:
+            ranks = sbc_ranks(samples[:, rows], lp, theta[rows], lt, generator=generator)
+        except NonFinitePairs as error:  # count over every pair, not this block's
+            if theta.ndim > 2:  # one block: already counted over every pair
+                raise
+            raise _audit(samples, log_prob_samples, log_prob_theta, blocks) or error from None
         diff = (samples[:, rows] - theta[rows]).double()
         parts.append((ranks, diff.mean(0), diff.var(0)))  # variance unbiased over M draws
     ranks, mean_error, variance = (torch.cat(p, -2) for p in zip(*parts, strict=True))
@@ -393,3 +403,17 @@ def rank_calibration(
     sharp = sharpness((mean_error**2).mean(-2), variance.mean(-2), prior_variance, m)
     joint = "energy" if log_prob_samples is not None and log_prob_theta is not None else "distance"
     return RankCalibrationResult.from_summary(summary, sharp, joint_statistic=joint)
+
+
+def _audit(
+    samples: Tensor, log_prob_samples: Tensor | None, log_prob_theta: Tensor | None,
+    blocks: list[slice],
+) -> NonFinitePairs | None:  # fmt: skip
+    """The non-finite draws, draw and truth log-densities of ``(M, N, D)`` draws, counted
+    over all ``N`` pairs block by block."""
+    audit = PairAudit(samples.shape[-2])
+    for rows in blocks:
+        lp = None if log_prob_samples is None else log_prob_samples[:, rows]
+        lt = None if log_prob_theta is None else log_prob_theta[rows]
+        audit.add(rows.start, draw_problems(samples[:, rows], lp, lt))
+    return audit.error()

@@ -10,14 +10,21 @@ import torch
 from torch import Tensor
 from torchmetrics.utilities.data import dim_zero_cat
 
-from calib_lightning._checks import check_choice, check_pairs, check_positive, check_probability
+from calib_lightning._checks import (
+    NonFinitePairs,
+    PairAudit,
+    check_choice,
+    check_pairs,
+    check_positive,
+    check_probability,
+)
 from calib_lightning._moments import (
     merge_moments,
     moment_state_size,
     moments,
     variance_from_moments,
 )
-from calib_lightning.evaluation import check_event_size, draw_chunks
+from calib_lightning.evaluation import DrawChunk, check_event_size, draw_chunks
 from calib_lightning.functional.bands import P_VALUE_FLOOR
 from calib_lightning.functional.combine import COMBINATION_METHODS, combine_p_values
 from calib_lightning.functional.ranks import (
@@ -25,6 +32,7 @@ from calib_lightning.functional.ranks import (
     PosteriorDraws,
     RankWorkspace,
     draw_moments,
+    draw_problems,
     rank_draw_chunk,
     rank_histogram,
     statistic_ranks,
@@ -63,8 +71,10 @@ def posterior_ranks(
 
     The chunks come from :func:`calib_lightning.evaluation.draw_chunks` (memory: one
     chunk of draws sized from the memory budget, :func:`calib_lightning.set_memory_budget`,
-    or of ``max_chunk_elements`` numbers, their log-densities and two scratch buffers of
-    its size, plus the ``(N, D + 1)`` outputs); each is reduced by
+    or of ``max_chunk_elements`` numbers, and their log-densities; on the CPU, scratch
+    arrays of a block of
+    :data:`~calib_lightning.functional.ranks.BLOCK_NUMBERS` draws, elsewhere two of the
+    chunk's size; plus the ``(N, D + 1)`` outputs); each is reduced by
     :func:`~calib_lightning.functional.ranks.rank_draw_chunk` and the sums of a block of
     pairs add up over its chunks. The sharpness moments use the first
     ``min(M, MOMENT_DRAWS)`` draws of each pair.
@@ -99,24 +109,60 @@ def posterior_ranks(
     head = min(num_posterior_samples, MOMENT_DRAWS)
     work = RankWorkspace()
     blocks: list[list[Tensor]] = []
+    audit: tuple[PairAudit, NonFinitePairs] | None = None
     for chunk in draw_chunks(posterior, theta, x, num_posterior_samples,
                              max_chunk_elements=max_chunk_elements,
                              log_densities=log_densities):  # fmt: skip
-        sums = rank_draw_chunk(
-            chunk.theta, chunk.log_prob_theta, chunk.samples, chunk.log_prob,
-            first_draw=chunk.first_draw, moment_draws=head, offset=chunk.start,
-            generator=generator, workspace=work,
-        )  # fmt: skip
-        if statistics:
-            quantities = statistic_ranks(chunk.samples, chunk.theta, statistics, names=names,
-                                         generator=generator)  # fmt: skip
-            sums = (torch.cat([sums[0], quantities], -1), *sums[1:])
+        if audit is None:
+            try:
+                sums = _rank_chunk(chunk, head, generator, work, statistics, names)
+            except NonFinitePairs as error:  # count over every pair, not this chunk's
+                audit = (PairAudit(theta.shape[0]), error)
+        if audit is not None:
+            audit[0].add(chunk.start, _chunk_problems(chunk, statistics, names))
+            continue
         if chunk.first_draw == 0:
             blocks.append(list(sums))
         else:
             blocks[-1] = [a + b for a, b in zip(blocks[-1], sums, strict=True)]
+    if audit is not None:
+        raise audit[0].error() or audit[1]
     ranks, total, total_sq = (torch.cat(parts) for parts in zip(*blocks, strict=True))
     return PosteriorDraws(ranks, *draw_moments(total, total_sq, head))
+
+
+def _rank_chunk(
+    chunk: DrawChunk, head: int, generator: torch.Generator | None, work: RankWorkspace,
+    statistics: Sequence[Callable[[Tensor], Tensor]], names: Sequence[str] | None,
+) -> tuple[Tensor, ...]:  # fmt: skip
+    """:func:`~calib_lightning.functional.ranks.rank_draw_chunk` of one chunk, with the
+    ranks of the test quantities after the joint rank."""
+    sums = rank_draw_chunk(
+        chunk.theta, chunk.log_prob_theta, chunk.samples, chunk.log_prob,
+        first_draw=chunk.first_draw, moment_draws=head, offset=chunk.start,
+        generator=generator, workspace=work,
+    )  # fmt: skip
+    if not statistics:
+        return tuple(sums)
+    quantities = statistic_ranks(chunk.samples, chunk.theta, statistics, names=names,
+                                 generator=generator)  # fmt: skip
+    return (torch.cat([sums[0], quantities], -1), *sums[1:])
+
+
+def _chunk_problems(
+    chunk: DrawChunk, statistics: Sequence[Callable[[Tensor], Tensor]],
+    names: Sequence[str] | None,
+) -> dict[str, dict[str, Tensor]]:  # fmt: skip
+    """The non-finite values of one chunk, per pair (its share of a :class:`PairAudit`)."""
+    at_theta = chunk.log_prob_theta if chunk.first_draw == 0 else None
+    problems = draw_problems(chunk.samples, chunk.log_prob, at_theta)
+    names = [str(q) for q in range(len(statistics))] if names is None else list(names)
+    for name, statistic in zip(names, statistics, strict=True):
+        values = torch.cat([statistic(chunk.theta)[None], statistic(chunk.samples)])
+        kinds = {"NaN": values.isnan().any(0).cpu()}
+        if bool(kinds["NaN"].any()):
+            problems[f"statistics[{name!r}] must not be NaN"] = kinds
+    return problems
 
 
 class RankCalibration(LazyDimension):
@@ -171,8 +217,8 @@ class RankCalibration(LazyDimension):
     al.'s formula so the prior variance stays exact far from the origin (e.g.
     :math:`\theta = 10^9 + 0.01 z`). Memory is constant in the number of updates;
     ``update`` needs one chunk of draws, sized so that sampling it peaks near the memory
-    budget (:func:`calib_lightning.set_memory_budget`, 256 MiB by default), and two
-    scratch buffers of its size.
+    budget (:func:`calib_lightning.set_memory_budget`, 256 MiB by default), and scratch
+    arrays for ranking it (on the CPU about 4 MiB; on a GPU two of the chunk's size).
 
     Arguments:
         num_posterior_samples: ``M >= 2`` draws per pair.

@@ -4,13 +4,16 @@ Toy: theta ~ N(0, I_2), x = theta + N(0, 0.5^2 I); exact posterior N(0.8 x, 0.2 
 variance-inflated (x2) one; N in {1000, 5000} calibration pairs, M = 1000 draws each.
 
 Timed in one run as CPU time of this process (``time.process_time``), single-threaded,
-so that other processes on a shared machine barely move the numbers; ours and the
-the repeat with the median overhead of --repeats is reported:
+so that other processes on a shared machine barely move the numbers; of ours, the
+repeat with the median ``update / floor`` of --repeats is reported:
 
 * floor: drawing the samples the check needs: the time spent inside the posterior's
   ``sample_and_log_prob`` (M draws per pair) and ``log_prob`` (at the truth) during
   the update, measured by a wrapper around the posterior, so floor and update come
   from the same calls;
+* sampling alone: the same chunks drawn by ``evaluation.draw_chunks`` and dropped, no
+  ranking (what the update would cost with free ranks: the floor plus allocating,
+  freeing and sizing the chunks);
 * ours: ``RankCalibration.update`` (sampling, ranks, histograms, moments) and
   ``compute`` (chi-square and exact ECDF tests, simultaneous band; its cache is
   cleared before each repeat so the band is paid for every time);
@@ -18,7 +21,8 @@ the repeat with the median overhead of --repeats is reported:
   the expected-coverage ranks, and ``check_sbc`` (KS, C2ST on ranks, C2ST prior vs
   data-averaged posterior), each timed once (sampling included).
 
-Ratios: ``update / floor`` and ``(update + compute) / floor``; the goal is <= 1.10.
+Ratios: ``update / floor``, ``update / sampling alone`` and ``(update + compute) /
+floor``; the goal is ``update / floor`` <= 1.10.
 ``compute`` is a fixed cost (tests and the exact simultaneous band: it grows with N
 and the number of ECDF levels, not with M or the sampler's cost, and the band is
 cached across computes with the same N). A last row times the same check on an
@@ -44,6 +48,7 @@ if not __package__:  # run as a file (python examples/x.py): make `examples` imp
 import torch
 
 import calib_lightning as cl
+from calib_lightning.evaluation import draw_chunks
 from calib_lightning.functional import bands
 from calib_lightning.tasks import GaussianToy
 from examples._smoke import add_smoke_argument, output_folder
@@ -91,13 +96,15 @@ class TimedPosterior(cl.Posterior):
 
 
 def ours(posterior, theta, x):
-    """CPU seconds of sampling (the floor), update and compute, and the result."""
+    """CPU seconds of sampling (the floor), update and compute, the result, and the CPU
+    seconds of drawing the same chunks alone (no ranking)."""
     metric = cl.RankCalibration(num_posterior_samples=M)
     timed_posterior = TimedPosterior(posterior)
     t_update, _ = timed(lambda: metric.update(timed_posterior, theta, x))
     bands._adjusted_gamma.cache_clear()
     t_compute, out = timed(metric.compute)
-    return timed_posterior.seconds, t_update, t_compute, out
+    t_alone, _ = timed(lambda: sum(1 for _ in draw_chunks(posterior, theta, x, M)))
+    return timed_posterior.seconds, t_update, t_compute, out, t_alone
 
 
 def median(runs):
@@ -152,13 +159,14 @@ def main(argv: list[str] | None = None) -> None:
         theta, x = toy.sample(n, torch.Generator().manual_seed(n))
         for name, model in models.items():
             torch.manual_seed(0)
-            f, u, c, out = median([ours(model, theta, x) for _ in range(args.repeats)])
+            f, u, c, out, a = median([ours(model, theta, x) for _ in range(args.repeats)])
             skip = args.skip_sbi or (args.smoke and name != "exact")  # smoke: sbi runs once
             sbi = None if skip else sbi_check(model, theta, x)
-            speed.append((n, name, f, u, c, sbi))
+            speed.append((n, name, f, a, u, c, sbi))
             detect.append((n, name, out, sbi))
-            print(f"N={n} {name}: floor {f:.3f}s update {u:.3f}s compute {c:.3f}s "
-                  f"ratio {u / f:.3f} / {(u + c) / f:.3f}", flush=True)  # fmt: skip
+            print(f"N={n} {name}: floor {f:.3f}s alone {a:.3f}s update {u:.3f}s compute "
+                  f"{c:.3f}s ratio {u / f:.3f} / {u / a:.3f} / {(u + c) / f:.3f}",
+                  flush=True)  # fmt: skip
     flow_row = None if args.skip_flow else flow_ratio(min(args.repeats, 3))
     write(speed, detect, args, flow_row)
 
@@ -169,10 +177,10 @@ def flow_ratio(repeats):
     torch.manual_seed(0)
     flow = zuko.flows.NSF(2, 2, transforms=3, hidden_features=(64, 64)).eval()
     theta, x = GaussianToy(dim=2).sample(FLOW_PAIRS, torch.Generator().manual_seed(3))
-    f, u, c, _ = median([ours(flow, theta, x) for _ in range(repeats)])
-    print(f"zuko NSF N={FLOW_PAIRS}: floor {f:.3f}s update {u:.3f}s compute {c:.3f}s "
-          f"ratio {u / f:.3f} / {(u + c) / f:.3f}", flush=True)  # fmt: skip
-    return FLOW_PAIRS, "zuko NSF (untrained)", f, u, c
+    f, u, c, _, a = median([ours(flow, theta, x) for _ in range(repeats)])
+    print(f"zuko NSF N={FLOW_PAIRS}: floor {f:.3f}s alone {a:.3f}s update {u:.3f}s compute "
+          f"{c:.3f}s ratio {u / f:.3f} / {u / a:.3f} / {(u + c) / f:.3f}", flush=True)  # fmt: skip
+    return FLOW_PAIRS, "zuko NSF (untrained)", f, a, u, c
 
 
 def write(speed, detect, args, flow_row) -> None:
@@ -187,21 +195,22 @@ def write(speed, detect, args, flow_row) -> None:
         "",
         "## CPU time (seconds)",
         "",
-        "| N | posterior | floor: sampling inside update | ours: update | ours: compute "
-        "| update / floor | (update + compute) / floor | sbi: sampling | sbi: run_sbc marginals | "
+        "| N | posterior | floor: sampling inside update | sampling alone: the same chunks "
+        "| ours: update | ours: compute | update / floor | update / sampling alone "
+        "| (update + compute) / floor | sbi: sampling | sbi: run_sbc marginals | "
         "sbi: run_sbc coverage | sbi: check_sbc |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for n, name, f, u, c, sbi in speed:
+    for n, name, f, a, u, c, sbi in speed:
         tail = ("| - | - | - | - |" if sbi is None else
                 f"| {sbi['sample']:.3f} | {sbi['marginal']:.2f} | {sbi['coverage']:.2f} "
                 f"| {sbi['check'] + sbi['coverage_ks']:.2f} |")  # fmt: skip
-        lines.append(f"| {n} | {name} | {f:.3f} | {u:.3f} | {c:.3f} | {u / f:.3f} "
-                     f"| {(u + c) / f:.3f} {tail}")  # fmt: skip
+        lines.append(f"| {n} | {name} | {f:.3f} | {a:.3f} | {u:.3f} | {c:.3f} | {u / f:.3f} "
+                     f"| {u / a:.3f} | {(u + c) / f:.3f} {tail}")  # fmt: skip
     if flow_row is not None:
-        n, name, f, u, c = flow_row
-        lines.append(f"| {n} | {name} | {f:.3f} | {u:.3f} | {c:.3f} | {u / f:.3f} "
-                     f"| {(u + c) / f:.3f} | - | - | - | - |")  # fmt: skip
+        n, name, f, a, u, c = flow_row
+        lines.append(f"| {n} | {name} | {f:.3f} | {a:.3f} | {u:.3f} | {c:.3f} | {u / f:.3f} "
+                     f"| {u / a:.3f} | {(u + c) / f:.3f} | - | - | - | - |")  # fmt: skip
     lines += [
         "",
         "## What each detects (p-values; small = miscalibrated)",
