@@ -309,7 +309,7 @@ def test_auto_scores_its_candidates_as_restricted_posteriors():
     pair; the mean masses differ by up to 0.24 between these scales), is 0 without a prior,
     and moves the identity's cross-fitted NLL by the mean closed-form log-mass."""
     from calib_lightning.recalibration._hpd import inside_log_share, latent_draws
-    from calib_lightning.recalibration.api import _map_log_density
+    from calib_lightning.recalibration.cross_fit import _map_log_density
     from calib_lightning.recalibration.radial import LatentMap
 
     torch.manual_seed(0)

@@ -4,9 +4,10 @@ A :class:`CalibrationCallback` owns one metric and held-out calibration pairs. A
 of chosen epochs of ``Trainer.fit`` it evaluates the estimator in eval mode under
 ``torch.no_grad``, logs the result's scalars through ``pl_module.log_dict`` (so
 ``EarlyStopping`` and ``ModelCheckpoint`` can monitor them), keeps a history saved with
-the checkpoint, and on rank zero writes figures and histograms to TensorBoard. A failing
-check warns and logs NaN by default (``on_error="warn"``). The verdict of a check is one
-p-value at the callback's ``level`` (:meth:`CalibrationCallback.verdict_key`).
+the checkpoint (:mod:`._history`), and on rank zero writes figures and histograms to
+TensorBoard. A failing check warns and logs NaN by default (``on_error="warn"``). The
+verdict of a check is one p-value at the callback's ``level``
+(:meth:`CalibrationCallback.verdict_key`).
 
 A diagnostic subclass only says which metric to build and which figures to draw
 (:meth:`~CalibrationCallback.figures`, :meth:`~CalibrationCallback.histograms`,
@@ -29,6 +30,7 @@ from torch import Tensor, nn
 
 from calib_lightning._checks import check_choice, check_positive, check_probability
 from calib_lightning.callbacks._figures import write_figures
+from calib_lightning.callbacks._history import CheckHistory
 from calib_lightning.callbacks._plumbing import (
     STAGES,
     CostWarning,
@@ -56,7 +58,7 @@ __all__ = ["CalibrationCallback"]
 Estimator = str | Callable[[LightningModule], Any]
 
 
-class CalibrationCallback(CostWarning, DrawSharing, SetupCheck):
+class CalibrationCallback(CheckHistory, CostWarning, DrawSharing, SetupCheck):
     """Run a calibration metric on held-out pairs during ``Trainer.fit`` and log it.
 
     During ``fit`` the check runs at the end of the validation epoch, or at the end of
@@ -130,8 +132,7 @@ class CalibrationCallback(CostWarning, DrawSharing, SetupCheck):
     """
 
     name: ClassVar[str] = "calibration"
-    #: history keys in the ``history`` figure (less ``unplotted_keys``) and the summary
-    history_keys: ClassVar[tuple[str, ...]] = ("p_value",)
+    #: ``history_keys`` (:class:`~._history.CheckHistory`) not drawn in the ``history`` figure
     unplotted_keys: ClassVar[tuple[str, ...]] = ()
     #: the ``history`` figure's panel titles by key (first part): which test a p-value is
     history_titles: ClassVar[dict[str, str]] = {}
@@ -188,13 +189,8 @@ class CalibrationCallback(CostWarning, DrawSharing, SetupCheck):
         self.prefix = prefix.rstrip("/")
         self.tag_name = name if name is not None else self.name
         self.log_figures, self.level, self.on_error, self.seed = log_figures, level, on_error, seed
-        self.history: dict[str, list[float]] = {}
-        self.epochs: list[int] = []
-        self.stages: list[str] = []
-        self.seconds: list[float] = []
         self.last_result: Result | dict[str, Tensor] | None = None
         self.last_extras: dict[str, Tensor] = {}
-        self.errors: list[tuple[int, str]] = []
         self._checked_epoch: int | None = None
         self._first_epoch = 0
 
@@ -222,25 +218,6 @@ class CalibrationCallback(CostWarning, DrawSharing, SetupCheck):
         figure = plot_history(self.epochs, history, level=self.level, title=title,
                               titles=self.history_titles)  # fmt: skip
         return {"history": figure}
-
-    def verdict_key(self) -> str | None:
-        """The history key the verdict of a check is read from, at ``level``.
-
-        ``global_p_value`` when the metric reports one (several tests combined so that
-        the verdict keeps its level), else a single ``p_value``; ``None`` if neither
-        was logged.
-        """
-        for key in ("global_p_value", "p_value"):
-            if key in self.history:
-                return key
-        return None
-
-    def headline_keys(self) -> list[str]:
-        """History keys whose first part is in ``history_keys``, in that order."""
-        return sorted(  # stable: entries of one vector output stay together, in order
-            (k for k in self.history if k.split("/")[0] in self.history_keys),
-            key=lambda k: self.history_keys.index(k.split("/")[0]),
-        )
 
     def histograms(self, result: Result | dict[str, Tensor]) -> dict[str, Tensor]:
         """Tensors to write with ``add_histogram``, keyed by tag suffix. Default: none."""
@@ -286,22 +263,13 @@ class CalibrationCallback(CostWarning, DrawSharing, SetupCheck):
             self._run(trainer, pl_module, "test")
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "history": {k: list(v) for k, v in self.history.items()},
-            "epochs": list(self.epochs),
-            "stages": list(self.stages),
-            "seconds": list(self.seconds),
-            "errors": [list(error) for error in self.errors],
-            "metric": self.metric.state_dict(),
-            "extra": self.extra_state(),
-        }
+        """The record of the checks (:class:`~._history.CheckHistory`), the metric's state
+        and :meth:`extra_state`."""
+        return {**super().state_dict(), "metric": self.metric.state_dict(),
+                "extra": self.extra_state()}  # fmt: skip
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = {k: list(v) for k, v in state_dict["history"].items()}
-        self.epochs = list(state_dict["epochs"])
-        self.stages = list(state_dict.get("stages", ["fit"] * len(self.epochs)))
-        self.seconds = list(state_dict.get("seconds", []))
-        self.errors = [(int(e), str(m)) for e, m in state_dict.get("errors", [])]
+        super().load_state_dict(state_dict)
         self.metric.load_state_dict(state_dict["metric"])
         self.load_extra_state(state_dict.get("extra", {}))
 
@@ -408,16 +376,6 @@ class CalibrationCallback(CostWarning, DrawSharing, SetupCheck):
             self.theta, self.x, self.dataloader, self.batch_size, rank=trainer.global_rank,
             world=trainer.world_size, device=device, dtype=dtype, shared=shared,
         )  # fmt: skip
-
-    def _record(self, epoch: int, scalars: dict[str, float], stage: str) -> None:
-        checks = len(self.epochs)
-        for key in scalars:
-            if key not in self.history:
-                self.history[key] = [math.nan] * checks
-        for key, values in self.history.items():
-            values.append(scalars.get(key, math.nan))
-        self.epochs.append(epoch)
-        self.stages.append(stage)
 
     def _write_figures(self, trainer: Trainer, result: Result | dict[str, Tensor]) -> None:
         """Send the figures and histograms to every logger (:mod:`._figures`)."""

@@ -6,7 +6,8 @@ from pairs the estimator never trained on (the validation split):
 * :func:`recalibrate` (:mod:`.api`): one call, any estimator with an inverse, methods
   ``"scale"``, ``"radial"``, ``"scale+radial"`` and ``"auto"``; what it returns is an
   ``nn.Module`` called like the flow (``fixed(x)`` a distribution, :mod:`._module`), and
-  ``"auto"`` says what it scored and why it chose in a :class:`Selection` table;
+  ``"auto"`` says what it scored and why it chose in a :class:`Selection` table
+  (:mod:`.selection`, on the cross-fitted held-out scores of :mod:`.cross_fit`);
 * :class:`RecalibratedPosterior` and :class:`LatentMap` (:mod:`.radial`): the fitted map
   of the latent space, before the flow, with an explicit density;
 * :class:`LatentScale`: per-coordinate scales of a flow's latent (:mod:`.scale`), the

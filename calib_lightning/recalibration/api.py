@@ -12,7 +12,8 @@ callback and ``cl.diagnose`` accept. Methods (:data:`METHODS`):
 * ``"scale+radial"``: scales, then the radius of the scaled latents;
 * ``"none"``: the identity (what ``"auto"`` returns when nothing helps);
 * ``"auto"``: cross-fitted choice among the above by held-out HPD coverage error, with
-  held-out NLL as a guard (:func:`select_method`).
+  held-out NLL as a guard (:func:`~.selection.select_method`, on the scores of
+  :func:`~.cross_fit.cross_fit_scores`).
 
 Another module adds a method with :func:`register_method`.
 """
@@ -20,7 +21,6 @@ Another module adds a method with :func:`register_method`.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -29,84 +29,41 @@ from torch import Tensor
 
 from calib_lightning._checks import check_pairs, check_positive
 from calib_lightning._prior import check_prior
-from calib_lightning.functional.radial import latent_ball_levels, radial_knots
 from calib_lightning.posteriors import Posterior, UnsupportedError, as_posterior
-from calib_lightning.recalibration._hpd import (
-    LatentDraws,
-    latent_draws,
-    levels_and_log_share,
-    on_cpu,
+from calib_lightning.recalibration._hpd import latent_draws
+from calib_lightning.recalibration.cross_fit import (
+    AUTO_CANDIDATES,
+    _fit_map,
+    coverage_gaps,
+    cross_fit_scores,
+    default_band,
+    scale_kinds,
 )
-from calib_lightning.recalibration.radial import (
-    LatentMap,
-    RecalibratedPosterior,
-    standard_normal_log_prob,
-)
-from calib_lightning.recalibration.scale import (
-    hpd_log_scale,
-    latent_log_scale,
-    shared_hpd_log_scale,
-)
-from calib_lightning.recalibration.selection import Candidate, Selection
+from calib_lightning.recalibration.radial import RecalibratedPosterior
+from calib_lightning.recalibration.scale import hpd_log_scale
+from calib_lightning.recalibration.selection import choose, select_method
 from calib_lightning.recalibration.truncation import TruncatedPosterior
 
 __all__ = [
     "METHODS",
     "MIN_PAIRS",
-    "choose",
-    "coverage_gaps",
-    "cross_fit_scores",
-    "default_band",
+    "choose",  # re-exported from .selection
+    "coverage_gaps",  # re-exported from .cross_fit
+    "cross_fit_scores",  # re-exported from .cross_fit
+    "default_band",  # re-exported from .cross_fit
     "recalibrate",
     "register_method",
-    "scale_kinds",
-    "select_method",
+    "scale_kinds",  # re-exported from .cross_fit
+    "select_method",  # re-exported from .selection
 ]
 
 log = logging.getLogger(__name__)
 
 #: fewest held-out pairs a method is fitted on (``"auto"`` needs twice as many)
 MIN_PAIRS = 20
-#: the candidates of ``method="auto"``, in order of preference on ties
-AUTO_CANDIDATES = ("none", "scale", "radial", "scale+radial")
 #: posterior draws per pair and proposal scale (3 scales) that ``"auto"`` scores HPD
 #: coverage with (:func:`~._hpd.latent_draws`); ``None``: :func:`~._hpd.draws_per_pair`
 AUTO_NUM_POSTERIOR_SAMPLES: int | None = None
-#: the levels the held-out expected-coverage curve is compared with the diagonal at
-CALIBRATION_LEVELS = torch.arange(1, 100, dtype=torch.float64) / 100
-#: paired bootstrap resamples of the pairs for the standard error of a difference in
-#: calibration error between two candidates
-BOOTSTRAP_RESAMPLES = 200
-
-
-def scale_kinds(scale_target: str | None) -> dict[str, str]:
-    """How each candidate with scales fits them: ``"hpd"`` (one shared scale targeting
-    HPD coverage) or ``"latent"`` (per coordinate). ``None`` (the default of ``"auto"``):
-    ``"scale"`` the HPD scale, ``"scale+radial"`` per-coordinate scales (a shared scale
-    followed by the radial map is a radial map again, so only per-coordinate scales give
-    that candidate something of its own: they fix errors that differ across coordinates,
-    the radial map then the tails)."""
-    if scale_target is None:
-        return {"scale": "hpd", "scale+radial": "latent"}
-    return {"scale": scale_target, "scale+radial": scale_target}
-
-
-def _fit_map(
-    z: Tensor, method: str, band: int | None, log_hpd_scale: Tensor | None = None
-) -> LatentMap:
-    """The :class:`LatentMap` of ``method`` fitted on held-out latents ``z (n, D)``; its
-    scales the shared ``log_hpd_scale`` when given (``scale_target="hpd"``), else
-    :func:`~.scale.latent_log_scale`."""
-    dim = z.shape[1]
-    log_scale = None
-    if "scale" in method:
-        log_scale = latent_log_scale(z) if log_hpd_scale is None else log_hpd_scale.expand(dim)
-    knots = None
-    if "radial" in method:
-        scaled = z.double() if log_scale is None else z.double() * torch.exp(-log_scale)
-        band = default_band(z.shape[0]) if band is None else band
-        knots = radial_knots(scaled.norm(dim=-1), dim, band)
-    return LatentMap(dim, log_scale, knots)
 
 
 def _latent_method(method: str) -> Callable[..., RecalibratedPosterior]:
@@ -136,277 +93,6 @@ def register_method(name: str, fit: Callable[..., Posterior], needs_latent: bool
     METHODS[name] = fit
     if needs_latent:
         _NEEDS_LATENT.add(name)
-
-
-def _coverage_error(u: Tensor) -> float:
-    """Mean absolute gap between the sorted latent-ball levels of ``u (m, D)`` and the
-    uniform quantiles: the area between the latent expected-coverage curve and the
-    diagonal."""
-    levels = latent_ball_levels(u.double()).sort().values
-    m = levels.shape[0]
-    return float((levels - (torch.arange(m, dtype=torch.float64) + 0.5) / m).abs().mean())
-
-
-def coverage_gaps(levels: Tensor) -> Tensor:
-    r"""The held-out expected-coverage curve minus the diagonal at
-    :data:`CALIBRATION_LEVELS`: :math:`\hat C(a) - a` with :math:`\hat C(a)` the share of
-    the HPD levels ``levels (n,)`` at most :math:`a` (the curve ``RankCalibration``
-    draws), shape ``(99,)``."""
-    return (levels[:, None] <= CALIBRATION_LEVELS).double().mean(0) - CALIBRATION_LEVELS
-
-
-def default_band(n: int) -> int:
-    r"""The radial band used when none is given: :math:`\max(1, \mathrm{round}(\sqrt n / 2))`
-    (slack at most :math:`1 / (2 \sqrt n)`, below the :math:`1/\sqrt n` noise of an
-    empirical coverage curve from ``n`` pairs), for a smoother density than ``band=1``:
-    on calibrated latents, ``band=1`` costs 0.36-0.39 nats of held-out NLL and the
-    default 0.015-0.036 (D = 2, 5; n = 100, 400:
-    ``examples/benchmarks/results/radial_band.md``)."""
-    return max(1, round(math.sqrt(n) / 2))
-
-
-def _map_log_density(latent_map: LatentMap) -> Callable[[Tensor], Tensor]:
-    """``z -> log N(g(z)) + log|det g'(z)|``: the latent density of the recalibrated
-    posterior, in the flow's latent."""
-
-    def log_density(z: Tensor) -> Tensor:
-        u, log_det = latent_map(z)
-        return standard_normal_log_prob(u) + log_det
-
-    return log_density
-
-
-def _cross_fit(
-    z: Tensor, log_prob: Tensor, candidates: tuple[str, ...], band: int | None, seed: int,
-    draws: LatentDraws | None, scale_target: str | None,
-) -> tuple[dict[str, dict[str, float]], dict[str, Tensor], dict[str, Tensor]]:  # fmt: skip
-    """:func:`cross_fit_scores`, each candidate's held-out HPD levels ``(n,)`` (pair
-    order; empty without ``draws``) and its held-out ``log q' - log q`` ``(n,)`` (fold
-    order, the same for every candidate)."""
-    n = z.shape[0]
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    halves = (order[: n // 2], order[n // 2 :])
-    z, log_prob = z.detach().double().cpu(), log_prob.detach().double().cpu()
-    draws = None if draws is None else on_cpu(draws)  # the maps are fitted on the CPU
-    kinds = scale_kinds(scale_target) if draws is not None else scale_kinds("latent")
-    hpd_scales = [None, None]  # the shared HPD scale of each fold, fitted once
-    if any(kinds.get(c) == "hpd" for c in candidates):
-        hpd_scales = [shared_hpd_log_scale(draws, rows=rows) for rows, _ in (halves, halves[::-1])]
-    scores: dict[str, dict[str, float]] = {}
-    changes: dict[str, Tensor] = {}
-    levels: dict[str, Tensor] = {}
-    for name in candidates:
-        errors, nlls, parts = [], [], []
-        level = torch.empty(n, dtype=torch.float64)
-        hpd = kinds.get(name) == "hpd"
-        for fold, (fit_rows, test_rows) in enumerate((halves, halves[::-1])):
-            latent_map = _fit_map(z[fit_rows], name, band, hpd_scales[fold] if hpd else None)
-            z_test = z[test_rows]
-            u, log_det = latent_map(z_test)
-            change = standard_normal_log_prob(u) - standard_normal_log_prob(z_test) + log_det
-            if draws is not None:  # restricted to the prior's support: log q' - log Z'
-                level[test_rows], log_share = levels_and_log_share(
-                    draws, _map_log_density(latent_map), test_rows)  # fmt: skip
-                change = change - log_share.to(change)
-            errors.append(_coverage_error(u))
-            nlls.append(float(-(log_prob[test_rows] + change).mean()))
-            parts.append(change)
-        scores[name] = {"latent_coverage_error": sum(errors) / 2, "nll": sum(nlls) / 2}
-        changes[name] = torch.cat(parts)
-        if draws is not None:
-            levels[name] = level
-            gaps = coverage_gaps(level)
-            scores[name].update(hpd_coverage_error=float(0.5 - level.mean()),
-                                calibration_error=float(gaps.abs().mean()),
-                                max_gap=float(gaps.abs().max()))  # fmt: skip
-    for name in candidates:  # paired standard error of the NLL difference to the first
-        diff = changes[candidates[0]] - changes[name]
-        scores[name]["nll_difference_se"] = float(diff.std() / math.sqrt(diff.numel()))
-    return scores, levels, changes
-
-
-def cross_fit_scores(
-    z: Tensor, log_prob: Tensor, candidates: tuple[str, ...] = AUTO_CANDIDATES, *,
-    band: int | None = None, seed: int = 0, draws: LatentDraws | None = None,
-    scale_target: str | None = "latent",
-) -> dict[str, dict[str, float]]:  # fmt: skip
-    r"""Held-out scores of latent ``candidates`` from latents ``z (n, D)`` and
-    log-densities ``log_prob (n,)`` of the posterior at the same held-out pairs.
-
-    Two-fold cross-fitting (a seeded random split): each candidate is fitted on one half
-    and scored on the other, both ways, so every pair is scored once by a map that did not
-    see it:
-
-    * with ``draws`` (:func:`~._hpd.latent_draws` at the same pairs), from the held-out HPD
-      levels :math:`c_i` of the recalibrated posterior (every candidate scored on the same
-      draws, :mod:`._hpd`): ``calibration_error``, the mean over the levels
-      :math:`a` = 0.01, ..., 0.99 of :math:`|\hat C(a) - a|` with :math:`\hat C(a)` the
-      share of :math:`c_i \le a` (the expected-coverage curve ``RankCalibration`` draws,
-      held out), and ``max_gap``, its largest :math:`|\hat C(a) - a|`;
-      ``hpd_coverage_error``, the signed area :math:`1/2 - \bar c` (negative =
-      over-confident; the ``coverage_error`` of ``RankCalibration``);
-    * ``latent_coverage_error``: the latent coverage error of the recalibrated latents (mean
-      absolute gap of their ball levels to uniform), averaged over the two folds;
-    * ``nll``: the held-out negative log-density, and ``nll_difference_se``, the standard
-      error of its per-pair difference to the first candidate's (the maps act on the
-      latent, so :math:`\log q' = \log q - \log N(z) + \log N(u) + \log|\det|` needs
-      no new pass of the flow). With ``draws.inside`` (a prior), that of the posterior
-      restricted to the prior's support, the one ``recalibrate`` returns: minus
-      :math:`\log \hat Z'(x)`, the candidate's mass inside estimated from the same draws
-      (:func:`~._hpd.levels_and_log_share`). Unrestricted, a scale that widens a flow over a
-      box loses the mass it moves outside and looks worse than it is.
-
-    ``scale_target`` (with ``draws``): how the candidates' scales are fitted
-    (:func:`scale_kinds`; the HPD scale as :func:`~.scale.hpd_log_scale` does, on each
-    fold's draws).
-    """
-    return _cross_fit(z, log_prob, candidates, band, seed, draws, scale_target)[0]
-
-
-def _bootstrap_se(levels: dict[str, Tensor], best: str, seed: int) -> dict[str, float]:
-    """Paired bootstrap standard error of each candidate's calibration error minus the
-    best's: :data:`BOOTSTRAP_RESAMPLES` resamples of the pairs, shared by all."""
-    n = levels[best].numel()
-    generator = torch.Generator().manual_seed(seed + 1)
-    rows = torch.randint(n, (BOOTSTRAP_RESAMPLES, n), generator=generator)
-    weight = torch.zeros(BOOTSTRAP_RESAMPLES, n, dtype=torch.float64)
-    weight.scatter_add_(1, rows, torch.ones_like(rows, dtype=torch.float64))
-    weight /= n
-
-    def errors(level: Tensor) -> Tensor:
-        curve = weight @ (level[:, None] <= CALIBRATION_LEVELS).double()
-        return (curve - CALIBRATION_LEVELS).abs().mean(1)
-
-    reference = errors(levels[best])
-    return {name: float((errors(level) - reference).std()) for name, level in levels.items()}
-
-
-def select_method(
-    z: Tensor, log_prob: Tensor, draws: LatentDraws, *, band: int | None = None,
-    seed: int = 0, nll_tolerance: float = 0.01, num_standard_errors: float = 2.0,
-    scale_target: str | None = None,
-) -> tuple[str, Selection, dict[str, LatentMap]]:  # fmt: skip
-    r"""The method ``"auto"`` picks, the :class:`~.selection.Selection` table of every
-    candidate's :func:`cross_fit_scores`, and each candidate's map fitted on all pairs.
-
-    By the cross-fitted held-out calibration error :math:`e` (``calibration_error``: the
-    mean :math:`|\mathrm{coverage} - \mathrm{level}|` of the HPD regions, from ``draws``
-    at the same pairs), with :math:`k` = ``num_standard_errors``:
-
-    1. the NLL guard: candidates whose held-out ``nll`` exceeds the identity's by more than
-       ``nll_tolerance * max(1, |nll|)`` plus :math:`k` paired standard errors
-       (``nll_difference_se``: a map fitted on half of the pairs is noisier than the
-       final one) are out (``kept_by_nll``); it only vetoes a clearly worse density;
-    2. of the others the one with the smallest :math:`e` is the best; as calibrated are
-       those within :math:`k` standard errors of it in :math:`e`
-       (``calibration_difference_se``: the paired bootstrap standard error of the
-       difference, :data:`BOOTSTRAP_RESAMPLES` resamples of the pairs) and not off in the
-       absolute signed area ``hpd_coverage_error`` (off: beyond :math:`k` of its own
-       standard errors from 0, ``hpd_se``, and beyond the best's by :math:`k` paired ones,
-       ``hpd_difference_se``; the more powerful measure against a shift of every level, a
-       variance error, where :math:`e` is noisier);
-    3. of those, the first in :data:`AUTO_CANDIDATES` order (simplest first, ``"none"``
-       included) whose held-out NLL is within :math:`k` paired standard errors of their
-       lowest (``nll_to_sharpest_se``) is picked: the identity stays unless a map is
-       measurably better calibrated, and a map replaces a simpler one only when it is
-       measurably better calibrated or, as calibrated, measurably sharper;
-    4. a candidate whose map, fitted on all pairs, is the same as a simpler candidate's
-       (:meth:`~.radial.LatentMap.same_as`: ``"scale"`` fitted to the identity is
-       ``"none"``) gives way to it, and the table says so.
-    """
-    scores, levels, changes = _cross_fit(z, log_prob, AUTO_CANDIDATES, band, seed, draws,
-                                         scale_target)  # fmt: skip
-    kinds = scale_kinds(scale_target)
-    full_hpd = shared_hpd_log_scale(on_cpu(draws))
-    z_all = z.detach().double().cpu()
-    maps = {name: _fit_map(z_all, name, band, full_hpd if kinds.get(name) == "hpd" else None)
-            for name in AUTO_CANDIDATES}  # fmt: skip
-    same = {name: next((other for other in AUTO_CANDIDATES[: AUTO_CANDIDATES.index(name)]
-                        if maps[name].same_as(maps[other])), None)
-            for name in AUTO_CANDIDATES}  # fmt: skip
-    chosen, selection = choose(scores, levels, changes, same, seed=seed,
-                               nll_tolerance=nll_tolerance,
-                               num_standard_errors=num_standard_errors)  # fmt: skip
-    return chosen, selection, maps
-
-
-def choose(
-    scores: dict[str, dict[str, float]], levels: dict[str, Tensor], changes: dict[str, Tensor],
-    same: dict[str, str | None], *, seed: int = 0, nll_tolerance: float = 0.01,
-    num_standard_errors: float = 2.0,
-) -> tuple[str, Selection]:  # fmt: skip
-    """The rule of :func:`select_method` on the cross-fitted ``scores`` (each candidate's
-    ``calibration_error``, ``max_gap``, ``nll`` and ``nll_difference_se``), held-out HPD
-    levels ``(n,)``, per-pair log-density changes ``(n,)`` and ``same`` (candidate -> the
-    simpler candidate with the same map, or ``None``), in :data:`AUTO_CANDIDATES` order:
-    the method chosen and the :class:`~.selection.Selection` table."""
-    names = list(scores)
-    reference = scores[names[0]]["nll"]
-    margin = nll_tolerance * max(1.0, abs(reference))
-    k = num_standard_errors
-    limit = {name: reference + margin + k * scores[name]["nll_difference_se"] for name in names}
-    kept = [name for name in names if scores[name]["nll"] <= limit[name]]
-    error = {name: scores[name]["calibration_error"] for name in names}
-    best = min(kept, key=error.__getitem__)
-    se = _bootstrap_se(levels, best, seed)
-    root_n = math.sqrt(levels[best].numel())
-    signed = {name: abs(scores[name]["hpd_coverage_error"]) for name in names}
-    signed_se = {name: float((levels[name] - levels[best]).std() / root_n) for name in names}
-    own_se = {name: float(levels[name].std() / root_n) for name in names}
-    # as calibrated as the best: within k SE of it by the curve's distance, and by the
-    # signed area (the more powerful against a shift of every level, a variance error)
-    # unless that area is itself within k SE of 0
-    off = {name: signed[name] > k * own_se[name]
-           and signed[name] - signed[best] > k * signed_se[name] for name in names}  # fmt: skip
-    level = [name for name in kept if error[name] - error[best] <= k * se[name]
-             and not off[name]]  # fmt: skip
-    nll = {name: scores[name]["nll"] for name in names}
-    sharpest = min(level, key=nll.__getitem__)
-    nll_se = {name: float((changes[sharpest] - changes[name]).std() / root_n) for name in names}
-    within = [name for name in level if nll[name] - nll[sharpest] <= k * nll_se[name]]
-    chosen = same[within[0]] or within[0]
-    for name in names:
-        scores[name]["hpd_se"] = own_se[name]
-        scores[name]["hpd_difference_se"] = signed_se[name]
-        scores[name]["calibration_difference_se"] = se[name]
-        scores[name]["nll_to_sharpest_se"] = nll_se[name]
-        scores[name]["kept_by_nll"] = float(name in kept)
-        scores[name]["chosen"] = float(name == chosen)
-
-    def why(name: str) -> str:
-        gap = error[name] - error[best]
-        if same[name] is not None:
-            return f"same map as {same[name]!r} (fitted on all pairs)"
-        if name not in kept:
-            return (f"NLL {nll[name] - reference:+.4f} over {names[0]!r}'s, beyond the guard "
-                    f"({limit[name] - reference:.4f}): out")  # fmt: skip
-        if name == chosen and name != within[0]:
-            return f"{within[0]!r} won, and fitted on all pairs its map is this one"
-        if gap > k * se[name]:
-            return f"{gap:+.4f} from the best {best!r}, beyond {k:g} SE ({k * se[name]:.4f})"
-        if name not in level:
-            return (f"signed coverage area {signed[name] - signed[best]:+.4f} beyond the best "
-                    f"{best!r}'s, more than {k:g} SE ({k * signed_se[name]:.4f})")  # fmt: skip
-        loss = nll[name] - nll[sharpest]
-        if name == chosen:
-            calibrated = ("lowest held-out calibration error" if name == best else
-                          f"within {k:g} SE of the best {best!r} ({gap:+.4f})")  # fmt: skip
-            if len(level) == 1:
-                return calibrated
-            if name == sharpest:
-                return f"{calibrated}; the lowest NLL of those"
-            return f"{calibrated}; NLL within {k:g} SE of the lowest ({loss:+.4f}), simplest"
-        if loss > k * nll_se[name]:
-            return (f"as calibrated (within {k:g} SE), but NLL {loss:+.4f} over "
-                    f"{sharpest!r}'s, beyond {k:g} SE ({k * nll_se[name]:.4f})")  # fmt: skip
-        return f"as calibrated and as sharp (within {k:g} SE), but {chosen!r} is simpler"
-
-    rows = [Candidate(name, error[name], scores[name]["max_gap"], nll[name], name == chosen,
-                      why(name)) for name in names]  # fmt: skip
-    note = (f"2-fold cross-fit on {levels[best].numel()} held-out pairs; calibration error = "
-            f"mean |coverage - level| of the HPD regions; NLL guard +{nll_tolerance:g} x "
-            f"max(1, |NLL|) + {k:g} SE")  # fmt: skip
-    return chosen, Selection(rows, scores, note)
 
 
 def recalibrate(

@@ -1,23 +1,46 @@
-r"""What ``cl.recalibrate(..., method="auto")`` scored, and why it chose: :class:`Selection`.
+r"""How ``cl.recalibrate(..., method="auto")`` chooses, and its record: :class:`Selection`.
 
-One row per candidate map: its cross-fitted held-out calibration error (the mean
-:math:`|\mathrm{coverage} - \mathrm{level}|` of the HPD regions over levels 0.01-0.99, and
-the largest gap), its held-out NLL, whether it was chosen, and why, in words: the NLL
-guard that ruled it out, how far it is from the best in standard errors, or that it is
-the same map as a simpler candidate (``"scale"`` fitted to the identity is ``"none"``).
+:func:`select_method` fits every candidate (``"none"``, ``"scale"``, ``"radial"``,
+``"scale+radial"``) and takes their cross-fitted held-out scores
+(:func:`~.cross_fit.cross_fit_scores`); :func:`choose` applies the rule to them: an NLL
+guard, then the lowest held-out calibration error within paired standard errors
+(:data:`BOOTSTRAP_RESAMPLES` bootstrap resamples), then the simplest of those as sharp
+as the sharpest.
+
+What it scored and why it chose is a :class:`Selection`, one row per candidate map: its
+cross-fitted held-out calibration error (the mean :math:`|\mathrm{coverage} - \mathrm{level}|`
+of the HPD regions over levels 0.01-0.99, and the largest gap), its held-out NLL, whether
+it was chosen, and why, in words: the NLL guard that ruled it out, how far it is from the
+best in standard errors, or that it is the same map as a simpler candidate (``"scale"``
+fitted to the identity is ``"none"``).
 
 ``print(fixed.selection)`` shows the table; ``fixed.selection["scale"]`` is that
-candidate's full scores (a ``dict`` of floats, :func:`~.api.cross_fit_scores`);
+candidate's full scores (a ``dict`` of floats, :func:`~.cross_fit.cross_fit_scores`);
 :meth:`Selection.state` is a plain ``dict`` (what a ``state_dict`` and a checkpoint keep).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Candidate", "Selection"]
+import torch
+from torch import Tensor
+
+from calib_lightning.recalibration._hpd import LatentDraws, on_cpu
+from calib_lightning.recalibration.cross_fit import (
+    AUTO_CANDIDATES,
+    CALIBRATION_LEVELS,
+    _cross_fit,
+    _fit_map,
+    scale_kinds,
+)
+from calib_lightning.recalibration.radial import LatentMap
+from calib_lightning.recalibration.scale import shared_hpd_log_scale
+
+__all__ = ["BOOTSTRAP_RESAMPLES", "Candidate", "Selection", "choose", "select_method"]
 
 
 @dataclass(frozen=True)
@@ -48,7 +71,7 @@ class Selection(Mapping[str, dict[str, float]]):
 
     Arguments:
         rows: the table's rows, in the order the candidates were tried.
-        scores: method -> its scores (:func:`~.api.cross_fit_scores` and the rule's).
+        scores: method -> its scores (:func:`~.cross_fit.cross_fit_scores` and the rule's).
         note: one line above the table (the split and the rule).
 
     Attributes:
@@ -118,3 +141,154 @@ class Selection(Mapping[str, dict[str, float]]):
                           bool(values.get("chosen", 0.0)), "")
                 for name, values in state.items()]  # fmt: skip
         return cls(rows, dict(state))
+
+
+#: paired bootstrap resamples of the pairs for the standard error of a difference in
+#: calibration error between two candidates
+BOOTSTRAP_RESAMPLES = 200
+
+
+def _bootstrap_se(levels: dict[str, Tensor], best: str, seed: int) -> dict[str, float]:
+    """Paired bootstrap standard error of each candidate's calibration error minus the
+    best's: :data:`BOOTSTRAP_RESAMPLES` resamples of the pairs, shared by all."""
+    n = levels[best].numel()
+    generator = torch.Generator().manual_seed(seed + 1)
+    rows = torch.randint(n, (BOOTSTRAP_RESAMPLES, n), generator=generator)
+    weight = torch.zeros(BOOTSTRAP_RESAMPLES, n, dtype=torch.float64)
+    weight.scatter_add_(1, rows, torch.ones_like(rows, dtype=torch.float64))
+    weight /= n
+
+    def errors(level: Tensor) -> Tensor:
+        curve = weight @ (level[:, None] <= CALIBRATION_LEVELS).double()
+        return (curve - CALIBRATION_LEVELS).abs().mean(1)
+
+    reference = errors(levels[best])
+    return {name: float((errors(level) - reference).std()) for name, level in levels.items()}
+
+
+def select_method(
+    z: Tensor, log_prob: Tensor, draws: LatentDraws, *, band: int | None = None,
+    seed: int = 0, nll_tolerance: float = 0.01, num_standard_errors: float = 2.0,
+    scale_target: str | None = None,
+) -> tuple[str, Selection, dict[str, LatentMap]]:  # fmt: skip
+    r"""The method ``"auto"`` picks, the :class:`~.selection.Selection` table of every
+    candidate's :func:`~.cross_fit.cross_fit_scores`, and each candidate's map fitted on all pairs.
+
+    By the cross-fitted held-out calibration error :math:`e` (``calibration_error``: the
+    mean :math:`|\mathrm{coverage} - \mathrm{level}|` of the HPD regions, from ``draws``
+    at the same pairs), with :math:`k` = ``num_standard_errors``:
+
+    1. the NLL guard: candidates whose held-out ``nll`` exceeds the identity's by more than
+       ``nll_tolerance * max(1, |nll|)`` plus :math:`k` paired standard errors
+       (``nll_difference_se``: a map fitted on half of the pairs is noisier than the
+       final one) are out (``kept_by_nll``); it only vetoes a clearly worse density;
+    2. of the others the one with the smallest :math:`e` is the best; as calibrated are
+       those within :math:`k` standard errors of it in :math:`e`
+       (``calibration_difference_se``: the paired bootstrap standard error of the
+       difference, :data:`BOOTSTRAP_RESAMPLES` resamples of the pairs) and not off in the
+       absolute signed area ``hpd_coverage_error`` (off: beyond :math:`k` of its own
+       standard errors from 0, ``hpd_se``, and beyond the best's by :math:`k` paired ones,
+       ``hpd_difference_se``; the more powerful measure against a shift of every level, a
+       variance error, where :math:`e` is noisier);
+    3. of those, the first in :data:`AUTO_CANDIDATES` order (simplest first, ``"none"``
+       included) whose held-out NLL is within :math:`k` paired standard errors of their
+       lowest (``nll_to_sharpest_se``) is picked: the identity stays unless a map is
+       measurably better calibrated, and a map replaces a simpler one only when it is
+       measurably better calibrated or, as calibrated, measurably sharper;
+    4. a candidate whose map, fitted on all pairs, is the same as a simpler candidate's
+       (:meth:`~.radial.LatentMap.same_as`: ``"scale"`` fitted to the identity is
+       ``"none"``) gives way to it, and the table says so.
+    """
+    scores, levels, changes = _cross_fit(z, log_prob, AUTO_CANDIDATES, band, seed, draws,
+                                         scale_target)  # fmt: skip
+    kinds = scale_kinds(scale_target)
+    full_hpd = shared_hpd_log_scale(on_cpu(draws))
+    z_all = z.detach().double().cpu()
+    maps = {name: _fit_map(z_all, name, band, full_hpd if kinds.get(name) == "hpd" else None)
+            for name in AUTO_CANDIDATES}  # fmt: skip
+    same = {name: next((other for other in AUTO_CANDIDATES[: AUTO_CANDIDATES.index(name)]
+                        if maps[name].same_as(maps[other])), None)
+            for name in AUTO_CANDIDATES}  # fmt: skip
+    chosen, selection = choose(scores, levels, changes, same, seed=seed,
+                               nll_tolerance=nll_tolerance,
+                               num_standard_errors=num_standard_errors)  # fmt: skip
+    return chosen, selection, maps
+
+
+def choose(
+    scores: dict[str, dict[str, float]], levels: dict[str, Tensor], changes: dict[str, Tensor],
+    same: dict[str, str | None], *, seed: int = 0, nll_tolerance: float = 0.01,
+    num_standard_errors: float = 2.0,
+) -> tuple[str, Selection]:  # fmt: skip
+    """The rule of :func:`select_method` on the cross-fitted ``scores`` (each candidate's
+    ``calibration_error``, ``max_gap``, ``nll`` and ``nll_difference_se``), held-out HPD
+    levels ``(n,)``, per-pair log-density changes ``(n,)`` and ``same`` (candidate -> the
+    simpler candidate with the same map, or ``None``), in :data:`AUTO_CANDIDATES` order:
+    the method chosen and the :class:`~.selection.Selection` table."""
+    names = list(scores)
+    reference = scores[names[0]]["nll"]
+    margin = nll_tolerance * max(1.0, abs(reference))
+    k = num_standard_errors
+    limit = {name: reference + margin + k * scores[name]["nll_difference_se"] for name in names}
+    kept = [name for name in names if scores[name]["nll"] <= limit[name]]
+    error = {name: scores[name]["calibration_error"] for name in names}
+    best = min(kept, key=error.__getitem__)
+    se = _bootstrap_se(levels, best, seed)
+    root_n = math.sqrt(levels[best].numel())
+    signed = {name: abs(scores[name]["hpd_coverage_error"]) for name in names}
+    signed_se = {name: float((levels[name] - levels[best]).std() / root_n) for name in names}
+    own_se = {name: float(levels[name].std() / root_n) for name in names}
+    # as calibrated as the best: within k SE of it by the curve's distance, and by the
+    # signed area (the more powerful against a shift of every level, a variance error)
+    # unless that area is itself within k SE of 0
+    off = {name: signed[name] > k * own_se[name]
+           and signed[name] - signed[best] > k * signed_se[name] for name in names}  # fmt: skip
+    level = [name for name in kept if error[name] - error[best] <= k * se[name]
+             and not off[name]]  # fmt: skip
+    nll = {name: scores[name]["nll"] for name in names}
+    sharpest = min(level, key=nll.__getitem__)
+    nll_se = {name: float((changes[sharpest] - changes[name]).std() / root_n) for name in names}
+    within = [name for name in level if nll[name] - nll[sharpest] <= k * nll_se[name]]
+    chosen = same[within[0]] or within[0]
+    for name in names:
+        scores[name]["hpd_se"] = own_se[name]
+        scores[name]["hpd_difference_se"] = signed_se[name]
+        scores[name]["calibration_difference_se"] = se[name]
+        scores[name]["nll_to_sharpest_se"] = nll_se[name]
+        scores[name]["kept_by_nll"] = float(name in kept)
+        scores[name]["chosen"] = float(name == chosen)
+
+    def why(name: str) -> str:
+        gap = error[name] - error[best]
+        if same[name] is not None:
+            return f"same map as {same[name]!r} (fitted on all pairs)"
+        if name not in kept:
+            return (f"NLL {nll[name] - reference:+.4f} over {names[0]!r}'s, beyond the guard "
+                    f"({limit[name] - reference:.4f}): out")  # fmt: skip
+        if name == chosen and name != within[0]:
+            return f"{within[0]!r} won, and fitted on all pairs its map is this one"
+        if gap > k * se[name]:
+            return f"{gap:+.4f} from the best {best!r}, beyond {k:g} SE ({k * se[name]:.4f})"
+        if name not in level:
+            return (f"signed coverage area {signed[name] - signed[best]:+.4f} beyond the best "
+                    f"{best!r}'s, more than {k:g} SE ({k * signed_se[name]:.4f})")  # fmt: skip
+        loss = nll[name] - nll[sharpest]
+        if name == chosen:
+            calibrated = ("lowest held-out calibration error" if name == best else
+                          f"within {k:g} SE of the best {best!r} ({gap:+.4f})")  # fmt: skip
+            if len(level) == 1:
+                return calibrated
+            if name == sharpest:
+                return f"{calibrated}; the lowest NLL of those"
+            return f"{calibrated}; NLL within {k:g} SE of the lowest ({loss:+.4f}), simplest"
+        if loss > k * nll_se[name]:
+            return (f"as calibrated (within {k:g} SE), but NLL {loss:+.4f} over "
+                    f"{sharpest!r}'s, beyond {k:g} SE ({k * nll_se[name]:.4f})")  # fmt: skip
+        return f"as calibrated and as sharp (within {k:g} SE), but {chosen!r} is simpler"
+
+    rows = [Candidate(name, error[name], scores[name]["max_gap"], nll[name], name == chosen,
+                      why(name)) for name in names]  # fmt: skip
+    note = (f"2-fold cross-fit on {levels[best].numel()} held-out pairs; calibration error = "
+            f"mean |coverage - level| of the HPD regions; NLL guard +{nll_tolerance:g} x "
+            f"max(1, |NLL|) + {k:g} SE")  # fmt: skip
+    return chosen, Selection(rows, scores, note)
