@@ -16,11 +16,8 @@ from scipy import stats
 import calib_lightning as cl
 from calib_lightning.classifiers import joint_c2st_folds, joint_c2st_test, make_ensemble
 from calib_lightning.functional import conformal_ranks, uniform_mean_test
-from calib_lightning.functional.joint_c2st import (
-    averaged_ranks,
-    normal_two_sided_p_value,
-    rank_sum_test,
-)
+from calib_lightning.functional._tails import normal_two_sided_p_value
+from calib_lightning.functional.joint_c2st import averaged_ranks, rank_sum_test
 from calib_lightning.metrics.joint_c2st import joint_c2st
 from calib_lightning.tasks import CorrelatedGaussianToy, GaussianToy
 from calib_lightning.tasks._common import normal

@@ -25,12 +25,9 @@ from torch import Tensor
 
 from calib_lightning._checks import check_positive
 from calib_lightning.classifiers._make import Ensemble
+from calib_lightning.functional._tails import normal_two_sided_p_value
 from calib_lightning.functional.combine import combine_p_values
-from calib_lightning.functional.joint_c2st import (
-    averaged_ranks,
-    normal_two_sided_p_value,
-    rank_sum_test,
-)
+from calib_lightning.functional.joint_c2st import averaged_ranks, rank_sum_test
 
 __all__ = ["joint_c2st_folds", "joint_c2st_test", "joint_c2st_train"]
 

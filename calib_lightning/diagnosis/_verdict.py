@@ -226,21 +226,15 @@ def smallest_verdict_p_value(result: Any) -> float | None:
 
 
 def verdict_p_value_error(name: str, result: Any) -> float | None:
-    r"""The Monte Carlo standard error of a check's verdict p-value, or ``None`` (an
-    analytic test, or not estimated): ``global_p_value_error`` / ``p_value_error`` where
-    the result carries it, else for a test with ``H`` null classifiers the binomial error
-    :math:`\sqrt{p (1 - p) / H}` of its verdict p-value."""
+    """The Monte Carlo standard error of a check's verdict p-value (the result's
+    ``global_p_value_error`` where its verdict is the global p-value, else its
+    ``p_value_error``), or ``None``: an analytic test, or not estimated."""
     field = VERDICT_CHECKS.get(name, getattr(type(result), "verdict", None))
-    for attribute in ("global_p_value_error", "p_value_error") if field == "global_p_value" \
-            else ("p_value_error",):  # fmt: skip
-        value = getattr(result, attribute, None)
-        if value is not None and (not hasattr(value, "numel") or value.numel() == 1):
-            return float(value)
-    p = _verdict_p_value(name, result)
-    nulls = getattr(result, "null_statistics", None)
-    if p is None or nulls is None:
+    attribute = "global_p_value_error" if field == "global_p_value" else "p_value_error"
+    value = getattr(result, attribute, None)
+    if value is None or (hasattr(value, "numel") and value.numel() != 1):
         return None
-    return math.sqrt(p * (1 - p) / nulls.shape[0])
+    return float(value)
 
 
 def _observations(indices: Sequence[int]) -> str:

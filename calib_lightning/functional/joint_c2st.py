@@ -68,16 +68,15 @@ import math
 import torch
 from torch import Tensor
 
+from calib_lightning.functional._tails import normal_two_sided_p_value
+
 __all__ = [
     "averaged_ranks",
     "conformal_ranks",
-    "normal_two_sided_p_value",
     "rank_sum_test",
     "uniform_mean_test",
 ]
 
-#: the smallest positive normal float64: a p-value below it is stored as it, never 0
-TINY_P_VALUE = 2.2250738585072014e-308
 
 
 def conformal_ranks(
@@ -142,18 +141,6 @@ def uniform_mean_test(ranks: Tensor) -> tuple[Tensor, Tensor]:
     ranks = ranks.double()
     z = math.sqrt(12 * ranks.shape[-1]) * (ranks.mean(-1) - 0.5)
     return z, normal_two_sided_p_value(z)
-
-
-def normal_two_sided_p_value(z: Tensor) -> Tensor:
-    r""":math:`2 \Phi(-|z|)` from :math:`\log \Phi`, float64, at least the smallest normal
-    float64 (``torch.special.ndtr(-15.8)`` is already 0.0).
-
-    Example:
-        >>> normal_two_sided_p_value(torch.tensor([0.0, 15.8]))
-        tensor([1.0000e+00, 3.1112e-56], dtype=torch.float64)
-    """
-    log_p = math.log(2.0) + torch.special.log_ndtr(-z.double().abs())
-    return log_p.exp().clamp(TINY_P_VALUE, 1.0)
 
 
 def averaged_ranks(

@@ -91,6 +91,20 @@ class LC2STResult(Result):
         """:math:`1 / (1 + H)`, the smallest p-value ``H`` null trials can give."""
         return 1.0 / (1 + self.null_statistics.shape[0])
 
+    @property
+    def p_value_error(self) -> Tensor:
+        r"""``(O,)`` Monte Carlo standard error of each ``p_value`` from its ``H`` null
+        classifiers, :math:`\sqrt{p (1 - p) / H}` (the observed classifier's own
+        randomness comes on top: ``examples/benchmarks/results/seed_stability.md``)."""
+        p = self.p_value.double()
+        return (p * (1 - p) / self.null_statistics.shape[0]).sqrt()
+
+    @property
+    def global_p_value_error(self) -> Tensor:
+        """``()`` the same for ``global_p_value``."""
+        p = self.global_p_value.double()
+        return (p * (1 - p) / self.null_statistics.shape[0]).sqrt()
+
 
 @dataclass(eq=False)
 class ProbabilityMap(Result):

@@ -42,7 +42,6 @@ import json
 import platform
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +89,8 @@ def run_check(name: str, data: dict[str, Any], seed: int, args: argparse.Namespa
     with torch.random.fork_rng():
         torch.manual_seed(10_000 + seed)  # checks that draw from the global generator
         if name == "tarp":
-            return float(tarp(samples, theta, generator=torch.Generator().manual_seed(seed)).p_value)
+            generator = torch.Generator().manual_seed(seed)
+            return float(tarp(samples, theta, generator=generator).p_value)
         if name == "joint_c2st":
             return float(joint_c2st(theta, x, samples, seed=seed).p_value)
         if name == "kccsd":
