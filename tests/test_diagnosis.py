@@ -398,3 +398,15 @@ def test_a_verdict_inside_its_monte_carlo_error_says_so():
     assert row["verdict"] == "rejected (within Monte Carlo error)"
     assert row["p_value_error"] == 0.01
     assert report.summary()["unsettled"] == {"tarp": {"p_value": 0.045, "p_value_error": 0.01}}
+
+
+def test_a_wrong_theta_is_named_as_theta_not_as_a_prior_that_does_not_fit_it():
+    """theta with a column too many: the message names theta and its full shape (the
+    prior was checked first and blamed: 'prior must have event shape (D,) = (3,)')."""
+    from torch.distributions import Independent, Uniform
+
+    theta, x = pairs(50, seed=8)
+    prior = Independent(Uniform(-5 * torch.ones(2), 5 * torch.ones(2)), 1)
+    wide = torch.cat([theta, theta[:, :1]], 1)
+    with pytest.raises(ValueError, match=r"theta must have D = 2 columns.*got shape \(50, 3\)"):
+        cl.diagnose(TOY.posterior(), wide, x, prior=prior)
