@@ -348,11 +348,14 @@ def test_command_line_diagnoses_the_recalibrated_posterior_beside_the_flow(
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert set(summary) >= {"before", "after", "checks"}
     assert (tmp_path / "out" / "before" / "report.html").exists()
-    # the after column is the callback's posterior: its own diagnosis gives the same table
+    # the after column is the callback's posterior, diagnosed beside the flow with common
+    # random numbers: the same call in Python gives the same verdicts
+    flow = trainer.lightning_module.flow
     with torch.no_grad():
-        fixed = cl.diagnose(callback.posterior(trainer.lightning_module.flow), cal_theta, cal_x,
+        fixed = cl.diagnose(callback.posterior(flow), cal_theta, cal_x, before=flow,
                             checks=("ranks", "tarp"), num_posterior_samples=50)  # fmt: skip
     assert summary["after"]["verdict"] == fixed.verdict
+    assert summary["before"]["verdict"] == fixed.before.verdict
     # a checkpoint without the callback's map: a ValueError naming the option
     plain = L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False,
                       enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip

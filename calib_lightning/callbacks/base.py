@@ -308,7 +308,10 @@ class CalibrationCallback(CheckHistory, CostWarning, DrawSharing, SetupCheck):
     ) -> None:
         """``on_error="warn"``: warn, log and record NaN, keep the history, train on."""
         epoch = trainer.current_epoch
-        reason = f"{type(error).__name__}: {error}"
+        kind = type(error).__name__
+        if isinstance(error, ValueError) and kind != "ValueError":  # NonFinitePairs and kin
+            kind = f"ValueError ({kind})"
+        reason = f"{kind}: {error}"
         self.errors.append((epoch, reason))
         what = ("its figures failed after the scalars were logged" if recorded
                 else "failed and is recorded as NaN")  # fmt: skip

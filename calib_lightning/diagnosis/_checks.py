@@ -282,11 +282,13 @@ _BY_NAME: dict[str, Callable[[], Check]] = {
 }  # fmt: skip
 
 
+_ORDER = {name: k for k, name in enumerate((*CHECKS, "reference"))}  # L-C2ST-NF before L-C2ST
+
+
 def make_checks(names: Sequence[str], *, local_fallback: bool = False) -> list[Check]:
     """The check objects of ``names``, in the order of :data:`CHECKS` (``reference``
     last); with ``local_fallback``, L-C2ST runs only if L-C2ST-NF gives no result."""
-    order = {name: k for k, name in enumerate((*CHECKS, "reference"))}
-    out = [_BY_NAME[name]() for name in sorted(names, key=order.__getitem__)]
+    out = [_BY_NAME[name]() for name in sorted(names, key=_ORDER.__getitem__)]
     if local_fallback and "lc2st_nf" in names:
         for check in out:
             if check.name == "lc2st":
@@ -373,7 +375,7 @@ def run_checks(
         for k, d in zip(users, made, strict=True):
             drawn[k] = d
             outcomes[k].seconds["draws"] = seconds
-    names = list(dict.fromkeys(c.name for plan in plans for c in plan))
+    names = sorted({c.name for plan in plans for c in plan}, key=_ORDER.__getitem__)
     for name in names:
         runs = [(k, next(c for c in plan if c.name == name)) for k, plan in enumerate(plans)
                 if any(c.name == name for c in plan)]  # fmt: skip

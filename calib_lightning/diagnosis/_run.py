@@ -143,7 +143,11 @@ def diagnose(
             recalibrated into ``posterior``), diagnosed with the same pairs, checks and
             seed; or its :class:`~calib_lightning.diagnosis.Diagnosis` on the same pairs.
             The report then shows before and after side by side (``.before``,
-            ``.comparison``; ``.save`` writes both).
+            ``.comparison``; ``.save`` writes both). Both posteriors share their random
+            numbers (TARP's reference points, the classifiers' folds and seeds, the latent
+            draws where both map a normal base), so a change in the table is a change in
+            the posteriors; the numbers of ``posterior`` can therefore differ from those
+            of its diagnosis alone, within their Monte Carlo error.
         region: a :class:`~calib_lightning.ConformalRegion` of ``posterior``, fitted on
             other held-out pairs than ``theta``, ``x``: the report gives its calibrated
             credibility for a 90 % region at each observation (with ``reference_samples``,
@@ -168,6 +172,7 @@ def diagnose(
             diagnosis of another number of pairs, draws or level.
 
     Example:
+        >>> import torch
         >>> from calib_lightning.tasks import GaussianToy
         >>> toy = GaussianToy(dim=2)
         >>> theta, x = toy.sample(300, torch.Generator().manual_seed(0))

@@ -122,7 +122,7 @@ class KCCSD(Metric):
         ...     metric.update(model, theta, x)
         >>> out = metric.compute()
         >>> sorted(out)
-        ['bandwidth', 'distribution_bandwidth', 'num_pairs', 'p_value', 'statistic']
+        ['bandwidth', 'distribution_bandwidth', 'num_pairs', 'p_value', 'p_value_error', 'statistic']
         >>> int(out.num_pairs), bool(out.p_value > 0.05)
         (400, True)
 
