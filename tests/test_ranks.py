@@ -104,16 +104,16 @@ def test_the_cpu_and_the_generic_path_count_alike(monkeypatch, dtype):
     ties, on draws with ties (a grid) in the marginals and the energies, across block
     boundaries (blocks of 5 draws here), with the same moments; a NaN draw is a tie in
     both, which the lazy check then finds."""
-    from calib_lightning.functional import ranks
+    from calib_lightning.functional import _rank_counting as counting
 
     g = torch.Generator().manual_seed(21)
     samples = ((torch.randn(300, 40, 3, generator=g) * 2).round() / 2).to(dtype)
     theta = ((torch.randn(40, 3, generator=g) * 2).round() / 2).to(dtype)
     lp, lp_theta = -samples.square().sum(-1).round(), -theta.square().sum(-1).round()
-    monkeypatch.setattr(ranks, "BLOCK_NUMBERS", 5 * 40 * 3)
-    work = ranks.RankWorkspace()
-    cpu = ranks._chunk_numpy(samples, theta, lp, lp_theta, 256, work)
-    generic = ranks._chunk_torch(samples, theta, lp, lp_theta, 256, work)
+    monkeypatch.setattr(counting, "BLOCK_NUMBERS", 5 * 40 * 3)
+    work = counting.RankWorkspace()
+    cpu = counting.chunk_numpy(samples, theta, lp, lp_theta, 256, work)
+    generic = counting.chunk_torch(samples, theta, lp, lp_theta, 256, work)
     counts, total, total_sq, ties = generic
     assert torch.equal(cpu[0], counts)
     assert torch.equal(cpu[3], ties)
@@ -128,7 +128,7 @@ def test_the_cpu_and_the_generic_path_count_alike(monkeypatch, dtype):
     assert cpu[4]  # finite log-densities
     samples[7, 4, 1] = math.nan
     nan_ties = ((samples == theta) | samples.isnan()).sum(0)
-    nan_counted = ranks._chunk_numpy(samples, theta, lp, lp_theta, 0, work)
+    nan_counted = counting.chunk_numpy(samples, theta, lp, lp_theta, 0, work)
     assert torch.equal(nan_counted[3][:, :3], nan_ties)
     with pytest.raises(ValueError, match=r"samples must be finite, got NaN for 1 of 40 .*\[4\]"):
         rank_draw_chunk(theta, lp_theta, samples, lp)

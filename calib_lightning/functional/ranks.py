@@ -28,15 +28,28 @@ References:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import NonFinitePairs, check_positive, non_finite_kinds
+from calib_lightning._checks import check_positive
+from calib_lightning.functional import _draw_problems
+from calib_lightning.functional._draw_problems import (
+    check_draws,
+    check_log_prob_theta,
+    draw_problems,
+    raise_pairs,
+)
+from calib_lightning.functional._rank_counting import (
+    BLOCK_NUMBERS,
+    RankWorkspace,
+    break_ties,
+    chunk_numpy,
+    chunk_torch,
+    count_below,
+)
 from calib_lightning.functional.distance_rank import distance_log_prob
 
 __all__ = [
@@ -56,71 +69,17 @@ __all__ = [
 ]
 
 
-#: numbers per block of draws that :func:`rank_draw_chunk` compares at once on the CPU: the
-#: scratch arrays stay in the cache (a 512 KiB mask), where scratch arrays of a whole chunk
-#: were fresh pages at every update
-BLOCK_NUMBERS = 2**19
+#: what :func:`draw_problems` checks, in the order its messages list them
+LOG_PROB_THETA = _draw_problems.LOG_PROB_THETA
+SAMPLES = _draw_problems.SAMPLES
+LOG_PROB = _draw_problems.LOG_PROB
+
 
 MOMENT_DRAWS = 256
 """Draws per pair used for the sharpness moments (posterior mean and variance):
 contraction and mean error are averages over ``N`` pairs, so a few hundred draws per
 pair make their Monte Carlo error negligible; using all ``M`` would make the moments,
 not the ranks, the main cost of the check when ``M`` is large."""
-
-
-class RankWorkspace:
-    """Reusable scratch tensors for a loop of :func:`rank_draw_chunk` calls.
-
-    Fresh multi-megabyte temporaries per chunk cost more in page faults than the
-    arithmetic on them (glibc returns large blocks to the system); reusing buffers keeps
-    the check's overhead over sampling small.
-    """
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, Tensor] = {}
-
-    def __call__(self, name: str, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
-        dtype = like.dtype if dtype is None else dtype
-        buffer = self._buffers.get(name)
-        if (buffer is None or buffer.numel() < like.numel() or buffer.dtype != dtype
-                or buffer.device != like.device):  # fmt: skip
-            buffer = torch.empty(like.numel(), dtype=dtype, device=like.device)
-            self._buffers[name] = buffer
-        return buffer[: like.numel()].view(like.shape)
-
-
-def _count_signs(diff: Tensor) -> tuple[Tensor, Tensor]:
-    """``#{k : diff_k < 0}`` and ``#{k : diff_k = 0}`` over the first dimension of ``diff``
-    ``(M, *)``, int64 ``(*)`` each; ``diff`` is scratch (overwritten by its sign).
-
-    Two sums of ``s = sign(diff)`` give both counts: ``sum(s) = above - below`` and
-    ``sum(|s|) = above + below``. A NaN counts as a tie (``sign(nan) = 0``), which the
-    caller rules out.
-    """
-    m = diff.shape[0]
-    exact = torch.float64 if m >= 2**24 or diff.dtype == torch.float64 else torch.float32
-    sign = torch.sign(diff, out=diff)
-    excess = sign.sum(0, dtype=exact)
-    nonzero = sign.abs_().sum(0, dtype=exact)
-    return ((nonzero - excess) / 2).round().long(), m - nonzero.round().long()
-
-
-def _break_ties(
-    below: Tensor, ties: Tensor, generator: torch.Generator | None
-) -> tuple[Tensor, bool]:
-    """``below`` plus a uniform integer in ``[0, ties]`` per entry (the rank of a truth
-    among draws equal to it, at random), and whether there was any tie."""
-    if not bool(ties.any()):
-        return below, False
-    u = torch.rand(ties.shape, generator=generator, dtype=torch.float64)
-    return below + (u.to(ties.device) * (ties + 1)).floor().long().clamp_max(ties), True
-
-
-def _count_below(diff: Tensor, generator: torch.Generator | None) -> tuple[Tensor, bool]:
-    """``#{k : diff_k < 0}`` plus a uniform integer in ``[0, #{k : diff_k = 0}]`` over the
-    first dimension of the scratch ``diff`` ``(M, *)``, and whether any ``diff_k`` was 0:
-    a tie, or a NaN, which the caller rules out."""
-    return _break_ties(*_count_signs(diff), generator)
 
 
 def marginal_ranks(
@@ -146,10 +105,10 @@ def marginal_ranks(
             f"samples must have shape (M, *theta.shape) = (M, {', '.join(map(str, theta.shape))}),"
             f" got {tuple(samples.shape)}"
         )
-    ranks, zeros = _count_below(samples - theta, generator)
+    ranks, zeros = count_below(samples - theta, generator)
     if zeros:  # ties, or NaN
         bad = (samples.isnan().any(0) | theta.isnan()).any(-1).flatten()
-        _raise_pairs("samples and theta must not be NaN", bad, 0)
+        raise_pairs("samples and theta must not be NaN", bad, 0)
     return ranks
 
 
@@ -178,55 +137,12 @@ def energy_ranks(
             f"(M, {', '.join(map(str, log_prob_theta.shape))}), "
             f"got {tuple(log_prob_samples.shape)}"
         )
-    ranks, zeros = _count_below(log_prob_theta - log_prob_samples, generator)
+    ranks, zeros = count_below(log_prob_theta - log_prob_samples, generator)
     if zeros:  # ties, or NaN (also from inf - inf)
         diff = log_prob_theta - log_prob_samples
         bad = diff.isnan().any(0).flatten()
-        _raise_pairs("log-densities must not be NaN (nor equal infinities)", bad, 0)
+        raise_pairs("log-densities must not be NaN (nor equal infinities)", bad, 0)
     return ranks
-
-
-def _raise_pairs(what: str, bad: Tensor, offset: int) -> None:
-    """Raise :class:`~calib_lightning._checks.NonFinitePairs` if any of the checked pairs
-    are ``bad`` (flags ``(n,)``, the first one row ``offset``)."""
-    if bool(bad.any()):
-        raise NonFinitePairs({what: {"NaN": bad.cpu()}}, offset)
-
-
-#: what :func:`draw_problems` checks, in the order its messages list them
-LOG_PROB_THETA = "posterior log_prob at theta must be finite or -inf (zero density)"
-SAMPLES = "posterior samples must be finite"
-LOG_PROB = "posterior log_prob at its samples must be finite"
-
-
-def draw_problems(
-    samples: Tensor, log_prob_samples: Tensor | None, log_prob_theta: Tensor | None
-) -> dict[str, dict[str, Tensor]]:
-    """Which pairs hold non-finite draws ``(s, n, D)``, draw log-densities ``(s, n)`` or a
-    NaN / ``+inf`` truth log-density ``(n,)``: what must hold -> kind -> ``(n,)`` flags
-    (only what some pair breaks; never raises)."""
-    problems = {}
-    if log_prob_theta is not None:
-        problems[LOG_PROB_THETA] = non_finite_kinds(log_prob_theta, allow_negative_infinity=True)
-    problems[SAMPLES] = non_finite_kinds(samples, pair_dim=1)
-    if log_prob_samples is not None:
-        problems[LOG_PROB] = non_finite_kinds(log_prob_samples, pair_dim=1)
-    return {what: kinds for what, kinds in problems.items() if kinds}
-
-
-def _check_log_prob_theta(log_prob_theta: Tensor, offset: int = 0) -> None:
-    kinds = non_finite_kinds(log_prob_theta, allow_negative_infinity=True)
-    if kinds:
-        raise NonFinitePairs({LOG_PROB_THETA: kinds}, offset)
-
-
-def _check_draws(
-    samples: Tensor, log_prob_samples: Tensor, log_prob_theta: Tensor, offset: int = 0
-) -> None:
-    """Raise, counting the affected pairs, on non-finite draws or a NaN/+inf truth density."""
-    problems = draw_problems(samples, log_prob_samples, log_prob_theta)
-    if problems:
-        raise NonFinitePairs(problems, offset)
 
 
 def sbc_ranks(
@@ -256,7 +172,7 @@ def sbc_ranks(
     """
     if log_prob_samples is None or log_prob_theta is None:
         log_prob_samples, log_prob_theta = distance_log_prob(samples, theta)
-    _check_draws(samples, log_prob_samples, log_prob_theta)
+    check_draws(samples, log_prob_samples, log_prob_theta)
     joint = energy_ranks(log_prob_samples, log_prob_theta, generator=generator)
     return torch.cat([marginal_ranks(samples, theta, generator=generator), joint[..., None]], -1)
 
@@ -336,15 +252,15 @@ def rank_draw_chunk(
             raise ValueError(f"the distance rank needs all draws in one chunk, got {first_draw=}")
         log_prob, log_prob_theta = distance_log_prob(samples, theta)
     if first_draw == 0:
-        _check_log_prob_theta(log_prob_theta, offset)
+        check_log_prob_theta(log_prob_theta, offset)
     head = min(max(moment_draws - first_draw, 0), samples.shape[0])  # draws in the moments
     tensors = (samples, theta, log_prob, log_prob_theta)
     if all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64) for t in tensors):
-        counts, total, total_sq, ties, finite = _chunk_numpy(*tensors, head, work)
+        counts, total, total_sq, ties, finite = chunk_numpy(*tensors, head, work)
     else:
-        counts, total, total_sq, ties = _chunk_torch(*tensors, head, work)
+        counts, total, total_sq, ties = chunk_torch(*tensors, head, work)
         finite = bool(log_prob.sum(0).isfinite().all())
-    below, tied = _break_ties(counts, ties, generator)
+    below, tied = break_ties(counts, ties, generator)
     # An infinite draw shows in the moments or its log-density, a NaN one also as a tie.
     # A float32 draw equal to the truth is no rarity (the 10^7 draws of a N = 5,000,
     # M = 1,000 check held one in about a third of the runs), so at a tie only the tied
@@ -356,90 +272,8 @@ def rank_draw_chunk(
         else:
             finite = not draw_problems(samples[:, rows], log_prob[:, rows], log_prob_theta[rows])
     if not (finite and bool(total_sq.isfinite().all())):
-        _check_draws(samples, log_prob, log_prob_theta, offset)
+        check_draws(samples, log_prob, log_prob_theta, offset)
     return RankSums(below, total, total_sq)
-
-
-def _chunk_numpy(
-    samples: Tensor, theta: Tensor, log_prob: Tensor, log_prob_theta: Tensor, head: int,
-    work: RankWorkspace,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, bool]:  # fmt: skip
-    """:func:`rank_draw_chunk`'s counts ``(n, D + 1)`` (marginal, then joint: strictly
-    below the truth, ties apart), moment sums ``(n, D)``, ties ``(n, D + 1)`` and whether
-    the log-densities are all finite (their sum is), by numpy comparisons on CPU tensors
-    (a NaN compares neither way: it counts as a tie).
-
-    The draws go by blocks of at most :data:`BLOCK_NUMBERS` numbers: contiguous reads,
-    and scratch arrays that stay in the cache instead of fresh pages of the chunk's size.
-    The moments add the squares of the differences in their dtype (float32: a relative
-    error of ``6e-8`` per term) in float64.
-    """
-    s, t = samples.detach().numpy(), theta.detach().numpy()
-    lp, lpt = log_prob.detach().numpy(), log_prob_theta.detach().numpy()
-    m, n, d = s.shape
-    step = min(m, max(1, BLOCK_NUMBERS // max(n * d, 1)))
-    # counts of a block in the smallest exact integer type (bytes: no conversion)
-    count = np.uint8 if step < 2**8 else np.uint16 if step < 2**16 else np.int64
-    below = np.zeros((2, n, d), dtype=np.int64)  # strictly below, strictly above
-    energy = np.zeros((2, n), dtype=np.int64)
-    total = np.zeros((n, d), dtype=np.float64)
-    total_sq = np.zeros((n, d), dtype=np.float64)
-    mask = work("mask", samples[:step], torch.bool).numpy()
-    lp_mask = work("lp_mask", log_prob[:step], torch.bool).numpy()
-    diff = work("diff", samples[: min(step, head)], torch.promote_types(samples.dtype, theta.dtype))
-    lp_sum = 0.0
-    for k in range(0, m, step):
-        block, lp_block = s[k : k + step], lp[k : k + step]
-        rows = block.shape[0]
-        below[0] += _counted(np.less, block, t, mask[:rows], count)
-        below[1] += _counted(np.greater, block, t, mask[:rows], count)
-        # energy rank: #{k : -log q(theta_k) < -log q(theta*)}, i.e. log q(theta_k) > ...
-        energy[0] += _counted(np.greater, lp_block, lpt, lp_mask[:rows], count)
-        energy[1] += _counted(np.less, lp_block, lpt, lp_mask[:rows], count)
-        lp_sum += float(lp_block.sum())  # the block is in the cache: a cheap pass
-        if k < head:  # moments from the first draws
-            first = np.subtract(s[k : min(k + step, head)], t, out=diff.numpy()[: head - k])
-            total += np.add.reduce(first, 0, dtype=np.float64)
-            total_sq += np.add.reduce(np.square(first, out=first), 0, dtype=np.float64)
-    counts = torch.from_numpy(np.concatenate([below, energy[..., None]], -1))  # (2, n, D + 1)
-    ties = m - counts[0] - counts[1]
-    return (
-        counts[0],
-        torch.from_numpy(total),
-        torch.from_numpy(total_sq),
-        ties,
-        math.isfinite(lp_sum),
-    )
-
-
-def _counted(compare: np.ufunc, a: np.ndarray, b: np.ndarray, mask: np.ndarray,
-             count: type) -> np.ndarray:  # fmt: skip
-    """``compare(a, b)`` (``(k, *)`` against ``(*)``) counted over the first axis in the
-    integer type ``count``, through the boolean scratch ``mask``."""
-    return compare(a, b, out=mask).view(np.uint8).sum(0, dtype=count)
-
-
-def _chunk_torch(
-    samples: Tensor, theta: Tensor, log_prob: Tensor, log_prob_theta: Tensor, head: int,
-    work: RankWorkspace,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-    """:func:`_chunk_numpy` in torch (any device and dtype): from the signs of the
-    differences to the truth (:func:`_count_signs`)."""
-    n, d = theta.shape
-    total = torch.zeros(n, d, dtype=torch.float64, device=theta.device)
-    total_sq = torch.zeros_like(total)
-    dtype = torch.promote_types(samples.dtype, theta.dtype)
-    diff = torch.sub(samples, theta, out=work("diff", samples, dtype))
-    if head:  # moments from the first draws, in float64
-        first = work("head64", diff[:head], torch.float64).copy_(diff[:head])
-        total += first.sum(0)
-        total_sq += first.square_().sum(0)
-    marginal, ties = _count_signs(diff)  # overwrites diff
-    dtype = torch.promote_types(log_prob.dtype, log_prob_theta.dtype)
-    energy = torch.sub(log_prob_theta, log_prob, out=work("energy", log_prob, dtype))
-    joint, joint_ties = _count_signs(energy)
-    return (torch.cat([marginal, joint[:, None]], -1), total, total_sq,
-            torch.cat([ties, joint_ties[:, None]], -1))  # fmt: skip
 
 
 def draw_moments(
@@ -533,9 +367,9 @@ def statistic_ranks(
                 f"{tuple(theta.shape)} -> {tuple(at_theta.shape)} and "
                 f"{tuple(samples.shape)} -> {tuple(at_samples.shape)}"
             )
-        ranks, zeros = _count_below(at_samples - at_theta, generator)
+        ranks, zeros = count_below(at_samples - at_theta, generator)
         if zeros:  # ties, or NaN
             bad = (at_samples.isnan().any(0) | at_theta.isnan()).flatten()
-            _raise_pairs(f"statistics[{name!r}] must not be NaN", bad, 0)
+            raise_pairs(f"statistics[{name!r}] must not be NaN", bad, 0)
         columns.append(ranks)
     return torch.stack(columns, -1)

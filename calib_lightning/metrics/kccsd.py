@@ -121,8 +121,9 @@ class KCCSD(Metric):
         ...     theta, x = model.sample(100, torch.Generator().manual_seed(seed))
         ...     metric.update(model, theta, x)
         >>> out = metric.compute()
-        >>> sorted(out)
-        ['bandwidth', 'distribution_bandwidth', 'num_pairs', 'p_value', 'p_value_error', 'statistic']
+        >>> sorted(out)  # doctest: +NORMALIZE_WHITESPACE
+        ['bandwidth', 'distribution_bandwidth', 'num_pairs', 'p_value', 'p_value_error',
+         'statistic']
         >>> int(out.num_pairs), bool(out.p_value > 0.05)
         (400, True)
 
