@@ -26,7 +26,7 @@ from calib_lightning.posteriors import as_posterior
 from calib_lightning.tasks import CorrelatedGaussianToy, GaussianToy
 
 TOY, CORRELATED = GaussianToy(dim=2, noise_std=0.5), CorrelatedGaussianToy(correlation=0.8)
-N, NUM_OBS, REPS = 300, 2, 50  # REPS datasets per model and scenario
+N, NUM_OBS, REPS = 300, 2, 100  # REPS datasets per model and scenario
 
 
 def _assert_level(p_values: torch.Tensor, global_p: torch.Tensor) -> None:
@@ -68,7 +68,7 @@ def _stack(results: list[LC2STResult]) -> tuple[torch.Tensor, torch.Tensor]:
 def test_lc2st_level_fresh_metrics_and_one_metric_over_checks():
     """Fresh metrics for ``REPS`` datasets of the toy; one metric over ``REPS`` checks of the
     correlated model, fresh calibration data at each (the permutation null is valid for any
-    fixed observations). Pooled: 100 p-values."""
+    fixed observations). Pooled: 200 p-values."""
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)  # L-C2ST's posterior draws use the global generator
     results = _fresh_metrics(cl.LC2ST, TOY, g)
@@ -83,7 +83,7 @@ def test_lc2stnf_level_fresh_metrics_and_one_metric_over_checks(norm_feature):
     """Fresh metrics for ``REPS`` datasets of the toy; for the correlated model, one metric
     per calibration set over ``REPS / sets`` checks of fresh ``theta ~ p(theta | x)`` (the
     null is trained once on ``x``; each metric's rejection rate is conditional on its own
-    null, so several sets make it marginal over nulls). Pooled: 100 p-values. With the
+    null, so several sets make it marginal over nulls). Pooled: 200 p-values. With the
     default arguments, and with ``norm_feature=True`` (otherwise the defaults)."""
     g = torch.Generator().manual_seed(1)
     make = functools.partial(cl.LC2STNF, norm_feature=norm_feature)
