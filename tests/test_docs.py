@@ -151,6 +151,18 @@ def test_docstring_markup_becomes_markdown():
     )
 
 
+def test_references_become_a_list():
+    to_markdown = _hook("griffe_rst").to_markdown
+    text = (
+        'Text.\n\nReferences:\n    Glaser, Widmann. "Fast\n    Calibration Tests." UAI 2023.\n'
+        '    Guo, Pleiss. "On Calibration." ICML 2017.\n'
+    )
+    assert to_markdown(text) == (
+        'Text.\n\nReferences:\n    - Glaser, Widmann. "Fast Calibration Tests." UAI 2023.\n'
+        '    - Guo, Pleiss. "On Calibration." ICML 2017.\n'
+    )
+
+
 def test_links_to_repository_files_point_into_the_site():
     hook = _hook("repo_links")
     assert hook._site_path("docs/design.md") == "design.md"
@@ -160,5 +172,9 @@ def test_links_to_repository_files_point_into_the_site():
     assert hook._repo_target(source, "../README.md#quick-start") == ("README.md", "quick-start")
     assert hook._repo_target(source, "../no_such_file.md") is None  # left for mkdocs to flag
     assert hook._repo_target(source, "https://example.org") is None
+    # GitHub needs `\|` in a table's code span; the site's tables show the pipe alone
+    assert hook._table_pipes("| `q(t \\| x)` | a \\| b |\n`c \\| d`") == (
+        "| `q(t | x)` | a \\| b |\n`c \\| d`"
+    )
     chunks = hook._outside_fences("a [x](y)\n```\n[not](a link)\n```\nb\n")
     assert [prose for prose, _ in chunks] == [True, False, True]

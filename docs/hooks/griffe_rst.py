@@ -11,7 +11,10 @@ them this extension rewrites, in the rendered copy only:
 - ``:role:`~a.b.c``` to ```c```, ``:role:`a.b.c``` to ```a.b.c``` and
   ``:role:`text <a.b>``` to ```text``` (code, not links: many targets are relative);
 - an ``Example:`` section title to ``Examples:``, the title griffe's Google parser reads
-  as doctests.
+  as doctests;
+- the entries of a ``References:`` section, one paper after another on the following
+  lines, to a list: an entry starts where a line begins with ``Surname,`` after a line
+  that ends a sentence.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ _MATH = re.compile(r":math:`([^`]+)`")
 _ROLE = re.compile(r":(?:py:)?[a-z]+:`(~?)([^`<]+?)(?:\s*<[^`>]+>)?`")
 _EXAMPLE = re.compile(r"^(\s*)Example:\s*$", re.MULTILINE)
 _MATH_BLOCK = re.compile(r"^(\s*)\.\. math::[ \t]*(.*)$")
+_REFERENCES = re.compile(r"^(\s*)References:\s*$")
+_AUTHOR = re.compile(r"^[A-Z][\w'-]*,")
 
 
 def _role(match: re.Match[str]) -> str:
@@ -59,9 +64,38 @@ def _math_blocks(text: str) -> str:
     return "\n".join(out)
 
 
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _references(text: str) -> str:
+    lines = text.split("\n")
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        out.append(lines[i])
+        match = _REFERENCES.match(lines[i])
+        i += 1
+        if match is None:
+            continue
+        entries: list[list[str]] = []
+        body_indent = None
+        while i < len(lines) and lines[i].strip() and _indent(lines[i]) > len(match.group(1)):
+            line = lines[i].strip()
+            body_indent = body_indent or " " * _indent(lines[i])
+            starts = not entries or (entries[-1][-1].endswith(".") and _AUTHOR.match(line))
+            if starts:
+                entries.append([line])
+            else:
+                entries[-1].append(line)
+            i += 1
+        out += [f"{body_indent}- {' '.join(entry)}" for entry in entries]
+    return "\n".join(out)
+
+
 def to_markdown(text: str) -> str:
     """The docstring ``text`` with its reST markup rewritten as Markdown (module doc)."""
-    text = _math_blocks(text)
+    text = _references(_math_blocks(text))
     text = _MATH.sub(lambda m: f"${m.group(1).strip()}$", text)
     text = _ROLE.sub(_role, text)
     return _EXAMPLE.sub(r"\1Examples:", text)

@@ -34,6 +34,7 @@ _INLINE = re.compile(r"(\]\(\s*<?)([^)\s>]+)(>?(?:\s+\"[^\"]*\")?\s*\))")
 _REFERENCE = re.compile(r"^(\s{0,3}\[[^\]]+\]:\s*<?)(\S+?)(>?(?:\s.*)?)$", re.MULTILINE)
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
+_CODE_SPAN = re.compile(r"`[^`\n]*`")
 
 # repository path (posix, relative to the root) -> site path, filled by on_files
 _site_paths: dict[str, str] = {}
@@ -120,8 +121,22 @@ def _add(files: Files, config: Any, path: Path) -> None:
         files.append(File.generated(config, site_path, abs_src_path=str(path)))
 
 
+def _table_pipes(text: str) -> str:
+    """``\\|`` inside code spans on table rows as ``|``: GitHub needs the escape there,
+    Python-Markdown's tables do not split cells at a code span's pipe and would show it."""
+
+    def unescape(match: re.Match[str]) -> str:
+        return match.group(0).replace("\\|", "|")
+
+    return "\n".join(
+        _CODE_SPAN.sub(unescape, line) if line.lstrip().startswith("|") else line
+        for line in text.split("\n")
+    )
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
-    """Rewrite links to repository files into links to their pages on the site."""
+    """Rewrite links to repository files into links to their pages on the site, and
+    unescape the pipes of code spans in tables (:func:`_table_pipes`)."""
     source = Path(page.file.abs_src_path)
     here = posixpath.dirname(page.file.src_uri)
 
@@ -139,6 +154,6 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
     out = []
     for prose, text in _outside_fences(markdown):
         if prose:
-            text = _REFERENCE.sub(rewrite, _INLINE.sub(rewrite, text))
+            text = _table_pipes(_REFERENCE.sub(rewrite, _INLINE.sub(rewrite, text)))
         out.append(text)
     return "".join(out)
