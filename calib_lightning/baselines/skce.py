@@ -188,7 +188,11 @@ def skce_matrix_samples(
     Arguments:
         theta: targets ``(*, n, D)``.
         samples: ``S`` draws from each prediction, ``(*, n, S, D)``.
-        others: as :func:`skce_matrix_gaussian` (``"wasserstein"`` is not available).
+        bandwidth: as in :func:`skce_matrix_gaussian`.
+        distribution_kernel: as in :func:`skce_matrix_gaussian` (``"wasserstein"`` is not
+            available).
+        distribution_bandwidth: as in :func:`skce_matrix_gaussian`.
+        mmd_bandwidth: as in :func:`skce_matrix_gaussian`.
 
     Returns:
         ``(*, n, n)``.

@@ -89,7 +89,8 @@ def tarp_references(
     r"""``R`` reference points per pair, uniform on the box ``[low, high]``.
 
     Arguments:
-        low, high: the box ``(D,)`` (:func:`tarp_box`, or a prior's bounds).
+        low: lower corner of the box ``(D,)`` (:func:`tarp_box`, or a prior's bounds).
+        high: upper corner of the box ``(D,)``.
         num_pairs: ``N``.
         num_references: ``R``.
         generator: random generator (on the CPU).

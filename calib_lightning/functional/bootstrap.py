@@ -53,7 +53,8 @@ class SymmetricBlocks:
     Arguments:
         block: ``block(rows, cols)``, the block ``H[..., rows, cols]``.
         shape: ``(*, n, n)``.
-        dtype, device: of the blocks.
+        dtype: of the blocks.
+        device: of the blocks.
         block_size: side of the blocks.
     """
 

@@ -186,9 +186,11 @@ def latent_summary(
     Arguments:
         histogram: ``(*, D + 1, K)`` cell counts.
         sums: ``(*, 2, D)`` sums of ``z`` and ``z**2`` over the same pairs.
-        level, num_bins, num_ecdf_points, global_method: as in
-            :func:`~calib_lightning.functional.sbc.summarize_ranks` (``num_ecdf_points``
-            at most ``K - 1``).
+        level: as in :func:`~calib_lightning.functional.sbc.summarize_ranks`.
+        num_bins: as in :func:`~calib_lightning.functional.sbc.summarize_ranks`.
+        num_ecdf_points: as in :func:`~calib_lightning.functional.sbc.summarize_ranks`, at most
+            ``K - 1``.
+        global_method: as in :func:`~calib_lightning.functional.sbc.summarize_ranks`.
 
     Returns:
         :class:`LatentCalibrationResult`.
@@ -231,8 +233,10 @@ def latent_calibration(
         z: latents of the truths :math:`z^*_i = T_{x_i}^{-1}(\theta^*_i)`, ``(*, N, D)``,
             ``N >= 2`` (leading dimensions: independent checks, e.g. repetitions).
         num_cells: ``K``, cells of :math:`[0, 1)` (module docstring).
-        level, num_bins, num_ecdf_points, global_method: as in
-            :func:`~calib_lightning.functional.sbc.summarize_ranks`.
+        level: as in :func:`~calib_lightning.functional.sbc.summarize_ranks`.
+        num_bins: as in :func:`~calib_lightning.functional.sbc.summarize_ranks`.
+        num_ecdf_points: as in :func:`~calib_lightning.functional.sbc.summarize_ranks`.
+        global_method: as in :func:`~calib_lightning.functional.sbc.summarize_ranks`.
 
     Returns:
         :class:`LatentCalibrationResult`.

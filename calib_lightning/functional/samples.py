@@ -189,8 +189,10 @@ def frechet_distance_from_moments(
     ``eigh`` in float64 (no complex ``sqrtm`` of a non-symmetric product).
 
     Arguments:
-        mean1, mean2: means ``(*, D)``.
-        cov1, cov2: covariances ``(*, D, D)``, symmetric positive semi-definite.
+        mean1: first mean ``(*, D)``.
+        cov1: first covariance ``(*, D, D)``, symmetric positive semi-definite.
+        mean2: second mean ``(*, D)``.
+        cov2: second covariance ``(*, D, D)``, symmetric positive semi-definite.
 
     Returns:
         ``(*)`` in float64, clamped at zero.

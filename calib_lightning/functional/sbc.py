@@ -351,7 +351,10 @@ def rank_calibration(
             distance rank (:mod:`~calib_lightning.functional.distance_rank`).
         theta: true parameters ``(*, N, D)``.
         log_prob_theta: their log-densities ``(*, N)`` (``-inf`` allowed).
-        level, num_bins, num_ecdf_points, global_method: as in :func:`summarize_ranks`.
+        level: as in :func:`summarize_ranks`.
+        num_bins: as in :func:`summarize_ranks`.
+        num_ecdf_points: as in :func:`summarize_ranks`.
+        global_method: as in :func:`summarize_ranks`.
         generator: for tie-breaking.
 
     Returns:

@@ -14,7 +14,7 @@ draw is outside and 1 otherwise, so it never rejects an exact posterior (level 0
 adds nothing to the level of a combination with other tests. A flow on
 :math:`\mathbb{R}^D` trained on a bounded prior puts mass outside it unless it is
 truncated; sbi's ``DirectPosterior`` rejects such draws when sampling, an estimator used
-as trained does not (measured on sbibm's estimators in ``docs/diagnostics.md``).
+as trained does not (measured on sbibm's estimators in ``docs/calibration.md``).
 
 References:
     Greenberg, Nonnenmacher, Macke. "Automatic Posterior Transformation for

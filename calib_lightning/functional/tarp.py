@@ -60,7 +60,7 @@ The summary ``coverage_error`` is the signed area of the *upper half* of the cur
 :math:`\int_{1/2}^{1} (\overline{\mathrm{ECP}}(c) - c)\, dc` (the ATC of Lemos et al.):
 positive for a conservative (too wide) posterior, negative for an over-confident
 (too narrow) one. Read its sign for dispersion only (a bias can leave it near zero).
-See ``docs/diagnostics.md`` (TARP) for how this differs from sbi's implementation.
+See ``docs/calibration.md`` (TARP) for how this differs from sbi's implementation.
 
 References:
     Lemos, Coogan, Hezaveh, Perreault-Levasseur. "Sampling-Based Accuracy Testing of
@@ -317,7 +317,9 @@ def tarp(
             (:func:`tarp_fit_scale`).
         num_references: ``R`` when ``references`` is ``None``.
         distance: ``"l2"`` or ``"l1"``.
-        num_null, level, num_bins: as :func:`tarp_permutation_test`.
+        num_null: as in :func:`tarp_permutation_test`.
+        level: as in :func:`tarp_permutation_test`.
+        num_bins: as in :func:`tarp_permutation_test`.
         generator: random generator for the references and the permutations.
 
     Returns:

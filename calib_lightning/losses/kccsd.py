@@ -178,7 +178,11 @@ def latent_kccsd_loss(
 
     Arguments:
         latent: ``(*, n, D)``; gradients flow through it.
-        others: as :func:`kccsd_loss`.
+        kernel: as in :func:`kccsd_loss`.
+        bandwidth: as in :func:`kccsd_loss`.
+        condition: as in :func:`kccsd_loss`.
+        estimator: as in :func:`kccsd_loss`.
+        normalize: as in :func:`kccsd_loss`.
 
     Returns:
         ``(*)``.

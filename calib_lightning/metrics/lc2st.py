@@ -88,6 +88,8 @@ class LC2STNF(LocalC2ST):
     Arguments:
         observations: reference observations :math:`x_o`, shape ``(O, *X)``, as ``x``
             (raw, before any embedding).
+
+    Keyword Arguments:
         num_null: null classifiers ``H``.
         num_posterior_samples: evaluation points :math:`N_v` per observation (normal
             draws in the latent space for L-C2ST-NF, posterior draws for L-C2ST). The
