@@ -109,6 +109,11 @@ def test_bad_inputs_name_the_argument():
         cl.as_posterior(lambda x: Independent(Normal(x, 1.0), 1), prior=_gauss(2))
 
 
+def _update_and_compute(metric, post, theta, x):
+    metric.update(post, theta, x)
+    return metric.compute()
+
+
 def test_checks_that_need_samples_latents_or_densities_refuse_it():
     post = cl.UnnormalizedPosterior(_log_lik(), prior=_gauss(2, torch.float32))
     theta = torch.randn(50, 2, generator=_gen(2))
@@ -116,8 +121,7 @@ def test_checks_that_need_samples_latents_or_densities_refuse_it():
     for metric, needs in ((cl.RankCalibration(), "sample"), (cl.TARP(), "sample"),
                           (cl.LC2STNF(x[:2]), "to_latent")):  # fmt: skip
         with pytest.raises(UnsupportedError, match=f"does not provide {needs}"):
-            metric.update(post, theta, x)
-            metric.compute()
+            _update_and_compute(metric, post, theta, x)
     with pytest.raises(UnsupportedError, match="does not provide log_prob"):
         post.log_prob(theta, x)
     out = cl.KCCSD().update(post, theta, x)  # scores only: it runs
@@ -178,7 +182,7 @@ def test_the_metric_tests_a_box_posterior_in_the_unconstrained_space():
     post = cl.UnnormalizedPosterior(_log_lik(), prior=p)
     theta, x = _datasets(p, 30, 100, seed=5)
     ps = []
-    for t, xx in zip(theta, x):
+    for t, xx in zip(theta, x, strict=True):
         metric = cl.KCCSD()
         metric.update(post, t, xx)
         out = metric.compute()

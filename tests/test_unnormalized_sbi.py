@@ -54,7 +54,8 @@ def test_a_likelihood_estimator_is_refused_as_a_posterior(nle, prior):
     metric = cl.KCCSD()
     metric.update(post, theta, x)
     out = metric.compute()
-    assert out.space == "unconstrained" and 0.0 <= float(out.p_value) <= 1.0
+    assert out.space == "unconstrained"
+    assert 0.0 <= float(out.p_value) <= 1.0
 
 
 @pytest.mark.parametrize("trainer_class", [NRE_A, NRE_B, NRE_C, BNRE])
