@@ -37,7 +37,12 @@ from calib_lightning.metrics import (
     RankCalibration,
 )
 from calib_lightning.misspecification import MisspecificationResult, misspecification_test
-from calib_lightning.posteriors import Posterior, SamplePosterior, as_posterior
+from calib_lightning.posteriors import (
+    Posterior,
+    SamplePosterior,
+    UnnormalizedPosterior,
+    as_posterior,
+)
 from calib_lightning.recalibration import (
     ConformalRegion,
     LatentScale,
@@ -91,6 +96,7 @@ __all__ = [
     "SamplePosterior",
     "TARPCallback",
     "TruncatedPosterior",
+    "UnnormalizedPosterior",
     "as_posterior",
     "baselines",
     "callbacks",

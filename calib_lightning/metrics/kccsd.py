@@ -26,6 +26,7 @@ from calib_lightning._distributed import (
 from calib_lightning.functional.kccsd import gaussian_base_points, kccsd
 from calib_lightning.kernels import DISTRIBUTION_KERNELS, KERNELS
 from calib_lightning.posteriors import Posterior
+from calib_lightning.posteriors.unnormalized import in_testing_space
 from calib_lightning.results import Result
 
 __all__ = ["KCCSD", "KCCSDResult"]
@@ -48,6 +49,14 @@ class KCCSDResult(Result):
             set the p-value spanned 0.47-0.58 (5-95 %), where the bootstrap alone would
             give 0.46-0.54 (``examples/benchmarks/results/seed_stability.md``): the base
             points add little.
+        space: ``None`` when the test ran on ``theta`` itself; ``"unconstrained"`` when it
+            ran on :math:`u = T^{-1}(\theta)`, :math:`T` mapping :math:`\mathbb{R}^D` onto
+            the support of the prior of an
+            :class:`~calib_lightning.posteriors.UnnormalizedPosterior` whose support is
+            bounded (the Stein identity needs a density that vanishes at the support's
+            edge, which a posterior truncated to a box does not). Calibration is the same
+            property in either space: :math:`T` is a bijection applied to the truths and
+            the posteriors alike.
     """
 
     logged: ClassVar[tuple[str, ...]] = (
@@ -61,6 +70,7 @@ class KCCSDResult(Result):
     distribution_bandwidth: Tensor
     num_pairs: Tensor
     p_value_error: Tensor | None = None
+    space: str | None = None
 
 
 class KCCSD(Metric):
@@ -76,6 +86,15 @@ class KCCSD(Metric):
 
     ``forward`` additionally returns the statistic of the batch *with its autograd
     graph*, so it can be backpropagated into the posterior's parameters.
+
+    Unnormalized posteriors (:class:`~calib_lightning.posteriors.UnnormalizedPosterior`:
+    ratio and likelihood estimators with their prior) need only their scores. When the
+    prior's support is bounded (a box), the test runs in the unconstrained space
+    :math:`u = T^{-1}(\theta)` of
+    :meth:`~calib_lightning.posteriors.UnnormalizedPosterior.unconstrained`: the true
+    parameters are mapped there, the scores are those of the posterior of :math:`u`
+    (log-Jacobian included), the base points are fitted to the :math:`u` and the result
+    says ``space="unconstrained"``. Other posteriors are tested on ``theta`` as given.
 
     Memory: each process keeps at most ``max_pairs`` pairs, i.e.
     ``max_pairs * (m + 2) * D`` numbers; further pairs are ignored with a warning.
@@ -192,6 +211,8 @@ class KCCSD(Metric):
         self._warned = False
         self._forward_grad: bool | None = None  # set while forward() runs update()
         self._last_batch: tuple[Tensor, Tensor, Tensor | None, Tensor | None] | None = None
+        self._space: str | None = None
+        self._space_set = False  # whether the updates (or the fitted base points) chose it
 
     # -- base measure -------------------------------------------------------------
     def _base_points_for(self, theta: Tensor) -> Tensor:
@@ -213,6 +234,7 @@ class KCCSD(Metric):
     def update(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> None:
         """Score the posterior at the calibration pairs ``theta (N, D)``, ``x (N, *X)``."""
         check_pairs(theta, x)
+        posterior, theta = self._testing_space(posterior, theta)
         base = None
         fitted = self.base_points.numel() > 0
         if self.distribution_kernel is not None and fitted:
@@ -252,10 +274,27 @@ class KCCSD(Metric):
         if base_scores is not None:
             self.base_scores.append(base_scores[keep].detach())
 
+    def _testing_space(
+        self, posterior: Posterior | object, theta: Tensor
+    ) -> tuple[Posterior | object, Tensor]:
+        """The posterior and ``theta`` in the space the test runs in (see the class
+        docstring); the same space for every update until the base points are refitted."""
+        post, theta, space = in_testing_space(posterior, theta)
+        if self._space_set and space != self._space:
+            raise ValueError(
+                f"posterior must be tested in one space across updates: the first was tested "
+                f"in {self._space or 'theta'} space, this one ({post!r}) in "
+                f"{space or 'theta'} space"
+            )
+        self._space, self._space_set = space, True
+        return post, theta
+
     def reset(self) -> None:
         super().reset()
         self._pending = []
         self._warned = False
+        if self.base_points.numel() == 0:  # no base points fitted in the old space
+            self._space, self._space_set = None, False
 
     def sync(
         self,
@@ -298,7 +337,8 @@ class KCCSD(Metric):
         )  # fmt: skip
         p = out.p_value.detach().double()
         return KCCSDResult(**out._asdict(), num_pairs=torch.tensor(n, device=theta.device),
-                           p_value_error=(p * (1 - p) / self.num_null).sqrt())  # fmt: skip
+                           p_value_error=(p * (1 - p) / self.num_null).sqrt(),
+                           space=self._space)  # fmt: skip
 
     def _pending_pairs(self) -> tuple[Tensor, Tensor, Tensor] | None:
         """``(theta, score, base_scores)`` of the pairs updated before the base points were

@@ -13,7 +13,10 @@ one module per estimator family:
 * :mod:`~calib_lightning.posteriors.vector_fields`: sbi's flow-matching and score
   estimators (``FMPE``, ``NPSE``) through their probability-flow ODE;
 * :mod:`~calib_lightning.posteriors.samples`: samples-only posteriors
-  (:class:`SamplePosterior`).
+  (:class:`SamplePosterior`);
+* :mod:`~calib_lightning.posteriors.unnormalized`: posteriors known up to a constant,
+  :math:`\exp f(\theta, x)\, p(\theta)` (:class:`UnnormalizedPosterior`: sbi's ratio and
+  likelihood estimators and MCMC posteriors, given the prior), scores only.
 
 An adapter lists what it can compute in ``capabilities`` (:data:`CAPABILITIES`: sample,
 log_prob, score, to_latent); a method it cannot support raises an
@@ -76,6 +79,11 @@ from calib_lightning.posteriors.distributions import DistributionPosterior
 from calib_lightning.posteriors.flows import NflowsPosterior
 from calib_lightning.posteriors.samples import SamplePosterior
 from calib_lightning.posteriors.sbi import SbiPosterior
+from calib_lightning.posteriors.unnormalized import (
+    UnnormalizedPosterior,
+    sbi_kind,
+    unnormalized_from_sbi,
+)
 from calib_lightning.posteriors.vector_fields import VectorFieldPosterior, vector_field_estimator
 
 __all__ = [
@@ -86,6 +94,7 @@ __all__ = [
     "Posterior",
     "SamplePosterior",
     "SbiPosterior",
+    "UnnormalizedPosterior",
     "UnsupportedError",
     "VectorFieldPosterior",
     "WrappedPosterior",
@@ -97,7 +106,7 @@ __all__ = [
 ]
 
 
-def as_posterior(obj: Any) -> Posterior:
+def as_posterior(obj: Any, *, prior: Any = None) -> Posterior:
     """Wrap a conditional density estimator in the package's :class:`Posterior` interface.
 
     Arguments:
@@ -105,14 +114,45 @@ def as_posterior(obj: Any) -> Posterior:
             callable that returns samples only), an ``nflows`` ``Flow``, a zuko flow
             (any ``zuko.lazy.LazyDistribution``), an sbi density estimator or
             ``DirectPosterior``, an sbi vector-field estimator (``FMPE``, ``NPSE``) or
-            ``VectorFieldPosterior``, or any callable ``x -> torch.distributions.Distribution``
-            with event shape ``(D,)``.
+            ``VectorFieldPosterior``, any callable ``x -> torch.distributions.Distribution``
+            with event shape ``(D,)``; with ``prior``: an sbi ratio estimator (``NRE_A/B/C``,
+            ``BNRE``) or likelihood estimator (``NLE``, ``MNLE``); an sbi ``MCMCPosterior``,
+            ``RejectionPosterior`` or ``ImportanceSamplingPosterior`` (its potential's
+            prior unless ``prior`` is given). The last three give an
+            :class:`UnnormalizedPosterior` (scores only).
+        prior: the prior :math:`p(\theta)` of a ratio or likelihood estimator, a
+            ``torch.distributions.Distribution`` with event shape ``(D,)``.
 
     Returns:
         The adapter.
+
+    Raises:
+        ValueError: an sbi ratio or likelihood estimator without ``prior`` (it is not a
+            posterior), or a ``prior`` given with a posterior estimator.
     """
     if isinstance(obj, Posterior):
+        if prior is not None:
+            raise _prior_unused(obj)
         return obj
+    unnormalized = unnormalized_from_sbi(obj, prior)
+    if unnormalized is not None:
+        return unnormalized
+    kind = sbi_kind(obj)
+    if kind in ("ratio", "likelihood"):
+        if prior is None:
+            what = "ratio estimator r(theta, x)" if kind == "ratio" else (
+                "likelihood estimator q(x | theta)")  # fmt: skip
+            raise ValueError(
+                f"posterior must be a posterior estimator, got an sbi {what}, whose posterior "
+                "is known only up to a constant given the prior: pass "
+                "cl.as_posterior(estimator, prior=prior) or "
+                "cl.UnnormalizedPosterior(estimator, prior=prior)"
+            )
+        return UnnormalizedPosterior(obj, prior=prior)
+    if prior is not None:
+        if sbi_estimator(obj) is not None and kind is None:  # sbi cannot say: a likelihood
+            return UnnormalizedPosterior(sbi_estimator(obj), prior=prior)
+        raise _prior_unused(obj)
     if vector_field_estimator(obj) is not None:
         return VectorFieldPosterior(obj)
     estimator = sbi_estimator(obj)
@@ -125,4 +165,12 @@ def as_posterior(obj: Any) -> Posterior:
     raise ValueError(
         "posterior must be a zuko flow, an nflows Flow, or a callable "
         f"x -> torch.distributions.Distribution, got {type(obj).__name__}"
+    )
+
+
+def _prior_unused(obj: Any) -> ValueError:
+    return ValueError(
+        "prior must be given only with a ratio or likelihood estimator (or an sbi MCMC "
+        f"posterior), got a prior with {type(obj).__name__}, a posterior estimator that "
+        "needs none"
     )
