@@ -8,6 +8,7 @@ through a path entry, not its ``.pth`` files, so the checkout's editable install
 answer the import: ``calib_lightning.__file__`` must lie in the fresh environment.
 """
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -32,9 +33,15 @@ def _run(*args: str | Path, cwd: Path) -> str:
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
+    """The sdist and the wheel, built from a copy of what they are made of (the checkout
+    stays clean, and two test workers never build in one folder)."""
     pytest.importorskip("build", reason="the test extra installs build")
-    _run(sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", out, ROOT, cwd=out)
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("dist")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    shutil.copytree(ROOT / "calib_lightning", source / "calib_lightning",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))  # fmt: skip
+    _run(sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", out, source, cwd=out)
     return out
 
 

@@ -1,13 +1,13 @@
 r"""Simulation-based calibration from rank histograms: tests, curves, coverage, sharpness.
 
 :func:`summarize_ranks` turns the rank histogram of
-:func:`~calib_lightning.functional.ranks.sbc_ranks` (``D`` marginal rows and the joint
-energy row) into p-values (:func:`uniformity_test`, a chi-square test against the
-*discrete* uniform, and the exact ECDF-band test), one ``global_p_value`` over all of
-them, ECDF curves with their bands, the expected-coverage curve and its signed error;
-:func:`sharpness` adds contraction and the error of the posterior mean. It is what
-:class:`calib_lightning.RankCalibration` computes; :func:`rank_calibration` does the
-same in one call for users who already hold posterior samples and log-densities.
+:func:`~calib_lightning.functional.ranks.sbc_ranks` (``D`` marginal rows and the joint energy
+row) into p-values (:func:`uniformity_test`, a chi-square test against the *discrete* uniform,
+and the exact ECDF-band test), one ``global_p_value`` over all of them, ECDF curves with their
+bands, the expected-coverage curve and its signed error; :func:`sharpness` adds contraction and
+the error of the posterior mean. It is what :class:`calib_lightning.RankCalibration` computes;
+:func:`rank_calibration` does the same in one call for users who already hold posterior samples
+and log-densities.
 
 Expected coverage (energy rank ``r`` of the truth among ``M`` draws): the truth lies
 in the highest-density credible region of level ``c`` when fewer than a fraction
@@ -19,11 +19,10 @@ fractional rank :math:`u = (r + U) / (M + 1)`, :math:`U \sim U(0, 1)`, is
     \mathrm{coverage\_error} = \int_0^1 (P(u \le c) - c)\, dc
     = \frac{1}{2} - E[u] = \frac{M / 2 - \bar r}{M + 1}.
 
-**Reading the sign** (the one convention of the package; every figure, summary and
-docstring that reads a direction refers here). A *coverage curve* is the fraction of
-truths inside the credible regions of level ``c`` against ``c``: the joint (energy)
-rank ECDF and ``coverage``. Its deviation from the diagonal (``ECDF(t) - t`` of the
-joint rank, ``coverage_error``) reads
+**Reading the sign** (the one convention of the package; every figure, summary and docstring
+that reads a direction refers here). A *coverage curve* is the fraction of truths inside the
+credible regions of level ``c`` against ``c``: the joint (energy) rank ECDF and ``coverage``.
+Its deviation from the diagonal (``ECDF(t) - t`` of the joint rank, ``coverage_error``) reads
 
 * **below 0 = over-confident**: the regions cover the truth less often than claimed
   (too narrow, or misplaced: a biased posterior also lands here);
@@ -31,16 +30,15 @@ joint rank, ``coverage_error``) reads
   conservative);
 * 0 in expectation under calibration.
 
-A *marginal* rank ECDF is not a coverage curve but the CDF of where the truth falls
-among the draws of one parameter (rank = number of draws below the truth), so it is
-read by its shape: above 0 on the left and below on the right (a U-shaped
-histogram) = too narrow, over-confident; the reverse (a hump) = too wide,
-under-confident; above 0 throughout = the posterior sits too high (its draws exceed
-the truth), below throughout = too low. TARP's ``coverage`` (random-reference balls,
-:mod:`calib_lightning.functional.tarp`) behaves like a marginal curve along a random
-direction: a dispersion error makes it S-shaped, so it is read on its upper half,
-:math:`c > 1/2`, where it follows the coverage convention (its ``coverage_error``, the area there:
-negative = over-confident, positive = under-confident); on the lower half it mirrors.
+A *marginal* rank ECDF is not a coverage curve but the CDF of where the truth falls among the
+draws of one parameter (rank = number of draws below the truth), so it is read by its shape:
+above 0 on the left and below on the right (a U-shaped histogram) = too narrow, over-confident;
+the reverse (a hump) = too wide, under-confident; above 0 throughout = the posterior sits too
+high (its draws exceed the truth), below throughout = too low. TARP's ``coverage``
+(random-reference balls, :mod:`calib_lightning.functional.tarp`) behaves like a marginal curve
+along a random direction: a dispersion error makes it S-shaped, so it is read on its upper half,
+:math:`c > 1/2`, where it follows the coverage convention (its ``coverage_error``, the area
+there: negative = over-confident, positive = under-confident); on the lower half it mirrors.
 
 **Global p-value.** ``global_p_value`` tests "calibrated everywhere tested": the
 intersection of the ``D`` marginal and the joint uniformity hypotheses, combining
