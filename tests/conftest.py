@@ -1,6 +1,7 @@
 """Test-session settings shared by every test module."""
 
 import os
+from pathlib import Path
 
 import matplotlib
 import pytest
@@ -24,3 +25,20 @@ def _forks_need_a_process_without_cuda(request):
     if request.node.get_closest_marker("forks") is not None and not fork_is_safe():
         pytest.skip("forks DDP ranks, and a fork of this test worker could not use CUDA or "
                     "autograd (calib_lightning.testing.fork_is_safe)")
+
+
+#: node ids of the slow tier (``slow_tests.txt``: one per line, ``#`` comments)
+SLOW = frozenset(
+    line.strip() for line in (Path(__file__).parent / "slow_tests.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark ``slow`` the tests listed in ``slow_tests.txt`` (a parametrized test by its
+    full id, or all its cases by its name) and every benchmark's smoke run."""
+    for item in items:
+        base = item.nodeid.split("[", 1)[0]
+        if (item.nodeid in SLOW or base in SLOW
+                or item.nodeid.startswith("tests/test_examples.py::test_smoke[benchmarks/")):
+            item.add_marker(pytest.mark.slow)
