@@ -1,5 +1,5 @@
 """Runnable examples of calib_lightning: NPE training scripts and, under ``benchmarks/``,
-the measurements quoted in the README.
+the measurements quoted in the README and the documentation pages (docs/).
 
 A package so that scripts and tests share code by ordinary imports
 (``from examples._npe import NPE``). Run a script as a file from the repository root,

@@ -6,8 +6,9 @@ Two flows:
   2 x 64 hidden; sampling inverts it in 3 passes per transform) trained ``EPOCHS`` epochs
   on 10,000 pairs of a 3-parameter Gaussian-linear task with a box prior (theta uniform
   on [-1, 1]^3, x = theta + N(0, 0.1 I)), held-out pairs n = 100, 400 and 1,000 (the
-  README's 1,000 and 4,000 simulations, and the issue's 1,000 calibration pairs);
-* ``study``: the README's sizes for its fit-time claim, the recalibration study's flow
+  1,000 and 4,000 simulations of docs/recalibration.md, and the issue's 1,000
+  calibration pairs);
+* ``study``: docs/recalibration.md's sizes for its fit-time claim, the recalibration study's flow
   (``examples._npe.build_flow``: zuko NSF with 3 coupling transforms, 2 x 64 hidden,
   standardized) on Gaussian Linear Uniform (D = 10) at 4,000 simulations: 400 pairs.
 

@@ -80,7 +80,7 @@ TASKS = {"gaussian_linear_uniform": GaussianLinearUniform, "two_moons": TwoMoons
 BUDGETS = (1000, 4000)
 # name -> (regularizer factory of the task, weight, where its batches come from):
 # "train": the NLL's training batch, one pass of the flow shared with the NLL
-# (``examples/_npe.py``'s ``regularized_loss``, the path the README documents);
+# (``examples/_npe.py``'s ``regularized_loss``, the path docs/regularizers.md documents);
 # "lampe": lampe's own DCPNPELoss (NLL and regularizer) through a thin wrapper;
 # "val-scale": plain NPE, then ``cl.LatentScale`` fitted on the validation split.
 Factory = Callable[[object], nn.Module | None]
