@@ -11,6 +11,9 @@ from calib_lightning.testing import fork_is_safe
 
 matplotlib.use("Agg")
 
+#: read by mypy (test_typing.py), never imported: --doctest-modules would run it
+collect_ignore = ["typing"]
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest -n K runs K workers: one thread each, so the workers do not oversubscribe
     # the cores (BLAS and eigendecompositions slow down badly when they do)
