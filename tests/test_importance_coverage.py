@@ -51,7 +51,6 @@ def binomial_band(trials, level=0.05, confidence=0.99):
     return low / trials, high / trials
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("prior_kind", ["gaussian", "box"])
 def test_level_on_exact_unnormalized_posteriors(prior_kind):
     """D = 1 and 2, 2 x 60 = 120 fresh datasets of 100 pairs per prior (240 in all),
