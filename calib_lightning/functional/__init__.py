@@ -26,6 +26,11 @@ from calib_lightning.functional.conformal import (
 )
 from calib_lightning.functional.direction import RankMeanTest, rank_mean_test
 from calib_lightning.functional.distance_rank import distance_log_prob
+from calib_lightning.functional.importance import (
+    ImportanceCoverageResult,
+    importance_coverage,
+    importance_credibility,
+)
 from calib_lightning.functional.joint_c2st import conformal_ranks, uniform_mean_test
 from calib_lightning.functional.kccsd import (
     KCCSDTest,
@@ -110,6 +115,7 @@ from calib_lightning.functional.tarp import (
 )
 
 __all__ = [
+    "ImportanceCoverageResult",
     "KCCSDTest",
     "LatentCalibrationResult",
     "PosteriorDraws",
@@ -150,6 +156,8 @@ __all__ = [
     "gaussian_base_points",
     "gaussian_moments",
     "holm_adjust",
+    "importance_coverage",
+    "importance_credibility",
     "kccsd",
     "kccsd_matrix",
     "knn_distance",

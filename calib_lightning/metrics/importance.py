@@ -1,0 +1,194 @@
+r"""Expected coverage of an unnormalized posterior by importance sampling, as a ``Metric``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+from torchmetrics.utilities.data import dim_zero_cat
+
+from calib_lightning._checks import check_pairs, check_positive
+from calib_lightning._chunks import row_blocks
+from calib_lightning.evaluation import draw_chunks
+from calib_lightning.functional.importance import (
+    MIN_EFFECTIVE_SAMPLE_SIZE,
+    ImportanceCoverageResult,
+    importance_coverage,
+    importance_credibility,
+)
+from calib_lightning.posteriors import UnnormalizedPosterior, as_posterior
+
+__all__ = ["ImportanceCoverage", "ImportanceCoverageResult"]
+
+_PRIOR_CHUNK_ELEMENTS = 2**21  # numbers of prior draws per block of pairs
+
+
+class ImportanceCoverage(Metric):
+    r"""Expected coverage of a posterior known up to its normalizing constant, no MCMC.
+
+    ``update(posterior, theta, x)`` takes an :class:`~calib_lightning.UnnormalizedPosterior`
+    (or what ``cl.as_posterior(obj, prior=prior)`` makes one of: an sbi ratio or likelihood
+    estimator with its prior, an sbi ``MCMCPosterior``), draws ``M =
+    num_proposal_samples`` samples per pair from the proposal (the posterior's prior by
+    default; any posterior the package can sample with its log-density, e.g. a flow
+    trained on the same simulations, as ``proposal=``), and computes the randomized
+    highest-density credibility :math:`c` of each true parameter by self-normalized
+    importance sampling, with the truth's own weight in the sample
+    (:mod:`calib_lightning.functional.importance`): :math:`c` is exactly :math:`U(0, 1)`
+    for a calibrated posterior, for any ``M`` and proposal. ``compute()`` tests it
+    (chi-square and ECDF band, combined in ``global_p_value``) and returns the
+    expected-coverage curve, ``coverage_error`` (**negative = over-confident**, as
+    :class:`~calib_lightning.RankCalibration`) and the effective sample size (ESS) per pair.
+
+    Small ESS: the level holds, but with the weight on a few draws the test cannot see a
+    miscalibration. When the median ESS is below ``min_ess`` (default 50), the result's
+    p-values and ``coverage_error`` are NaN and ``cannot_judge`` names the ESS and what to
+    do (more draws, a proposal closer to the posterior): a conservative default, since
+    the level holds at any ESS (``tests/test_importance_coverage.py`` checks it at a
+    median ESS below 3).
+
+    States: ``credibility`` and ``effective_sample_size``, ``cat`` list states of one
+    float64 per pair each (16 bytes a pair). ``update`` holds the draws of one block of
+    pairs, sized from the memory budget (a posterior proposal) or to about ``2**21``
+    numbers (the prior).
+
+    Arguments:
+        num_proposal_samples: ``M >= 1`` proposal draws per pair.
+        proposal: ``None`` (the posterior's prior) or a posterior with ``sample`` and
+            ``log_prob`` (anything :func:`calib_lightning.as_posterior` accepts).
+        min_ess: median ESS below which the result cannot judge.
+        num_bins: chi-square bins; default ``min(20, max(2, N // 5))``.
+        num_ecdf_points: ``K`` levels of the curve and of the ECDF test.
+        max_chunk_elements: bound on draws per block (``pairs * M * D``) instead of the
+            default.
+        seed: seed of the prior draws and of the randomization :math:`V` (``None``:
+            torch's global generator).
+
+    Example:
+        >>> from torch.distributions import Independent, Normal
+        >>> prior = Independent(Normal(torch.zeros(1), torch.ones(1)), 1)
+        >>> post = UnnormalizedPosterior(
+        ...     lambda t, x: -0.5 * ((x - t) ** 2).sum(-1) / 0.25, prior=prior)
+        >>> g = torch.Generator().manual_seed(0)
+        >>> theta = torch.randn(300, 1, generator=g)
+        >>> x = theta + 0.5 * torch.randn(300, 1, generator=g)
+        >>> metric = ImportanceCoverage(seed=0)
+        >>> metric.update(post, theta, x)
+        >>> out = metric.compute()
+        >>> bool(out.global_p_value > 0.01), out.cannot_judge, float(out.ess_median) > 50
+        (True, None, True)
+
+    References:
+        Hermans et al. "A trust crisis in simulation-based inference? Your posterior
+        approximations can be unfaithful." TMLR (2022).
+    """
+
+    is_differentiable = False
+    higher_is_better = None
+    full_state_update = False
+
+    def __init__(
+        self,
+        num_proposal_samples: int = 1000,
+        proposal: Any = None,
+        min_ess: float = MIN_EFFECTIVE_SAMPLE_SIZE,
+        num_bins: int | None = None,
+        num_ecdf_points: int = 100,
+        max_chunk_elements: int | None = None,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        check_positive("num_proposal_samples", num_proposal_samples, integer=True)
+        if isinstance(min_ess, bool) or not isinstance(min_ess, int | float) or min_ess < 0:
+            raise ValueError(f"min_ess must be a number >= 0, got {min_ess!r}")
+        if num_bins is not None:
+            check_positive("num_bins", num_bins, integer=True)
+            if num_bins < 2:
+                raise ValueError(f"num_bins must be >= 2, got {num_bins}")
+        check_positive("num_ecdf_points", num_ecdf_points, integer=True)
+        if max_chunk_elements is not None:
+            check_positive("max_chunk_elements", max_chunk_elements, integer=True)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"seed must be an integer or None, got {seed!r}")
+        self.proposal = None if proposal is None else as_posterior(proposal)
+        if self.proposal is not None and not {"sample", "log_prob"} <= set(
+            self.proposal.capabilities
+        ):
+            raise ValueError(
+                f"proposal must be a posterior with sample and log_prob (a flow, an sbi "
+                f"DirectPosterior), got {self.proposal!r}"
+            )
+        self.num_proposal_samples, self.min_ess = num_proposal_samples, min_ess
+        self.num_bins, self.num_ecdf_points = num_bins, num_ecdf_points
+        self.max_chunk_elements = max_chunk_elements
+        self.generator = None if seed is None else torch.Generator().manual_seed(seed)
+        self.add_state("credibility", [], dist_reduce_fx="cat")
+        self.add_state("effective_sample_size", [], dist_reduce_fx="cat")
+
+    def update(self, posterior: Any, theta: Tensor, x: Tensor) -> None:
+        """Credibility and ESS of each true ``theta (N, D)`` at ``x (N, *X)``."""
+        check_pairs(theta, x)
+        target = as_posterior(posterior)
+        if not isinstance(target, UnnormalizedPosterior):
+            raise ValueError(
+                "posterior must be an UnnormalizedPosterior (or an sbi ratio/likelihood "
+                "estimator with prior=, an sbi MCMCPosterior), got "
+                f"{type(posterior).__name__}; for a flow use RankCalibration"
+            )
+        d = target.event_size()
+        if theta.shape[1] != d:
+            raise ValueError(f"theta must have shape (N, D) = (N, {d}), got {tuple(theta.shape)}")
+        parts = self._prior_blocks if self.proposal is None else self._proposal_blocks
+        with torch.no_grad():
+            for lt, lp, lt0, lp0 in parts(target, theta, x):
+                c, ess = importance_credibility(lt, lp, lt0, lp0, generator=self.generator)
+                self.credibility.append(c.to(self.device))
+                self.effective_sample_size.append(ess.to(self.device))
+
+    def _prior_blocks(self, target: UnnormalizedPosterior, theta: Tensor, x: Tensor) -> Any:
+        """Per block of pairs: target and prior log-densities of ``M`` prior draws."""
+        m, d = self.num_proposal_samples, theta.shape[1]
+        size = max(1, (self.max_chunk_elements or _PRIOR_CHUNK_ELEMENTS) // (m * d))
+        for rows in row_blocks(theta.shape[0], size):
+            n = rows.stop - rows.start
+            with torch.random.fork_rng(enabled=self.generator is not None):
+                if self.generator is not None:
+                    torch.manual_seed(int(torch.randint(2**62, (), generator=self.generator)))
+                draws = target.prior.sample((m, n)).reshape(m, n, d).to(theta)
+            lt = target.unnormalized_log_prob(draws, x[rows])
+            lt0 = target.unnormalized_log_prob(theta[rows], x[rows])
+            lp = target.log_prior(draws.to(lt.dtype)).to(lt)
+            yield lt, lp, lt0, target.log_prior(theta[rows].to(lt0.dtype)).to(lt0)
+
+    def _proposal_blocks(self, target: UnnormalizedPosterior, theta: Tensor, x: Tensor) -> Any:
+        """Per block of pairs: target and proposal log-densities of all ``M`` draws."""
+        m = self.num_proposal_samples
+        held: list[tuple[Tensor, Tensor]] = []
+        for chunk in draw_chunks(self.proposal, theta, x, m, log_densities=True,
+                                 max_chunk_elements=self.max_chunk_elements):  # fmt: skip
+            rows = slice(chunk.start, chunk.start + chunk.theta.shape[0])
+            lt = target.unnormalized_log_prob(chunk.samples, x[rows])
+            held.append((lt, chunk.log_prob.to(lt)))
+            if chunk.first_draw + chunk.samples.shape[0] < m:
+                continue
+            lt_all, lp_all = (torch.cat(p, 0) for p in zip(*held, strict=True))
+            held = []
+            lt0 = target.unnormalized_log_prob(chunk.theta, x[rows])
+            yield lt_all, lp_all, lt0, chunk.log_prob_theta.to(lt0)
+
+    def compute(self) -> ImportanceCoverageResult:
+        """Tests, curve, coverage error and ESS summary (see the class docstring)."""
+        c = dim_zero_cat(self.credibility) if isinstance(self.credibility, list) and \
+            self.credibility else self.credibility  # fmt: skip
+        if not isinstance(c, Tensor) or c.numel() < 2:
+            n = c.numel() if isinstance(c, Tensor) else 0
+            raise ValueError(f"ImportanceCoverage.compute() needs N >= 2 pairs, got N = {n}")
+        ess = self.effective_sample_size
+        ess = dim_zero_cat(ess) if isinstance(ess, list) else ess
+        return importance_coverage(
+            c, ess, min_ess=self.min_ess, num_bins=self.num_bins,
+            num_ecdf_points=self.num_ecdf_points,
+        )  # fmt: skip
