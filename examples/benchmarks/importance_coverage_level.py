@@ -8,7 +8,7 @@ error. "plain": sum of normalized weights of the draws more probable than the tr
 "exact": the truth's own weight in the sample, randomized (the package's).
 
 Run: ``PYTHONPATH=. python examples/benchmarks/importance_coverage_level.py 500``
-(result: results/importance_coverage_level.md).
+(result: results/importance_coverage_level.md); ``--smoke``: two tiny rows, seconds.
 """
 
 import sys
@@ -18,8 +18,9 @@ import torch
 from calib_lightning.functional.importance import importance_coverage, importance_credibility
 
 g = torch.Generator().manual_seed(0)
-R, N = 100, 200
-M = int(sys.argv[1]) if len(sys.argv) > 1 else 500
+SMOKE = "--smoke" in sys.argv
+R, N = (2, 20) if SMOKE else (100, 200)
+M = 50 if SMOKE else int(sys.argv[1]) if len(sys.argv) > 1 else 500
 
 
 def run(s, tau, plain):
@@ -53,7 +54,7 @@ def run(s, tau, plain):
 if __name__ == "__main__":
     settings = [(0.1, 1.0, True), (0.03, 1.0, True), (0.03, 1.0, False), (0.3, 1.5, False),
                 (0.1, 1.5, False), (0.03, 1.5, False), (0.015, 1.5, False)]  # fmt: skip
-    for s, tau, plain in settings:
+    for s, tau, plain in settings[:2] if SMOKE else settings:
         rate, ess, err = run(s, tau, plain)
         kind = "plain" if plain else "exact"
         print(f"M={M} sigma={s} tau={tau} {kind}: reject={rate:.3f} median_ess={ess:.1f} "
