@@ -35,6 +35,7 @@ from calib_lightning.metrics import (
     LatentCalibration,
     PriorSupport,
     RankCalibration,
+    RatioBalance,
 )
 from calib_lightning.misspecification import MisspecificationResult, misspecification_test
 from calib_lightning.posteriors import (
@@ -61,6 +62,7 @@ _LAZY_CALLBACKS = (
     "LatentCalibrationCallback",
     "PriorSupportCallback",
     "RankCalibrationCallback",
+    "RatioBalanceCallback",
     "RecalibrationCallback",
     "TARPCallback",
 )
@@ -91,6 +93,8 @@ __all__ = [
     "PriorSupportCallback",
     "RankCalibration",
     "RankCalibrationCallback",
+    "RatioBalance",
+    "RatioBalanceCallback",
     "RecalibratedPosterior",
     "RecalibrationCallback",
     "SamplePosterior",
