@@ -36,6 +36,7 @@ from calib_lightning.metrics import (
     LatentCalibration,
     PriorSupport,
     RankCalibration,
+    RatioBalance,
 )
 from calib_lightning.misspecification import MisspecificationResult, misspecification_test
 from calib_lightning.posteriors import (
@@ -62,6 +63,7 @@ _LAZY_CALLBACKS = (
     "LatentCalibrationCallback",
     "PriorSupportCallback",
     "RankCalibrationCallback",
+    "RatioBalanceCallback",
     "RecalibrationCallback",
     "TARPCallback",
 )
@@ -93,6 +95,8 @@ __all__ = [
     "PriorSupportCallback",
     "RankCalibration",
     "RankCalibrationCallback",
+    "RatioBalance",
+    "RatioBalanceCallback",
     "RecalibratedPosterior",
     "RecalibrationCallback",
     "SamplePosterior",

@@ -10,6 +10,7 @@ from calib_lightning.callbacks.kccsd import KCCSDCallback
 from calib_lightning.callbacks.latent import LatentCalibrationCallback
 from calib_lightning.callbacks.lc2st import LC2STNFCallback
 from calib_lightning.callbacks.ranks import RankCalibrationCallback
+from calib_lightning.callbacks.ratio_balance import RatioBalanceCallback
 from calib_lightning.callbacks.recalibration import RecalibrationCallback
 from calib_lightning.callbacks.summary import summary_table
 from calib_lightning.callbacks.support import PriorSupportCallback
@@ -22,6 +23,7 @@ __all__ = [
     "LatentCalibrationCallback",
     "PriorSupportCallback",
     "RankCalibrationCallback",
+    "RatioBalanceCallback",
     "RecalibrationCallback",
     "TARPCallback",
     "summary_table",

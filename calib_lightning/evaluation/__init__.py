@@ -38,6 +38,7 @@ from calib_lightning.evaluation._draws import (
     draws_and_log_probs,
     reparameterized_draws,
 )
+from calib_lightning.evaluation._ratios import log_ratio_function, log_ratio_matrix
 from calib_lightning.evaluation._scores import (
     base_scores,
     latents,
@@ -58,6 +59,8 @@ __all__ = [
     "embed",
     "latents",
     "log_prob_and_latent",
+    "log_ratio_function",
+    "log_ratio_matrix",
     "pair_and_base_scores",
     "reparameterized_draws",
     "scores",

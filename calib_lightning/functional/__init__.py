@@ -1,5 +1,11 @@
 """Pure functions behind the metrics: statistics, tests and their building blocks."""
 
+from calib_lightning.functional.balance import (
+    RatioBalanceResult,
+    balance_from_sums,
+    balance_sums,
+    ratio_balance,
+)
 from calib_lightning.functional.bands import (
     band_coverage,
     ecdf_levels,
@@ -124,12 +130,15 @@ __all__ = [
     "RankSummary",
     "RankSums",
     "RankWorkspace",
+    "RatioBalanceResult",
     "Recovery",
     "ReferenceComparison",
     "Sharpness",
     "SupportResult",
     "SymmetricBlocks",
     "TARPResult",
+    "balance_from_sums",
+    "balance_sums",
     "ball_counts",
     "band_coverage",
     "bootstrap_p_value",
@@ -185,6 +194,7 @@ __all__ = [
     "rank_ecdf",
     "rank_histogram",
     "rank_mean_test",
+    "ratio_balance",
     "recovery",
     "recovery_from_moments",
     "sbc_ranks",

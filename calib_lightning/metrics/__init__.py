@@ -3,12 +3,14 @@
 Each ``compute()`` returns a typed result (:class:`~calib_lightning.results.Result`):
 :class:`KCCSDResult`, :class:`RankCalibrationResult`, :class:`TARPResult`,
 :class:`LC2STResult`, :class:`JointC2STResult`, :class:`FrechetDistanceResult`,
-:class:`DensityCoverageResult`, :class:`SupportResult`, :class:`ImportanceCoverageResult`.
+:class:`DensityCoverageResult`, :class:`SupportResult`, :class:`ImportanceCoverageResult`,
+:class:`RatioBalanceResult`.
 """
 
 from calib_lightning.functional.sbc import RankCalibrationResult
 from calib_lightning.functional.tarp import TARPResult
 from calib_lightning.metrics._local_c2st import LC2STResult, ProbabilityMap
+from calib_lightning.metrics.balance import RatioBalance, RatioBalanceResult
 from calib_lightning.metrics.importance import ImportanceCoverage, ImportanceCoverageResult
 from calib_lightning.metrics.joint_c2st import JointC2ST, JointC2STResult
 from calib_lightning.metrics.kccsd import KCCSD, KCCSDResult
@@ -45,6 +47,8 @@ __all__ = [
     "ProbabilityMap",
     "RankCalibration",
     "RankCalibrationResult",
+    "RatioBalance",
+    "RatioBalanceResult",
     "SupportResult",
     "TARPResult",
 ]
