@@ -255,26 +255,39 @@ class Posterior:
             NotDifferentiableError: a ``ValueError``, when ``log_prob`` has no gradient
                 with respect to ``theta``.
         """
+        grad, _ = self._autograd_score(
+            self.log_prob, theta, x, create_graph,
+            "whose log_prob has no gradient with respect to theta (a piecewise-constant "
+            "density such as a box uniform, or one computed under torch.no_grad)",
+        )  # fmt: skip
+        return grad
+
+    def _autograd_score(
+        self, density: Any, theta: Tensor, x: Tensor, create_graph: bool, why: str,
+        finite_only: bool = False,
+    ) -> tuple[Tensor, Tensor]:  # fmt: skip
+        """``(grad_theta density(theta, x), density)`` by autograd, ``theta`` as data; with
+        ``finite_only`` the non-finite values of ``density`` add no gradient. Raises a
+        :class:`NotDifferentiableError` ending with ``why`` when no gradient reaches theta."""
         x = _check_x(x)
         theta = _check_theta(theta, x)
         if not theta.is_floating_point():
             raise ValueError(f"theta must have a floating dtype, got {theta.dtype}")
         with torch.enable_grad():
             leaf = theta.detach().requires_grad_(True)
-            log_prob = self.log_prob(leaf, x)
+            value = density(leaf, x)
             grad = None
-            if log_prob.requires_grad:  # else computed without a graph (torch.no_grad)
+            if value.requires_grad:  # else computed without a graph (torch.no_grad)
+                total = torch.where(torch.isfinite(value), value, 0.0) if finite_only else value
                 (grad,) = torch.autograd.grad(
-                    log_prob.sum(), leaf, create_graph=create_graph, allow_unused=True
+                    total.sum(), leaf, create_graph=create_graph, allow_unused=True
                 )
         if grad is None:  # no graph, or one that does not reach theta (a box uniform)
             raise NotDifferentiableError(
                 "the score (KCCSD, KCCSDLoss) needs a log-density differentiable in theta, "
-                f"got {self!r} whose log_prob has no gradient with respect to theta (a "
-                "piecewise-constant density such as a box uniform, or one computed under "
-                "torch.no_grad)"
+                f"got {self!r} {why}"
             )
-        return grad
+        return grad, value.detach()
 
 
 class WrappedPosterior(Posterior):

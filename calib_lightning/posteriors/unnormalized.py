@@ -33,10 +33,7 @@ from calib_lightning.posteriors._sbi_kinds import (
     sbi_kind,
 )
 from calib_lightning.posteriors.base import (
-    NotDifferentiableError,
     Posterior,
-    _check_theta,
-    _check_x,
     unsupported,
 )
 
@@ -150,25 +147,11 @@ class UnnormalizedPosterior(Posterior):
         r"""Score :math:`\nabla_\theta [f(\theta, x) + \log p(\theta)]`, ``(*, N, D)``, NaN
         where the prior's density is zero. ``create_graph=True`` keeps it differentiable
         in the model's parameters (``theta`` is data), as :meth:`Posterior.score`."""
-        x = _check_x(x)
-        theta = _check_theta(theta, x)
-        if not theta.is_floating_point():
-            raise ValueError(f"theta must have a floating dtype, got {theta.dtype}")
-        with torch.enable_grad():
-            leaf = theta.detach().requires_grad_(True)
-            log_q = self.unnormalized_log_prob(leaf, x)
-            grad = None
-            if log_q.requires_grad:
-                finite = torch.where(torch.isfinite(log_q), log_q, 0.0)
-                (grad,) = torch.autograd.grad(
-                    finite.sum(), leaf, create_graph=create_graph, allow_unused=True
-                )
-        if grad is None:
-            raise NotDifferentiableError(
-                f"the score (KCCSD, KCCSDLoss) needs a log-density differentiable in theta, got "
-                f"{self!r} whose log-likelihood and log-prior have no gradient in theta"
-            )
-        return grad.masked_fill(~torch.isfinite(log_q.detach())[..., None], float("nan"))
+        grad, log_q = self._autograd_score(
+            self.unnormalized_log_prob, theta, x, create_graph,
+            "whose log-likelihood and log-prior have no gradient in theta", finite_only=True,
+        )  # fmt: skip
+        return grad.masked_fill(~torch.isfinite(log_q)[..., None], float("nan"))
 
     def sample(self, x: Tensor, num_posterior_samples: int) -> Tensor:
         raise unsupported(self, "sample")
