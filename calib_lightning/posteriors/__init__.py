@@ -64,6 +64,7 @@ from __future__ import annotations
 from typing import Any
 
 from calib_lightning._model_info import is_nflows, sbi_estimator
+from calib_lightning.posteriors._lampe import LampeFlow, lampe_kind, masked_ratio_error
 from calib_lightning.posteriors.base import (
     CAPABILITIES,
     NotDifferentiableError,
@@ -114,9 +115,10 @@ def as_posterior(obj: Any, *, prior: Any = None) -> Posterior:
             callable that returns samples only), an ``nflows`` ``Flow``, a zuko flow
             (any ``zuko.lazy.LazyDistribution``), an sbi density estimator or
             ``DirectPosterior``, an sbi vector-field estimator (``FMPE``, ``NPSE``) or
-            ``VectorFieldPosterior``, any callable ``x -> torch.distributions.Distribution``
-            with event shape ``(D,)``; with ``prior``: an sbi ratio estimator (``NRE_A/B/C``,
-            ``BNRE``) or likelihood estimator (``NLE``, ``MNLE``); an sbi ``MCMCPosterior``,
+            ``VectorFieldPosterior``, a lampe ``NPE`` or ``FMPE``, any callable
+            ``x -> torch.distributions.Distribution`` with event shape ``(D,)``; with
+            ``prior``: an sbi ratio estimator (``NRE_A/B/C``, ``BNRE``) or likelihood
+            estimator (``NLE``, ``MNLE``), a lampe ``NRE``; an sbi ``MCMCPosterior``,
             ``RejectionPosterior`` or ``ImportanceSamplingPosterior`` (its potential's
             prior unless ``prior`` is given). The last three give an
             :class:`UnnormalizedPosterior` (scores only).
@@ -127,8 +129,8 @@ def as_posterior(obj: Any, *, prior: Any = None) -> Posterior:
         The adapter.
 
     Raises:
-        ValueError: an sbi ratio or likelihood estimator without ``prior`` (it is not a
-            posterior), or a ``prior`` given with a posterior estimator.
+        ValueError: an sbi or lampe ratio or likelihood estimator without ``prior`` (it is
+            not a posterior), or a ``prior`` given with a posterior estimator.
     """
     if isinstance(obj, Posterior):
         if prior is not None:
@@ -137,6 +139,9 @@ def as_posterior(obj: Any, *, prior: Any = None) -> Posterior:
     unnormalized = unnormalized_from_sbi(obj, prior)
     if unnormalized is not None:
         return unnormalized
+    lampe = lampe_kind(obj)
+    if lampe is not None:
+        return _from_lampe(obj, lampe, prior)
     kind = sbi_kind(obj)
     if kind in ("ratio", "likelihood"):
         if prior is None:
@@ -166,6 +171,27 @@ def as_posterior(obj: Any, *, prior: Any = None) -> Posterior:
         "posterior must be a zuko flow, an nflows Flow, or a callable "
         f"x -> torch.distributions.Distribution, got {type(obj).__name__}"
     )
+
+
+def _from_lampe(obj: Any, kind: str, prior: Any) -> Posterior:
+    """The adapter of a lampe estimator (:mod:`~calib_lightning.posteriors._lampe`)."""
+    if kind == "masked_ratio":
+        raise masked_ratio_error(obj)
+    if kind == "ratio":
+        if prior is None:
+            raise ValueError(
+                "posterior must be a posterior estimator, got a lampe NRE (a ratio estimator "
+                "r(theta, x)), whose posterior is known only up to a constant given the "
+                "prior: pass cl.as_posterior(estimator, prior=prior)"
+            )
+        return UnnormalizedPosterior(obj, prior=prior)
+    if prior is not None:
+        raise _prior_unused(obj)
+    if kind == "posterior":
+        return DistributionPosterior(obj.flow)
+    posterior = DistributionPosterior(LampeFlow(obj))
+    posterior.costly = frozenset({"log_prob", "score"})
+    return posterior
 
 
 def _prior_unused(obj: Any) -> ValueError:

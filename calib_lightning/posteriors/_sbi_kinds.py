@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from calib_lightning.posteriors._lampe import lampe_kind, masked_ratio_error
+
 __all__ = ["POTENTIAL_POSTERIORS", "PotentialOverPairs", "adapt_sbi", "sbi_kind"]
 
 _KINDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -119,6 +121,14 @@ class _SbiRatio(torch.nn.Module):
 def adapt_sbi(f: Any) -> tuple[Any, tuple[int | None, tuple[int, ...]] | None]:
     """``f`` as a callable ``(theta, x) -> (M,)``, and ``(D, X)`` when an sbi estimator says."""
     kind = sbi_kind(f)
+    if lampe_kind(f) in ("posterior", "flow_matching"):
+        raise ValueError(
+            f"log_likelihood must be a likelihood or ratio estimator, got a lampe "
+            f"{type(f).__name__} (a posterior estimator): pass it to cl.as_posterior without "
+            "a prior"
+        )
+    if lampe_kind(f) == "masked_ratio":
+        raise masked_ratio_error(f)
     if kind == "ratio":
         return _SbiRatio(f), (int(f.theta_shape[-1]), tuple(int(s) for s in f.x_shape))
     if kind == "posterior":
