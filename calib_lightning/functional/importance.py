@@ -32,7 +32,8 @@ all the weight on the truth, :math:`c = V` and nothing can be seen.
 
 Sign: ``coverage_error`` :math:`= \frac12 - \bar c`, the signed area between the
 expected-coverage curve (the ECDF of :math:`c`) and the diagonal; **negative =
-over-confident**, as :func:`~calib_lightning.functional.sbc.coverage_error`.
+over-confident** (or biased: a shifted posterior reads negative too), as
+:func:`~calib_lightning.functional.sbc.coverage_error`.
 """
 
 from __future__ import annotations

@@ -41,6 +41,10 @@ class ImportanceCoverage(Metric):
     (chi-square and ECDF band, combined in ``global_p_value``) and returns the
     expected-coverage curve, ``coverage_error`` (**negative = over-confident**, as
     :class:`~calib_lightning.RankCalibration`) and the effective sample size (ESS) per pair.
+    The sign does not tell over-confidence from bias: a posterior shifted away from the
+    truth also leaves it outside its credible regions too often, and its error is negative
+    too (every rejection of a shifted likelihood in
+    ``examples/benchmarks/results/unnormalized_level.md``).
 
     Small ESS: the level holds, but with the weight on a few draws the test cannot see a
     miscalibration. When the median ESS is below ``min_ess`` (default 50), the result's
