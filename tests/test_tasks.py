@@ -49,3 +49,17 @@ def test_bad_settings_raise_naming_them():
         GaussianBlob(size=1)
     with pytest.raises(ValueError, match="noise must be positive"):
         Oscillator(noise=0.0)
+
+
+def test_gaussian_linear_uniform_in_any_dimension_with_its_log_likelihood():
+    from calib_lightning.tasks import GaussianLinearUniform
+
+    task = GaussianLinearUniform(dim=3, dtype=torch.float64)
+    theta, x = task.sample(50, torch.Generator().manual_seed(0))
+    assert theta.shape == x.shape == (50, 3)
+    assert task.prior().event_shape == (3,)
+    expected = torch.distributions.Normal(theta, task.noise_var**0.5).log_prob(x).sum(-1)
+    torch.testing.assert_close(task.log_likelihood(theta, x), expected)
+    assert GaussianLinearUniform().theta_dim == 10  # sbibm's task by default
+    with pytest.raises(ValueError, match="dim must be an integer >= 1, got 0"):
+        GaussianLinearUniform(dim=0)

@@ -134,13 +134,32 @@ class SLCP(SBITask):
 
 
 class GaussianLinearUniform(SBITask):
-    r"""Gaussian linear with a uniform prior: :math:`\theta \sim U(-1, 1)^{10}`,
+    r"""Gaussian linear with a uniform prior: :math:`\theta \sim U(-1, 1)^{D}`,
     :math:`x \sim N(\theta, 0.1\, I)`. The posterior is :math:`N(x, 0.1\, I)` truncated to
-    the prior box, sampled exactly by inverse CDF."""
+    the prior box, sampled exactly by inverse CDF; its log-likelihood is
+    :meth:`log_likelihood`.
 
-    theta_dim, x_dim = 10, 10
+    Arguments:
+        dim: ``D``, 10 in sbibm (the default).
+        dtype: floating dtype of sampled tensors.
+    """
+
     prior_bounds = (-1.0, 1.0)
     noise_var = 0.1
+
+    def __init__(self, dim: int = 10, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(dtype)
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"dim must be an integer >= 1, got {dim!r}")
+        self.theta_dim = self.x_dim = dim
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(dim={self.theta_dim})"
+
+    def log_likelihood(self, theta: Tensor, x: Tensor) -> Tensor:
+        r""":math:`\log p(x \mid \theta)` at pairs ``theta (M, D)``, ``x (M, D)``: ``(M,)``."""
+        var, d = self.noise_var, theta.shape[-1]
+        return -0.5 * (((x - theta) ** 2).sum(-1) / var + d * math.log(2 * math.pi * var))
 
     def simulate(self, theta: Tensor, generator: torch.Generator | None = None) -> Tensor:
         eps = torch.randn(theta.shape, generator=generator, dtype=self.dtype).to(theta.device)
