@@ -58,6 +58,7 @@ _LAZY_MODULES = ("callbacks", "diagnosis", "plots")
 _LAZY_DIAGNOSIS = ("Diagnosis", "diagnose")
 _LAZY_CALLBACKS = (
     "CalibrationCallback",
+    "ImportanceCoverageCallback",
     "KCCSDCallback",
     "LC2STNFCallback",
     "LatentCalibrationCallback",
@@ -81,6 +82,7 @@ __all__ = [
     "Diagnosis",
     "FrechetDistance",
     "ImportanceCoverage",
+    "ImportanceCoverageCallback",
     "JointC2ST",
     "KCCSDCallback",
     "KCCSDLoss",

@@ -49,8 +49,13 @@ from calib_lightning.callbacks._plumbing import (
     to_cpu,
 )
 from calib_lightning.callbacks._scalars import logged_scalars
+from calib_lightning.callbacks._unnormalized import (
+    callback_posterior,
+    check_capabilities,
+    check_unnormalized_fits,
+)
 from calib_lightning.plots.history import plot_history
-from calib_lightning.posteriors import Posterior, as_posterior
+from calib_lightning.posteriors import Posterior, UnnormalizedPosterior
 from calib_lightning.results import Result
 
 __all__ = ["CalibrationCallback"]
@@ -91,7 +96,13 @@ class CalibrationCallback(CheckHistory, CostWarning, DrawSharing, SetupCheck):
         estimator: attribute of the LightningModule holding the conditional flow
             (dotted paths such as ``"net.flow"`` work), or a function
             ``pl_module -> estimator``; the result goes through
-            :func:`calib_lightning.as_posterior`.
+            :func:`calib_lightning.as_posterior`, or is a ratio or likelihood with ``prior``.
+        prior: the prior :math:`p(\\theta)` when ``estimator`` is a ratio or likelihood
+            estimator, not a posterior: an sbi ``RatioEstimator`` or likelihood estimator
+            (``NLE``), or any callable ``(theta (M, D), x (M, *X)) -> (M,)`` returning
+            :math:`\\log r(\\theta, x)` or :math:`\\log q(x \\mid \\theta)`; the callback
+            then checks :class:`~calib_lightning.UnnormalizedPosterior` ``(estimator, prior)``
+            (scores only: :mod:`~calib_lightning.callbacks._unnormalized`).
         prefix: first part of every tag.
         name: second part of every tag and the callback's checkpoint key; defaults to
             the class's ``name``. Give two callbacks of one kind different names.
@@ -138,6 +149,9 @@ class CalibrationCallback(CheckHistory, CostWarning, DrawSharing, SetupCheck):
     history_titles: ClassVar[dict[str, str]] = {}
     #: the metric class a subclass requires (``None``: any metric with update/compute).
     metric_type: ClassVar[type | None] = None
+    #: the posterior capabilities the check needs (:data:`calib_lightning.posteriors.
+    #: CAPABILITIES`); a posterior without them fails at setup, saying what to use
+    needs: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -156,6 +170,7 @@ class CalibrationCallback(CheckHistory, CostWarning, DrawSharing, SetupCheck):
         on_error: str = "warn",
         check_on: Iterable[str] = ("fit",),
         seed: int = 0,
+        prior: Any = None,
     ) -> None:
         super().__init__()
         if self.metric_type is not None and not isinstance(metric, self.metric_type):
@@ -186,6 +201,7 @@ class CalibrationCallback(CheckHistory, CostWarning, DrawSharing, SetupCheck):
         self.metric = metric
         self.theta, self.x, self.dataloader = theta, x, dataloader
         self.every_n_epochs, self.estimator, self.batch_size = every_n_epochs, estimator, batch_size
+        self.prior = prior
         self.prefix = prefix.rstrip("/")
         self.tag_name = name if name is not None else self.name
         self.log_figures, self.level, self.on_error, self.seed = log_figures, level, on_error, seed
@@ -357,8 +373,9 @@ class CalibrationCallback(CheckHistory, CostWarning, DrawSharing, SetupCheck):
         self, trainer: Trainer, pl_module: LightningModule
     ) -> tuple[Result | dict[str, Tensor], dict[str, Tensor]]:
         estimator = self._find_estimator(pl_module)
-        posterior = as_posterior(estimator)
-        shared = share_draws(trainer, pl_module, estimator, posterior, self.dataloader is None)
+        posterior = callback_posterior(estimator, self.prior)
+        shared = None if isinstance(posterior, UnnormalizedPosterior) else share_draws(
+            trainer, pl_module, estimator, posterior, self.dataloader is None)  # nothing to draw
         device = pl_module.device
         with eval_mode(pl_module, estimator), torch.inference_mode(False), torch.no_grad():
             self.metric.to(device)
@@ -367,6 +384,19 @@ class CalibrationCallback(CheckHistory, CostWarning, DrawSharing, SetupCheck):
                 self.metric.update(shared or posterior, theta, x)
             result = self.metric.compute()
             return result, dict(self.extra_results(trainer, shared or posterior))
+
+    def check_setup(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Raise now if the estimator cannot be checked (:class:`~._plumbing.SetupCheck`):
+        a capability in :attr:`needs` it lacks, data that do not fit it."""
+        estimator = self._find_estimator(pl_module)
+        posterior = callback_posterior(estimator, self.prior)
+        check_capabilities(self, posterior, self.needs)
+        if not isinstance(posterior, UnnormalizedPosterior):
+            return super().check_setup(trainer, pl_module)
+        batch = next(iter(self._local_batches(trainer, pl_module.device, pl_module.dtype)), None)
+        if batch is not None:
+            with eval_mode(pl_module, estimator):
+                check_unnormalized_fits(posterior, *batch)
 
     def _find_estimator(self, pl_module: LightningModule) -> Any:
         return find_estimator(pl_module, self.estimator)

@@ -52,6 +52,7 @@ class KCCSDCallback(CalibrationCallback):
         "p_value": "KCCSD test (wild bootstrap)", "statistic": "KCCSD statistic Ĉ",
     }  # fmt: skip
     metric_type: ClassVar[type] = KCCSD
+    needs: ClassVar[tuple[str, ...]] = ("score",)
 
     def __init__(
         self,

@@ -118,6 +118,7 @@ class LatentCalibrationCallback(CalibrationCallback):
         "coverage_error": "latent-ball coverage error",
     }
     metric_type: ClassVar[type] = LatentCalibration
+    needs: ClassVar[tuple[str, ...]] = ("to_latent",)
 
     def __init__(
         self,

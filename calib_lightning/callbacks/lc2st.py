@@ -128,6 +128,7 @@ class LC2STNFCallback(CalibrationCallback):
         "oracle_c2st": "oracle C2ST accuracy",
     }
     metric_type: ClassVar[type] = LC2STNF
+    needs: ClassVar[tuple[str, ...]] = ("sample", "to_latent")
 
     def __init__(
         self,

@@ -144,6 +144,7 @@ class RankCalibrationCallback(CalibrationCallback):
         "coverage_error": "HPD coverage error",
     }
     metric_type: ClassVar[type] = RankCalibration
+    needs: ClassVar[tuple[str, ...]] = ("sample",)
 
     def __init__(
         self,

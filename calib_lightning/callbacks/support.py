@@ -51,6 +51,7 @@ class PriorSupportCallback(CalibrationCallback):
         "statistic": "share of draws outside the prior's support",
     }
     metric_type: ClassVar[type] = PriorSupport
+    needs: ClassVar[tuple[str, ...]] = ("sample",)
 
     def __init__(
         self,

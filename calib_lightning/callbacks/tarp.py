@@ -61,6 +61,7 @@ class TARPCallback(CalibrationCallback):
         "p_value": "TARP test (Monte Carlo band)", "coverage_error": "TARP coverage error",
     }  # fmt: skip
     metric_type: ClassVar[type] = TARP
+    needs: ClassVar[tuple[str, ...]] = ("sample",)
 
     def __init__(
         self,

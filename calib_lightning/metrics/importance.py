@@ -11,6 +11,7 @@ from torchmetrics.utilities.data import dim_zero_cat
 
 from calib_lightning._checks import check_pairs, check_positive
 from calib_lightning._chunks import row_blocks
+from calib_lightning._distributed import shape_empty_list_states
 from calib_lightning.evaluation import draw_chunks
 from calib_lightning.functional.importance import (
     MIN_EFFECTIVE_SAMPLE_SIZE,
@@ -182,6 +183,22 @@ class ImportanceCoverage(Metric):
             held = []
             lt0 = target.unnormalized_log_prob(chunk.theta, x[rows])
             yield lt_all, lp_all, lt0, chunk.log_prob_theta.to(lt0)
+
+    def sync(
+        self,
+        dist_sync_fn: Any = None,
+        process_group: Any = None,
+        should_sync: bool = True,
+        distributed_available: Any = None,
+    ) -> None:
+        """torchmetrics' ``sync``; first, when it will gather, a process without pairs gives
+        its empty states the dtype of the others' (torchmetrics would send float32 against
+        their float64, a collective mismatch)."""
+        available = distributed_available or self.distributed_available_fn
+        if should_sync and callable(available) and available():
+            shape_empty_list_states(self, ("credibility", "effective_sample_size"),
+                                    process_group or self.process_group)  # fmt: skip
+        super().sync(dist_sync_fn, process_group, should_sync, distributed_available)
 
     def compute(self) -> ImportanceCoverageResult:
         """Tests, curve, coverage error and ESS summary (see the class docstring)."""

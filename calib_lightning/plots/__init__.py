@@ -6,6 +6,7 @@ Every function returns a :class:`matplotlib.figure.Figure` and never calls
 
 from calib_lightning.plots.conformal import plot_conformal_region
 from calib_lightning.plots.history import plot_history
+from calib_lightning.plots.importance import plot_importance_coverage
 from calib_lightning.plots.lc2st import plot_pp, plot_probability_map
 from calib_lightning.plots.misspecification import plot_misspecification
 from calib_lightning.plots.ranks import (
@@ -20,6 +21,7 @@ __all__ = [
     "plot_conformal_region",
     "plot_expected_coverage",
     "plot_history",
+    "plot_importance_coverage",
     "plot_misspecification",
     "plot_pp",
     "plot_probability_map",

@@ -155,7 +155,7 @@ def plot_history(
     estimator (:data:`CALIBRATED`: 0 for statistics and coverage errors, 0.5 for a
     classifier's accuracy); ``coverage_error`` panels say which side is over-confident
     (``Reading the sign`` in :mod:`calib_lightning.functional.sbc`). Missing values
-    (``nan``) leave gaps.
+    (``nan``) leave gaps; a panel with no value at all says so.
 
     Arguments:
         epochs: the epoch of each check, length ``C``.
@@ -214,6 +214,10 @@ def plot_history(
             panel_title += "\n< 0: over-, > 0: under-confident"
         if panel_title:
             ax.set_title(panel_title.strip("\n"), fontsize=9)
+        if epochs and all(math.isnan(v) for v in values):  # nothing drawn: say why
+            ax.set_xlim(min(epochs) - 0.5, max(epochs) + 0.5)
+            ax.text(0.5, 0.3, "no value at any check\n(failed, or could not judge)",
+                    transform=ax.transAxes, ha="center", va="center", fontsize=8, color="0.3")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("epoch")
         ax.set_ylabel(name)

@@ -1,0 +1,134 @@
+r"""What a callback's estimator is: a posterior, or a ratio or likelihood with ``prior=``.
+
+A callback reads its estimator through :func:`callback_posterior`. Without ``prior`` the
+estimator is a posterior estimator (:func:`calib_lightning.as_posterior`); an sbi ratio or
+likelihood estimator is refused with the fix (pass ``prior=``). With ``prior`` the user
+says the estimator is **not** a posterior: an sbi ratio or likelihood estimator (or an sbi
+MCMC posterior) goes through ``as_posterior(estimator, prior=prior)``, and any other
+callable is read as :math:`f(\theta, x)`, a log-ratio or log-likelihood, batched
+``(theta (M, D), x (M, *X)) -> (M,)``: the posterior is
+:class:`~calib_lightning.UnnormalizedPosterior` ``(f, prior=prior)``, known through its
+score only. A posterior estimator (a zuko or nflows flow, an sbi posterior estimator, a
+:class:`~calib_lightning.posteriors.Posterior`) with ``prior`` is refused, never read as
+a likelihood.
+
+At setup (:func:`check_capabilities`, :func:`check_unnormalized_fits`) a callback whose
+check needs what the posterior lacks (samples, latents) fails at once and says which
+callbacks check such an estimator, and an unnormalized posterior is evaluated at two
+pairs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from calib_lightning._checks import check_pairs
+from calib_lightning._event_size import check_event_size
+from calib_lightning._model_info import is_nflows, sbi_estimator
+from calib_lightning.callbacks._plumbing import SetupError
+from calib_lightning.posteriors import (
+    CAPABILITIES,
+    Posterior,
+    UnnormalizedPosterior,
+    as_posterior,
+    supports,
+)
+from calib_lightning.posteriors.unnormalized import sbi_kind
+
+__all__ = ["callback_posterior", "check_capabilities", "check_unnormalized_fits"]
+
+#: the callbacks that check a posterior with scores only (what the errors recommend)
+SCORE_ONLY_CALLBACKS = (
+    "KCCSDCallback(..., prior=prior) and ImportanceCoverageCallback(..., prior=prior) "
+    "(and RatioBalanceCallback for a ratio estimator)"
+)
+
+
+def _is_posterior_estimator(estimator: Any) -> bool:
+    """Whether ``estimator`` is something :func:`as_posterior` reads by its type (a
+    :class:`Posterior`, an nflows or zuko flow, an sbi object), not a plain callable."""
+    if isinstance(estimator, Posterior) or is_nflows(estimator):
+        return True
+    if type(estimator).__module__.split(".")[0] in ("sbi", "zuko", "nflows"):
+        return True
+    try:
+        from zuko.lazy import LazyDistribution
+    except ImportError:  # pragma: no cover - zuko is a dependency
+        return sbi_estimator(estimator) is not None
+    return isinstance(estimator, LazyDistribution) or sbi_estimator(estimator) is not None
+
+
+def callback_posterior(estimator: Any, prior: Any = None) -> Posterior:
+    """The posterior a callback checks (module docstring).
+
+    Arguments:
+        estimator: what the callback found on the LightningModule.
+        prior: ``None`` (``estimator`` is a posterior estimator), or the prior
+            :math:`p(\\theta)` of a ratio or likelihood ``estimator`` (a
+            ``torch.distributions.Distribution`` with event shape ``(D,)``).
+
+    Raises:
+        SetupError: an sbi ratio or likelihood estimator without ``prior``.
+        ValueError: ``prior`` with a posterior estimator, or a ``prior`` that is none.
+    """
+    if prior is None:
+        kind = sbi_kind(estimator)
+        if kind in ("ratio", "likelihood"):
+            raise SetupError(
+                f"estimator must be a posterior estimator when the callback has no prior, got "
+                f"an sbi {kind} estimator ({type(estimator).__name__}), whose posterior is "
+                "known only up to a constant: pass the callback prior=prior (its prior, e.g. "
+                "sbi's BoxUniform) and check it with " + SCORE_ONLY_CALLBACKS
+            )
+        return as_posterior(estimator)
+    if _is_posterior_estimator(estimator):
+        return as_posterior(estimator, prior=prior)
+    return UnnormalizedPosterior(estimator, prior=prior)
+
+
+def check_capabilities(callback: Any, posterior: Posterior, needs: tuple[str, ...]) -> None:
+    """Raise a :class:`SetupError` if ``posterior`` lacks a capability in ``needs``,
+    naming the callback, what is missing and what checks such an estimator."""
+    missing = [c for c in needs if not supports(posterior, c)]
+    if not missing:
+        return
+    what = " and ".join(f"{c} ({CAPABILITIES[c]} need it)" for c in missing)
+    fix = (
+        f"an estimator known up to its normalizing constant (a ratio or likelihood estimator "
+        f"with prior=) has scores only: check it with {SCORE_ONLY_CALLBACKS}, or give "
+        f"{type(callback).__name__} a posterior that can sample (estimator= a flow, an sbi "
+        "posterior estimator)"
+        if isinstance(posterior, UnnormalizedPosterior)
+        else f"give {type(callback).__name__} an estimator that provides it"
+    )
+    raise SetupError(
+        f"{type(callback).__name__} needs a posterior with {what}, got {posterior!r}, which "
+        f"provides {', '.join(sorted(posterior.capabilities))}; {fix}"
+    )
+
+
+def check_unnormalized_fits(posterior: UnnormalizedPosterior, theta: Tensor, x: Tensor) -> None:
+    """Raise now if ``theta (N, D)`` and ``x (N, *X)`` do not fit ``posterior``: ``theta``'s
+    width against the prior's ``D``, ``x`` against the estimator's context where it tells
+    it, then :math:`f + \\log p` at the first two pairs (its ``ValueError``; a callable
+    that cannot be called as ``f(theta, x)`` is a :class:`SetupError`). Other errors are
+    left to the check."""
+    theta, x = check_pairs(theta, x)
+    check_event_size(posterior, theta, x)
+    posterior._prepare_x(x)
+    try:
+        with torch.no_grad():
+            posterior.unnormalized_log_prob(theta[:2], x[:2])
+    except TypeError as error:
+        raise SetupError(
+            f"estimator must be a callable (theta (M, D), x (M, *X)) -> (M,) returning a "
+            f"log-ratio or log-likelihood when the callback has a prior, got "
+            f"{type(posterior.module).__name__}, whose call f(theta, x) failed: {error}"
+        ) from None
+    except ValueError:
+        raise
+    except Exception:  # not a mistake in the data: the check reports it
+        return
