@@ -13,6 +13,7 @@ import warnings
 import lightning as L
 import pytest
 import torch
+import zuko
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
@@ -23,6 +24,7 @@ import calib_lightning as cl
 from calib_lightning.callbacks import (
     ImportanceCoverageCallback,
     KCCSDCallback,
+    LatentCalibrationCallback,
     LC2STNFCallback,
     RankCalibrationCallback,
     RatioBalanceCallback,
@@ -236,11 +238,13 @@ def test_the_exact_ratio_passes_and_an_over_confident_one_fails(tau):
     lambda t, x: TARPCallback(t, x, estimator="ratio", prior=PRIOR),
     lambda t, x: LC2STNFCallback(t, x, estimator="ratio", prior=PRIOR,
                                  metric=cl.LC2STNF(observations=x[:2], num_null=5)),
+    lambda t, x: LatentCalibrationCallback(t, x, estimator="ratio", prior=PRIOR),
 ])  # fmt: skip
 def test_checks_that_need_samples_refuse_a_ratio_at_setup(make):
     callback = make(*pairs(50, 3))
     name = type(callback).__name__
-    with pytest.raises(ValueError, match=rf"{name} needs a posterior with sample .*scores only: "
+    needs = "to_latent" if name == "LatentCalibrationCallback" else "sample"
+    with pytest.raises(ValueError, match=rf"{name} needs a posterior with {needs} .*scores only: "
                                          r"check it with KCCSDCallback\(\.\.\., prior=prior\)"):
         fit(Fixed(), [callback], epochs=1)
     assert callback.epochs == []
@@ -260,6 +264,8 @@ def test_setup_errors_say_what_to_pass():
          r"estimator must be a callable \(theta \(M, D\), x \(M, \*X\)\) -> \(M,\)"),
         (KCCSDCallback(theta, x, estimator="ratio", prior="box"),
          r"prior must be"),
+        (KCCSDCallback(theta, x, estimator=lambda m: zuko.flows.MAF(2, 2), prior=PRIOR),
+         r"prior must be given only with a ratio or likelihood estimator.*MAF"),
     ]  # fmt: skip
     for callback, match in cases:
         if match is None:
@@ -342,3 +348,25 @@ def test_ddp_shards_the_pairs_and_every_rank_gets_all_credibilities(tmp_path, ba
         torch.testing.assert_close(r["ess"], ranks[0]["ess"])
     gathered = torch.cat([r["local"].double() for r in ranks])
     torch.testing.assert_close(gathered.sort().values, ranks[0]["result"].sort().values)
+
+
+def test_an_sbi_mcmc_posterior_needs_no_prior():
+    """An sbi MCMCPosterior (what NLE's build_posterior returns) carries its prior: the
+    callbacks check it through its likelihood estimator, no prior= and no MCMC run."""
+    sbi_inference = pytest.importorskip("sbi.inference")
+    from sbi.utils import BoxUniform
+
+    torch.manual_seed(0)
+    box = BoxUniform(-2 * torch.ones(2), 2 * torch.ones(2))
+    nle = sbi_inference.NLE(box, show_progress_bars=False)
+    nle.append_simulations(*pairs(500, 7)).train(max_num_epochs=2, show_train_summary=False)
+    posterior = nle.build_posterior()  # an MCMCPosterior
+    theta, x = pairs(100, 8)
+    callbacks = [KCCSDCallback(theta, x, estimator=lambda m: posterior,
+                               metric=cl.KCCSD(num_null=100)),
+                 ImportanceCoverageCallback(theta, x, estimator=lambda m: posterior)]  # fmt: skip
+    fit(Fixed(), callbacks, epochs=1)
+    assert callbacks[0].last_result.space == "unconstrained"
+    for callback in callbacks:
+        assert not callback.errors
+        assert math.isfinite(callback.history["p_value"][0])

@@ -53,6 +53,7 @@ class ImportanceCoverageCallback(CalibrationCallback):
             (``prior``, ``estimator``, ``dataloader``, ``every_n_epochs``, ...).
 
     Example:
+        >>> import torch
         >>> from torch.distributions import Independent, Uniform
         >>> prior = Independent(Uniform(-3 * torch.ones(2), 3 * torch.ones(2)), 1)
         >>> theta = prior.sample((256,))
