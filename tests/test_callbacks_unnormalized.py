@@ -30,6 +30,7 @@ from calib_lightning.callbacks import (
     RatioBalanceCallback,
     TARPCallback,
 )
+from calib_lightning.plots import plot_importance_coverage
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*one check took:RuntimeWarning")
 
@@ -223,6 +224,8 @@ def test_the_exact_ratio_passes_and_an_over_confident_one_fails(tau):
     fit(Fixed(tau), callbacks, epochs=1)
     kccsd, coverage = (c.history for c in callbacks)
     assert coverage["ess_median"][0] > 50
+    title = plot_importance_coverage(callbacks[1].last_result).axes[0].get_title()
+    assert ("inside the band" if tau == 1.0 else "leaves the band below: over-confident") in title
     if tau == 1.0:
         assert kccsd["p_value"][0] > 0.01
         assert coverage["global_p_value"][0] > 0.01
@@ -370,3 +373,8 @@ def test_an_sbi_mcmc_posterior_needs_no_prior():
     for callback in callbacks:
         assert not callback.errors
         assert math.isfinite(callback.history["p_value"][0])
+
+
+def test_the_coverage_figure_refuses_another_result():
+    with pytest.raises(ValueError, match="result must be an ImportanceCoverageResult"):
+        plot_importance_coverage({"levels": torch.linspace(0.1, 0.9, 9)})
