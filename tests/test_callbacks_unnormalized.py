@@ -378,3 +378,26 @@ def test_an_sbi_mcmc_posterior_needs_no_prior():
 def test_the_coverage_figure_refuses_another_result():
     with pytest.raises(ValueError, match="result must be an ImportanceCoverageResult"):
         plot_importance_coverage({"levels": torch.linspace(0.1, 0.9, 9)})
+
+
+def test_lampe_estimators_with_a_prior():
+    """A lampe NRE is a ratio (checked through cl.as_posterior); a lampe NPE's
+    forward(theta, x) is a posterior log-density, which prior= must not read as a
+    likelihood: refused at setup."""
+    inference = pytest.importorskip("lampe.inference")
+    theta, x = pairs(100, 8)
+    torch.manual_seed(0)
+    modules = {"nre": inference.NRE(2, 2), "npe": inference.NPE(2, 2)}
+
+    class Holder(Fixed):
+        def __init__(self):
+            super().__init__()
+            self.nets = nn.ModuleDict(modules)
+
+    kccsd = KCCSDCallback(theta, x, estimator="nets.nre", prior=PRIOR, metric=cl.KCCSD(num_null=50))
+    fit(Holder(), [kccsd], epochs=1)
+    assert not kccsd.errors
+    assert math.isfinite(kccsd.history["p_value"][0])
+    refused = KCCSDCallback(theta, x, estimator="nets.npe", prior=PRIOR)
+    with pytest.raises(ValueError, match=r"NPE.*a posterior estimator"):
+        fit(Holder(), [refused], epochs=1)

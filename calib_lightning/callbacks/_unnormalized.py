@@ -8,7 +8,8 @@ MCMC posterior) goes through ``as_posterior(estimator, prior=prior)``, and any o
 callable is read as :math:`f(\theta, x)`, a log-ratio or log-likelihood, batched
 ``(theta (M, D), x (M, *X)) -> (M,)``: the posterior is
 :class:`~calib_lightning.UnnormalizedPosterior` ``(f, prior=prior)``, known through its
-score only. A posterior estimator (a zuko or nflows flow, an sbi posterior estimator, a
+score only (a lampe ``NRE`` goes through ``as_posterior`` too). A posterior estimator (a zuko
+or nflows flow, an sbi or lampe posterior estimator, a
 :class:`~calib_lightning.posteriors.Posterior`) with ``prior`` is refused, never read as
 a likelihood.
 
@@ -49,10 +50,10 @@ SCORE_ONLY_CALLBACKS = (
 
 def _is_posterior_estimator(estimator: Any) -> bool:
     """Whether ``estimator`` is something :func:`as_posterior` reads by its type (a
-    :class:`Posterior`, an nflows or zuko flow, an sbi object), not a plain callable."""
+    :class:`Posterior`, an nflows or zuko flow, an sbi or lampe object), not a plain callable."""
     if isinstance(estimator, Posterior) or is_nflows(estimator):
         return True
-    if type(estimator).__module__.split(".")[0] in ("sbi", "zuko", "nflows"):
+    if type(estimator).__module__.split(".")[0] in ("sbi", "zuko", "nflows", "lampe"):
         return True
     try:
         from zuko.lazy import LazyDistribution
