@@ -218,12 +218,12 @@ class KCCSDLoss(nn.Module):
     * Unnormalized posteriors (ratio and likelihood estimators,
       :class:`~calib_lightning.UnnormalizedPosterior`, or any ``f(theta, x)`` with
       ``prior=``): parameter space only (the default when ``prior`` is given), in
-      :math:`u = T^{-1}(\theta)` when the prior's support is bounded
-      (:func:`~calib_lightning.posteriors.unnormalized.in_testing_space`: the Stein
-      identity needs a density that vanishes at the support's edge); gradients reach the
-      network through the scores of :math:`f + \log p` (+ the log-Jacobian). Use
-      ``condition="x"``: with :math:`k \equiv 1` a tempered ratio :math:`r^\tau` is
-      invisible (``examples/benchmarks/results/kccsd_loss_nre.md``).
+      :math:`u = T^{-1}(\theta)` when the prior's support is bounded, as
+      :class:`~calib_lightning.KCCSD` tests them (the Stein identity needs a density that
+      vanishes at the support's edge); gradients reach the network through the scores of
+      :math:`f + \log p` (plus the log-Jacobian). Use ``condition="x"``: with
+      :math:`k \equiv 1` a tempered ratio :math:`r^\tau` is invisible to the term
+      (``examples/benchmarks/results/kccsd_loss_nre.md``, with what it did to NRE).
     * ``estimator="u"``: its gradient has mean zero at a calibrated model; the
       V-statistic's diagonal :math:`\|s_i\|^2 + D/\ell^2` rewards wider posteriors. The
       U-statistic can be negative.
