@@ -66,7 +66,9 @@ class GaussBox(GaussianLinearUniform):
     """``GaussianLinearUniform`` in D = 2: :math:`\\theta \\sim U(-1, 1)^2`,
     :math:`x \\sim N(\\theta, 0.1 I)`."""
 
-    theta_dim, x_dim = 2, 2
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(dtype=dtype)
+        self.theta_dim = self.x_dim = 2  # an instance attribute where the parent takes dim=
 
     def log_ratio(self, theta: Tensor, x: Tensor) -> Tensor:
         """The exact :math:`\\log p(x \\mid \\theta) - \\log p(x)`, ``(N,)``."""
