@@ -11,12 +11,19 @@ lives on the same scale. ``space="parameter"`` gives the statistic on :math:`\th
 itself, from scores. Why these defaults: ``docs/design.md`` (the KCCSD regularizer);
 the measurements: ``examples/benchmarks/README.md`` (regularizer design).
 
+Ratio and likelihood estimators (an :class:`~calib_lightning.UnnormalizedPosterior`, or a
+log-ratio callable with ``prior=``) have scores and no latent map: the statistic runs on
+:math:`\theta`, in the unconstrained space :math:`u = T^{-1}(\theta)` when the prior's
+support is bounded, as :class:`calib_lightning.KCCSD` tests them (no sampling at all).
+
 References:
     Glaser, Widmann, Lindsten, Gretton. "Fast and Scalable Score-Based Kernel
     Calibration Tests." UAI 2023.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -41,7 +48,9 @@ from calib_lightning.kernels import (
     sq_distances,
     stein_kernel,
 )
-from calib_lightning.posteriors import Posterior
+from calib_lightning.posteriors import Posterior, UnnormalizedPosterior
+from calib_lightning.posteriors.base import UnsupportedError
+from calib_lightning.posteriors.unnormalized import in_testing_space
 
 __all__ = ["KCCSDLoss", "kccsd_loss", "latent_kccsd_loss"]
 
@@ -204,8 +213,17 @@ class KCCSDLoss(nn.Module):
       :math:`-z_i`, bandwidth :math:`\sqrt D` (:func:`latent_kccsd_loss`); needs
       ``posterior.to_latent`` (zuko, nflows, Gaussians) and no second-order autograd.
       ``"parameter"``: :func:`kccsd_loss` on :math:`\theta` standardized by the batch,
-      with scores taken with ``create_graph=True``; needs only log-densities, but with
-      the median heuristic it hardly sees the posterior's width.
+      with scores taken with ``create_graph=True``; needs only scores, but without a
+      kernel between models (``condition=None``) it hardly sees the posterior's width.
+    * Unnormalized posteriors (ratio and likelihood estimators,
+      :class:`~calib_lightning.UnnormalizedPosterior`, or any ``f(theta, x)`` with
+      ``prior=``): parameter space only (the default when ``prior`` is given), in
+      :math:`u = T^{-1}(\theta)` when the prior's support is bounded, as
+      :class:`~calib_lightning.KCCSD` tests them (the Stein identity needs a density that
+      vanishes at the support's edge); gradients reach the network through the scores of
+      :math:`f + \log p` (plus the log-Jacobian). Use ``condition="x"``: with
+      :math:`k \equiv 1` a tempered ratio :math:`r^\tau` is invisible to the term
+      (``examples/benchmarks/results/kccsd_loss_nre.md``, with what it did to NRE).
     * ``estimator="u"``: its gradient has mean zero at a calibrated model; the
       V-statistic's diagonal :math:`\|s_i\|^2 + D/\ell^2` rewards wider posteriors. The
       U-statistic can be negative.
@@ -224,7 +242,8 @@ class KCCSDLoss(nn.Module):
     Bandwidths (median heuristics on the batch) are detached from the graph.
 
     Arguments:
-        space: ``"latent"`` or ``"parameter"``.
+        space: ``"latent"`` or ``"parameter"``; ``None``: ``"parameter"`` with a
+            ``prior``, else ``"latent"``.
         kernel: ``"rbf"`` or ``"imq"``.
         bandwidth: fixed :math:`\ell` (standardized or latent units); ``None``: median
             heuristic on :math:`\theta`, :math:`\sqrt D` on :math:`z`.
@@ -232,6 +251,10 @@ class KCCSDLoss(nn.Module):
         num_base_points: base points for ``condition="gfd"``.
         estimator: ``"u"`` or ``"v"``.
         normalize: see :func:`kccsd_loss` and :func:`latent_kccsd_loss`.
+        prior: ``None``, or the prior :math:`p` (a torch ``Distribution`` with event shape
+            ``(D,)``): the ``posterior`` given to :meth:`forward` is then a log-ratio or
+            log-likelihood ``f(theta (n, D), x (n, *X)) -> (n,)`` (or an sbi ratio or
+            likelihood estimator), read as ``UnnormalizedPosterior(f, prior=prior)``.
 
     Example:
         >>> from calib_lightning.tasks import GaussianToy
@@ -250,16 +273,27 @@ class KCCSDLoss(nn.Module):
 
     def __init__(
         self,
-        space: str = "latent",
+        space: str | None = None,
         kernel: str = "rbf",
         bandwidth: float | None = None,
         condition: str | None = None,
         num_base_points: int = 8,
         estimator: str = "u",
         normalize: bool = True,
+        prior: Any = None,
     ) -> None:
         super().__init__()
+        if space is None:
+            space = "latent" if prior is None else "parameter"
         check_choice("space", space, SPACES)
+        if prior is not None and space == "latent":
+            raise ValueError(
+                "space must be 'parameter' with a prior (a ratio or likelihood has no latent "
+                "map), got 'latent'"
+            )
+        if prior is not None:  # checks the prior, as the posterior built in forward will
+            UnnormalizedPosterior(lambda theta, x: theta.sum(-1), prior=prior)
+        self.prior = prior
         check_choice("kernel", kernel, KERNELS)
         check_choice("condition", condition, CONDITIONING)
         check_choice("estimator", estimator, ESTIMATORS)
@@ -274,6 +308,7 @@ class KCCSDLoss(nn.Module):
         return (
             f"space={self.space!r}, kernel={self.kernel!r}, condition={self.condition!r}, "
             f"estimator={self.estimator!r}, normalize={self.normalize}"
+            + ("" if self.prior is None else f", prior={type(self.prior).__name__}")
         )
 
     def forward(
@@ -291,6 +326,15 @@ class KCCSDLoss(nn.Module):
         check_pairs(theta, x, min_rows=2)
         if latent is not None and self.space != "latent":
             raise ValueError(f"latent is only used with space='latent', got {self.space!r}")
+        if self.prior is not None and not isinstance(posterior, UnnormalizedPosterior):
+            posterior = UnnormalizedPosterior(posterior, prior=self.prior)
+        if self.space == "parameter":
+            posterior, theta, _ = in_testing_space(posterior, theta)
+        elif isinstance(posterior, UnnormalizedPosterior):
+            raise UnsupportedError(
+                "posterior is an UnnormalizedPosterior, which has scores and no latent map: "
+                "use KCCSDLoss(space='parameter', condition='x')"
+            )
         if self.space == "latent":
             if latent is None:
                 points = evaluation.latents(posterior, theta, x, create_graph=True)
