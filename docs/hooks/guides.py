@@ -40,9 +40,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 _ROOT = Path(__file__).resolve().parents[2]
 GUIDES = _ROOT / "docs" / "guides"
@@ -52,8 +51,7 @@ _FIGURE_LINK = re.compile(r"(!\[[^\]]*\]\()figures/([^)\s]+\.png)(\))")
 _log = logging.getLogger("mkdocs.hooks.guides")
 
 
-@dataclass(frozen=True)
-class Cell:
+class Cell(NamedTuple):
     """One cell of a guide: ``kind`` is ``"markdown"`` or ``"code"``, ``source`` its text
     (Markdown without the comment marks), ``line`` the script line of its first line."""
 
