@@ -60,7 +60,7 @@ observations = torch.cat([task.sample(2, generator)[1], torch.tensor([[3.0, -3.0
 report = cl.diagnose(
     posterior, theta_cal, x_cal, observations=observations, prior=prior,
     labels=["theta_1", "theta_2"], num_posterior_samples=50,
-)  # fmt: skip
+)
 print(report.verdict)
 
 # %% [markdown]

@@ -84,7 +84,7 @@ for name, posterior in [("auto (radial)", fixed), ("HPD scale", fixed_hpd)]:
     report = cl.diagnose(
         posterior, theta_test, x_test, before=flow, checks=["ranks", "tarp"],
         labels=labels, num_posterior_samples=50,
-    )  # fmt: skip
+    )
     print(f"== {name}")
     print("before:", report.before.verdict)
     print("after: ", report.verdict)
@@ -122,7 +122,7 @@ plot_expected_coverage(report.checks["ranks"], before=report.before.checks["rank
 # %%
 region = cl.ConformalRegion(flow, num_posterior_samples=200).fit(theta_val, x_val)
 print("credibility of the calibrated 90 % region at three x:",
-      [f"{c:.3f}" for c in region.calibrated_level(0.9, x_test[:3])])  # fmt: skip
+      [f"{c:.3f}" for c in region.calibrated_level(0.9, x_test[:3])])
 
 # the flow's own region of level l holds theta* when its credibility (the share of the
 # posterior's draws more probable than theta*) is at most l
@@ -130,10 +130,10 @@ credibility = region.credibility(theta_test, x_test)
 levels = [0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
 nominal = [(credibility <= level).float().mean().item() for level in levels]
 calibrated = [region.contains(theta_test, x_test, level).float().mean().item()
-              for level in levels]  # fmt: skip
+              for level in levels]
 for level, before, after in zip(levels, nominal, calibrated, strict=True):
     print(f"level {level:.2f}: coverage of the flow's region {before:.3f}, "
-          f"of the conformal region {after:.3f}")  # fmt: skip
+          f"of the conformal region {after:.3f}")
 
 # %%
 fig, ax = plt.subplots(figsize=(4.6, 4.2))
@@ -141,7 +141,7 @@ ax.plot([0.45, 1], [0.45, 1], "k--", linewidth=1, label="coverage = level")
 ax.plot(levels, nominal, "o-", color="tab:red", label="the flow's HPD region")
 ax.plot(levels, calibrated, "s-", color="tab:blue", label="conformal region")
 ax.set(xlabel="level", ylabel="coverage on 1,000 fresh pairs",
-       title="Credible regions on fresh pairs")  # fmt: skip
+       title="Credible regions on fresh pairs")
 ax.legend(fontsize=8)
 fig.tight_layout()
 fig.savefig(figures / "conformal_coverage.png", dpi=100)

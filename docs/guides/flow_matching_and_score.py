@@ -64,7 +64,7 @@ print(type(fmpe).__name__, type(npse).__name__)
 for name, estimator in [("FMPE", fmpe), ("NPSE", npse)]:
     posterior = cl.as_posterior(estimator)
     print(f"{name}: {type(posterior).__name__}, capabilities {sorted(posterior.capabilities)}, "
-          f"costly {sorted(posterior.costly)}")  # fmt: skip
+          f"costly {sorted(posterior.costly)}")
 
 # %% [markdown]
 # ## The sampling-free checks: latents and scores
@@ -103,7 +103,7 @@ print(f"NPSE KCCSD: p-value {kccsd.compute().p_value:.3g}")
 report = cl.diagnose(
     fmpe, theta_cal, x_cal, checks=["ranks", "tarp", "recovery"],
     labels=["theta_1", "theta_2"], num_posterior_samples=20,
-)  # fmt: skip
+)
 print(report.verdict)
 print(report.table())
 

@@ -80,7 +80,7 @@ cnn = nn.Sequential(
     nn.Conv2d(1, 8, 3, stride=2, padding=1), nn.ReLU(),
     nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU(),
     nn.Flatten(), nn.Linear(16 * 4 * 4, 16),
-)  # fmt: skip
+)
 image_model = train(EmbeddedFlow(cnn, theta_dim=3), theta, x)
 
 # %% [markdown]
@@ -94,7 +94,7 @@ report = cl.diagnose(
     image_model, theta_cal, x_cal, observations=x_o, labels=labels,
     embedding=image_model.embedding, num_posterior_samples=50,
     checks=["kccsd", "ranks", "recovery", "lc2st_nf", "misspecification"],
-)  # fmt: skip
+)
 print(report.verdict)
 print(report.table())
 
@@ -128,7 +128,7 @@ left.set_title("observation 0")
 right.scatter(draws[:, 1], draws[:, 0], s=2, alpha=0.3, label="posterior draws")
 right.plot(theta_o[0, 1], theta_o[0, 0], "r*", markersize=12, label="true centre")
 right.set(xlim=(0.1, 0.9), ylim=(0.9, 0.1), xlabel="centre_2 (column)",
-          ylabel="centre_1 (row)", title="posterior of the centre")  # fmt: skip
+          ylabel="centre_1 (row)", title="posterior of the centre")
 right.legend(fontsize=8, loc="lower right")
 fig.tight_layout()
 fig.savefig(figures / "blob_posterior.png", dpi=100)
@@ -159,7 +159,7 @@ conv = nn.Sequential(
     nn.Conv1d(1, 8, 5, stride=2, padding=2), nn.ReLU(),
     nn.Conv1d(8, 16, 5, stride=2, padding=2), nn.ReLU(),
     nn.Flatten(), nn.Linear(16 * 13, 16),
-)  # fmt: skip
+)
 series_model = train(EmbeddedFlow(conv, theta_dim=3), theta, x)
 
 # %% [markdown]
@@ -174,13 +174,13 @@ latent.update(series_model, theta_cal, x_cal)
 z_check = latent.compute()
 print(f"latent calibration: global p-value {z_check.global_p_value:.3g}")
 print("latent standard deviations (1 if calibrated):",
-      [f"{s:.2f}" for s in z_check.latent_std])  # fmt: skip
+      [f"{s:.2f}" for s in z_check.latent_std])
 
 ranks = cl.RankCalibration(num_posterior_samples=50)
 ranks.update(series_model, theta_cal, x_cal)
 rank_check = ranks.compute()
 print(f"rank calibration: global p-value {rank_check.global_p_value:.3g}, "
-      f"coverage error {rank_check.coverage_error:+.3f}")  # fmt: skip
+      f"coverage error {rank_check.coverage_error:+.3f}")
 
 names = ["frequency", "damping", "amplitude"]
 plot_rank_ecdf(rank_check, labels=names, figsize=(9, 3.5)).savefig(

@@ -78,7 +78,7 @@ for name, posterior in [("narrow", narrow), ("wide", wide)]:
     reports[name] = cl.diagnose(
         posterior, theta_cal, x_cal, observations=x_o, labels=["theta_1", "theta_2"],
         num_posterior_samples=50,
-    )  # fmt: skip
+    )
     print(f"== ABC, {name} tolerance: {reports[name].verdict}")
     print(reports[name].table())
     print()

@@ -88,12 +88,12 @@ callbacks = [
         theta_cal, x_cal, every_n_epochs=2, labels=labels, truths=theta_o,
         metric=cl.LC2STNF(observations=x_o, num_null=30, num_posterior_samples=500),
     ),
-]  # fmt: skip
+]
 logger = TensorBoardLogger("lightning_logs", name="two_moons", version=0)
 trainer = L.Trainer(
     max_epochs=4, logger=logger, callbacks=callbacks, enable_checkpointing=False,
     enable_progress_bar=False, enable_model_summary=False,
-)  # fmt: skip
+)
 loader = DataLoader(TensorDataset(theta, x), batch_size=256, shuffle=True)
 trainer.fit(NPE(), loader)
 print(summary_table(trainer.callbacks))
@@ -190,8 +190,8 @@ print(sorted(ranks.figures(ranks.last_result)))
 # ![KCCSD history](figures/kccsd_history.png)
 #
 # **ECDF of the ranks** (`calibration/ranks/ecdf`): calibrated curves stay inside the
-# grey simultaneous band; the joint curve below 0 means the truths are less probable
-# than the posterior's own draws, that is over-confident.
+# grey simultaneous band. The joint curve below 0 means the truths are less probable
+# than the posterior's own draws (over-confident), above 0 more probable (too wide).
 #
 # ![rank ECDF](figures/ranks_ecdf.png)
 #

@@ -10,11 +10,11 @@ Running a guide (what ``tests/test_guides.py`` does, one process per guide)::
 
     python docs/hooks/guides.py docs/guides/<name>.py
 
-executes its code cells in order in a fresh temporary folder, keeps what each one prints,
-and replaces ``docs/guides/runs/<name>/`` with the figures it saved and ``run.json``: the
-printed output of each code cell, the SHA-256 of the script it ran, the commit and the
-date. The figures are committed with the guide, so the site shows the figures of the
-last run, and the page says which run.
+executes its code cells in order in a fresh temporary folder (one torch thread), keeps
+what each one prints, and replaces ``docs/guides/runs/<name>/`` with the figures it saved
+and ``run.json``: the printed output of each code cell, the SHA-256 of the script it ran,
+the commit and the date. The figures are committed with the guide, so the site shows the
+figures of the last run, and the page says which run.
 
 As an MkDocs hook, it adds the page ``guides/<name>.md`` for each guide: the Markdown
 cells as they are, each code cell as a Python block followed by what it printed, and the
@@ -117,9 +117,14 @@ def run(path: Path, runs: Path = RUNS) -> dict[str, Any]:
     """Execute the guide at ``path`` cell by cell in a temporary folder; write its
     figures and ``run.json`` to ``runs/<name>/`` and return what ``run.json`` holds."""
     import matplotlib
+    import torch
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    # small networks gain nothing from more threads, and on a shared machine the extra
+    # threads mostly wait for each other: one thread keeps the run times comparable
+    torch.set_num_threads(1)
 
     path = path.resolve()
     digest = script_hash(path)
@@ -146,11 +151,10 @@ def run(path: Path, runs: Path = RUNS) -> dict[str, Any]:
             plt.close("all")
             figures = sorted(Path(folder, "figures").glob("*.png"))
             target = runs / path.stem
-            if target.exists():
-                shutil.rmtree(target)
-            target.mkdir(parents=True)
-            for figure in figures:
-                shutil.copyfile(figure, target / figure.name)
+            target.mkdir(parents=True, exist_ok=True)
+            for figure in figures:  # each file replaced at once: a site build may be reading
+                shutil.copyfile(figure, target / f".{figure.name}.new")
+                os.replace(target / f".{figure.name}.new", target / figure.name)
         finally:
             os.chdir(here)
     changed = _git("status", "--porcelain", "--", "calib_lightning", str(path))
@@ -162,12 +166,16 @@ def run(path: Path, runs: Path = RUNS) -> dict[str, Any]:
         "date": datetime.date.today().isoformat(),
         "seconds": round(seconds, 1),
         "cpu_count": os.cpu_count(),
+        "torch_threads": 1,
         "python": platform.python_version(),
         "cell_seconds": cell_seconds,
         "figures": [figure.name for figure in figures],
         "outputs": outputs,
     }
-    (target / "run.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    (target / ".run.json.new").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    os.replace(target / ".run.json.new", target / "run.json")
+    for stale in set(target.glob("*.png")) - {target / figure.name for figure in figures}:
+        stale.unlink()  # a figure this run did not save
     return record
 
 
@@ -190,7 +198,8 @@ def _run_note(name: str, record: dict[str, Any] | None) -> str:
         f'!!! note "A script that runs"\n    This page is [`{name}.py`]({name}.py) '
         f"(download it and run `python {name}.py`). The output and figures below are "
         f"from its last run by the test suite (`tests/test_guides.py`): commit {commit}, "
-        f"{record['date']}, {record['seconds']:.0f} s on {record['cpu_count']} CPU cores.\n"
+        f"{record['date']}, {record['seconds']:.0f} s on one torch thread "
+        f"({record['cpu_count']} CPU cores).\n"
     )
 
 
