@@ -113,7 +113,9 @@ print("L-C2ST-NF p-value at each observation:", [f"{p:.3g}" for p in result.p_va
 
 # %% [markdown]
 # With 30 null classifiers (100 by default), the smallest p-value this test can give is
-# 1/31 = 0.032.
+# 1/31 = 0.032. Read it beside the L-C2ST-NF row of `cl.diagnose` above, whose
+# classifiers get the observations themselves (`cl.diagnose`'s `embedding` goes to the
+# misspecification test only): the two are different tests of the same posterior.
 
 # %% [markdown]
 # What the flow learned: its posterior at the first observation, beside the image and

@@ -101,7 +101,9 @@ print(summary_table(trainer.callbacks))
 # %% [markdown]
 # `summary_table` gives the first and the last value of each check's scalars, and one
 # verdict per check under H0 "the estimator is calibrated": a small p-value means
-# miscalibrated. Each check has one verdict tag: `kccsd/p_value`,
+# miscalibrated. A bootstrap or permutation p-value cannot go below `1 / (B + 1)` for `B`
+# null draws: 1/201 = 0.005 for KCCSD here, 1/31 = 0.032 for L-C2ST-NF, so the sizes
+# of this guide show rejections at those floors. Each check has one verdict tag: `kccsd/p_value`,
 # `ranks/global_p_value` and `lc2st_nf/global_p_value` (the tests a check runs,
 # combined so that the verdict keeps its level).
 #
