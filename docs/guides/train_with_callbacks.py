@@ -160,6 +160,7 @@ for tag in verdicts:
     ax.plot(epochs, [10**point.value for point in points], "o-", label=tag.split("/", 1)[1])
 ax.axhline(0.05, color="grey", linestyle="--", label="level 0.05")
 ax.set(yscale="log", xlabel="epoch", ylabel="p-value (small: miscalibrated)")
+ax.set_xticks(range(trainer.max_epochs))
 ax.legend(fontsize=8)
 fig.tight_layout()
 fig.savefig(figures / "verdicts_from_tensorboard.png", dpi=110)
