@@ -175,8 +175,8 @@ latent = cl.LatentCalibration()
 latent.update(series_model, theta_cal, x_cal)
 z_check = latent.compute()
 print(f"latent calibration: global p-value {z_check.global_p_value:.3g}")
-print("latent standard deviations (1 if calibrated):",
-      [f"{s:.2f}" for s in z_check.latent_std])
+print("latent means (0 if calibrated):", [f"{m:+.2f}" for m in z_check.latent_mean])
+print("latent standard deviations (1 if calibrated):", [f"{s:.2f}" for s in z_check.latent_std])
 
 ranks = cl.RankCalibration(num_posterior_samples=50)
 ranks.update(series_model, theta_cal, x_cal)
