@@ -55,9 +55,10 @@ def check_fits(
     check_event_size(post, theta, x)  # reads D from x[:1] at most
     if isinstance(post, Posterior):
         post._prepare_x(x)  # x's shape against the context, when the model tells it
+    density = getattr(post, "unnormalized_log_prob", None) or post.log_prob  # a ratio's r p
     try:
         with torch.no_grad():
-            post.log_prob(theta[:2], x[:2])
+            density(theta[:2], x[:2])
     except (ValueError, NotImplementedError):  # a samples-only estimator, or a mistake:
         devices = [x.device.index or 0] if x.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), torch.no_grad():

@@ -42,7 +42,8 @@ def test_the_report_has_every_check_table_figure_and_summary(tmp_path):
     report = run(TOY.posterior(), theta, x, observations=observations, labels=["a", "b"],
                  reference_samples=reference, prior=TOY.prior())  # fmt: skip
     # L-C2ST runs only in L-C2ST-NF's place (a posterior without latents)
-    assert set(report.checks) == {*cl.diagnosis.CHECKS, "reference"} - {"lc2st"}
+    assert set(report.checks) == {*cl.diagnosis.CHECKS, "reference"} - {"lc2st", "coverage_is",
+                                                                         "balance"}  # a flow
     assert float(report.checks["support"].p_value) == 1.0  # a normal prior: no draw outside
     assert report.checks["reference"].mmd_p_value.shape == (3,)
     assert float(report.checks["reference"].mmd_p_value.min()) > 0.01  # the same posterior
@@ -293,9 +294,10 @@ def test_command_line_diagnoses_a_checkpoint(tmp_path, monkeypatch, capsys):
     assert "report:" in printed
     assert (tmp_path / "out" / "report.html").exists()
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    # every check but the support check, which needs the prior, and L-C2ST (latents here)
+    # every check but the support check, which needs the prior, L-C2ST (latents here) and
+    # those of a posterior known up to its constant
     assert {row["check"] for row in summary["checks"]} == set(cl.diagnosis.CHECKS) - {
-        "support", "lc2st"}
+        "support", "lc2st", "coverage_is", "balance"}
     assert summary["verdict"].split(":")[0] in ("calibrated", "miscalibrated")
     with pytest.raises(ValueError, match="--module must be"):
         main(["diagnose", "--module", "toy_npe", "--checkpoint", "x", "--data", "y"])

@@ -411,7 +411,7 @@ def test_diagnose_skips_kccsd_without_a_differentiable_log_density(name):
                          checks=("kccsd", "ranks", "tarp"))  # fmt: skip
     assert set(report.checks) == {"ranks", "tarp"}
     assert NEEDS_A_GRADIENT in report.skipped["kccsd"]
-    assert f"skipped: the score (KCCSD, KCCSDLoss) {NEEDS_A_GRADIENT}" in report.table()
+    assert f"skipped kccsd: the score (KCCSD, KCCSDLoss) {NEEDS_A_GRADIENT}" in report.table()
     # the verdict comes from the checks that ran: the no-grad Normal is the exact
     # posterior (calibrated), the box of half-width 5 is far too wide (rejected)
     calibrated = report.verdict.startswith("calibrated")
@@ -467,4 +467,4 @@ def test_diagnose_skips_lc2st_nf_when_the_base_is_not_normal():
     assert set(report.skipped) == {"kccsd", "lc2st_nf"}
     assert "to_latent needs a flow or a Gaussian" in report.skipped["lc2st_nf"]
     assert {"ranks", "tarp", "recovery", "lc2st", "misspecification"} <= set(report.checks)
-    assert "skipped: to_latent needs" in report.table()
+    assert "skipped lc2st_nf: to_latent needs" in report.table()

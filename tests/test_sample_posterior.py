@@ -248,7 +248,7 @@ def test_diagnose_runs_what_a_sampler_supports_and_lists_the_skipped_checks(tmp_
     assert "does not provide to_latent" in report.skipped["lc2st_nf"]
     assert report.verdict.startswith("calibrated")
     table = report.table()
-    assert "skipped: SamplePosterior does not provide score" in table
+    assert "skipped kccsd: SamplePosterior does not provide score" in table
     report.save(tmp_path)
     html = (tmp_path / "report.html").read_text()
     assert "skipped: SamplePosterior does not provide to_latent" in html

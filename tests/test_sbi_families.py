@@ -144,3 +144,21 @@ def test_callbacks_check_the_estimator_while_a_module_holds_it(family, prior, tm
                         enable_checkpointing=False, default_root_dir=tmp_path)  # fmt: skip
     with pytest.raises(ValueError, match="KCCSDCallback"):
         trainer.fit(_Holder(estimator), DataLoader(TensorDataset(theta[:8], x[:8]), batch_size=8))
+
+
+def test_diagnose_runs_every_check_the_estimator_supports(family, prior, tmp_path):
+    """KCCSD and the importance-sampled coverage on every family, the balance test on the
+    ratio estimators; the sample checks listed as skipped; the report renders."""
+    _, kind, _, estimator = family
+    theta, x = _pairs(300, 5)
+    report = cl.diagnose(estimator, theta, x, prior=prior)
+    expected = {"kccsd", "coverage_is"} | ({"balance"} if kind == "ratio" else set())
+    assert set(report.checks) | {"coverage_is"} >= expected  # coverage may not judge
+    assert ("coverage_is" in report.checks) != ("coverage_is" in report.skipped)
+    assert {"ranks", "tarp", "joint_c2st", "recovery"} <= set(report.skipped)
+    if kind != "ratio":
+        assert "balance" in report.skipped
+    assert report.checks["kccsd"].space == "unconstrained"
+    assert report.save(tmp_path).exists()
+    with pytest.raises(ValueError, match=r"estimator.*prior=prior"):
+        cl.diagnose(estimator, theta, x)  # not a posterior without its prior

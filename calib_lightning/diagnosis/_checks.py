@@ -16,7 +16,6 @@ is then a difference between the posteriors, not between two lotteries.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from torch import Tensor
 from calib_lightning._chunks import row_blocks
 from calib_lightning._prior import outside_support
 from calib_lightning._random import seeded
-from calib_lightning.diagnosis._names import CHECKS, STREAMS
+from calib_lightning.diagnosis._names import CHECKS, STREAMS, local_num_null
 from calib_lightning.evaluation import draw_chunks, draws
 from calib_lightning.functional.recovery import recovery
 from calib_lightning.functional.reference import compare_to_reference
@@ -42,7 +41,7 @@ from calib_lightning.functional.tarp import (
     tarp_fit_scale,
     tarp_references,
 )
-from calib_lightning.metrics import KCCSD, LC2ST, LC2STNF
+from calib_lightning.metrics import KCCSD, LC2ST, LC2STNF, ImportanceCoverage, RatioBalance
 from calib_lightning.metrics.joint_c2st import joint_c2st
 from calib_lightning.metrics.lc2st import ProbabilityMap
 from calib_lightning.misspecification import misspecification_test
@@ -50,6 +49,7 @@ from calib_lightning.posteriors import density_draws, supports
 from calib_lightning.posteriors.base import Posterior, UnsupportedError
 
 __all__ = [
+    "COVERAGE_IS_SAMPLES",
     "MAP_NUM_POSTERIOR_SAMPLES",
     "Check",
     "Draws",
@@ -62,19 +62,11 @@ __all__ = [
 ]
 
 MAP_NUM_POSTERIOR_SAMPLES = 2000  # posterior draws per observation of the probability maps
+#: prior draws per pair of the importance-sampled coverage (ESS about this times the
+#: posterior's share of the prior's volume; below 50 the check cannot judge)
+COVERAGE_IS_SAMPLES = 4000
 #: points per call when the shared draws are mapped from shared latents
 _LATENT_POINTS = 2**16
-
-
-def local_num_null(num_observations: int, level: float, default: int = 100) -> int:
-    """Null classifiers for the local tests in ``diagnose``: enough for Holm to name one.
-
-    The verdict lists observations by Holm-adjusted p-values; with ``H`` null
-    classifiers the smallest is ``O / (1 + H)``. ``H = max(default, ceil(2 O / level))``
-    keeps it at most ``level / 2``, so every observation can be named (100 up to
-    ``O = 2.5`` at level 0.05; 200 for 5 observations, 400 for 10).
-    """
-    return max(default, math.ceil(2 * num_observations / level))
 
 
 @dataclass(frozen=True)
@@ -247,6 +239,35 @@ class LocalCheck(Check):
         return result
 
 
+class CoverageISCheck(Check):
+    """Expected coverage of an unnormalized posterior by importance sampling from its
+    prior (:class:`~calib_lightning.ImportanceCoverage`); a result that cannot judge (too
+    small an effective sample size) is a skipped check, with the reason."""
+
+    name = "coverage_is"
+
+    def run(self, posterior: Posterior, inputs: Inputs, drawn: Draws | None, common: Any,
+            outcome: Outcome) -> Any:  # fmt: skip
+        metric = ImportanceCoverage(num_proposal_samples=COVERAGE_IS_SAMPLES, seed=inputs.seed)
+        metric.update(posterior, inputs.theta, inputs.x)
+        result = metric.compute()
+        if result.cannot_judge is not None:
+            raise UnsupportedError(f"could not judge: {result.cannot_judge}")
+        return result
+
+
+class BalanceCheck(Check):
+    """The balancing condition of a ratio estimator (:class:`~calib_lightning.RatioBalance`)."""
+
+    name = "balance"
+
+    def run(self, posterior: Posterior, inputs: Inputs, drawn: Draws | None, common: Any,
+            outcome: Outcome) -> Any:  # fmt: skip
+        metric = RatioBalance()
+        metric.update(posterior, inputs.theta, inputs.x)
+        return metric.compute()
+
+
 class ReferenceCheck(Check):
     name = "reference"
 
@@ -278,7 +299,8 @@ _BY_NAME: dict[str, Callable[[], Check]] = {
     "kccsd": KCCSDCheck, "ranks": RanksCheck, "tarp": TARPCheck, "joint_c2st": JointC2STCheck,
     "recovery": RecoveryCheck, "lc2st_nf": lambda: LocalCheck(latents=True),
     "lc2st": lambda: LocalCheck(latents=False), "misspecification": MisspecificationCheck,
-    "support": SupportCheck, "reference": ReferenceCheck,
+    "support": SupportCheck, "reference": ReferenceCheck, "coverage_is": CoverageISCheck,
+    "balance": BalanceCheck,
 }  # fmt: skip
 
 

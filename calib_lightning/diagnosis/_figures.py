@@ -8,6 +8,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from calib_lightning.diagnosis._verdict import LOCAL_TESTS, NAMES
+from calib_lightning.plots.importance import plot_importance_coverage
 from calib_lightning.plots.lc2st import MAX_MAP_PARAMETERS, plot_pp, plot_probability_map
 from calib_lightning.plots.misspecification import plot_misspecification
 from calib_lightning.plots.ranks import (
@@ -21,7 +22,7 @@ from calib_lightning.plots.tarp import plot_tarp
 __all__ = ["draw_figures"]
 
 #: the checks of calibration over all pairs, named beside the z-score figure
-_GLOBAL_TESTS = ("kccsd", "ranks", "tarp", "joint_c2st", "support")
+_GLOBAL_TESTS = ("kccsd", "ranks", "tarp", "joint_c2st", "support", "coverage_is", "balance")
 
 
 def draw_figures(
@@ -71,6 +72,9 @@ def draw_figures(
                 pp = (local.pp_grid, local.pp_ecdf[o], local.pp_band[:, o])
                 out[f"lc2st_probability_map_{o}"] = plot_probability_map(
                     samples, probs, labels=labels, parameters=chosen_maps, pp=pp, title=title)
+    coverage = checks.get("coverage_is")
+    if coverage is not None:
+        out["coverage_is_expected_coverage"] = plot_importance_coverage(coverage, level=level)
     misspec = checks.get("misspecification")
     if misspec is not None:
         out["misspecification_scores"] = plot_misspecification(misspec, level=level)

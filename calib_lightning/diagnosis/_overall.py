@@ -39,6 +39,8 @@ VERDICT_CHECKS = {
     "lc2st": "global_p_value",
     "joint_c2st": "p_value",
     "support": "p_value",
+    "coverage_is": "global_p_value",
+    "balance": "p_value",
 }
 
 #: the share of the level each check's verdict gets in the overall verdict (weighted
@@ -51,6 +53,8 @@ VERDICT_WEIGHTS = {
     "lc2st_nf": 1.0,
     "lc2st": 1.0,
     "joint_c2st": 1.0,
+    "coverage_is": 1.0,
+    "balance": 1.0,
 }
 #: the local tests at each observation (L-C2ST in L-C2ST-NF's place without latents)
 LOCAL_TESTS = ("lc2st_nf", "lc2st")

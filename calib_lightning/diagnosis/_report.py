@@ -161,8 +161,12 @@ class Diagnosis:
         """The rows as a plain-text table (p-values never print as 0)."""
         header = ("check", "statistic", "p_value", "global_p_value", f"level {self.level:g}",
                   "size")  # fmt: skip
-        lines = [header]
+        lines, reasons = [header], {}
         for row in self.rows():
+            if row["verdict"].startswith("skipped: "):  # the reasons below, each once
+                reason = row["verdict"].removeprefix("skipped: ")
+                reasons.setdefault(reason, []).append(row["check"])
+                row = {**row, "verdict": "skipped (below)"}
             lines.append((
                 row["check"],
                 "" if row["statistic"] is None else f"{row['statistic']:.4g}",
@@ -173,10 +177,12 @@ class Diagnosis:
                 row["size"],
             ))  # fmt: skip
         widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-        return "\n".join(
+        table = "\n".join(
             "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
             for line in lines
         )
+        notes = [f"skipped {', '.join(names)}: {reason}" for reason, names in reasons.items()]
+        return "\n".join([table, *notes])
 
     # -- figures ---------------------------------------------------------------------
     @property

@@ -9,7 +9,10 @@ the log-density has no gradient in theta, L-C2ST-NF when the base is not normal)
 skipped and listed in the report with the reason. At the observations of a posterior
 without latents, L-C2ST (posterior draws in place of latents, its null retrained on
 them) runs in L-C2ST-NF's place. Given the prior, the support check counts the shared
-draws that fall outside its support.
+draws that fall outside its support. A posterior known only up to its constant (a ratio
+or likelihood estimator with its prior) gets KCCSD, the importance-sampled coverage and,
+for a ratio estimator, the balance test; the checks that need samples are listed as
+skipped.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from calib_lightning._fit_check import check_fits
 from calib_lightning._prior import check_prior
 from calib_lightning._random import cuda_devices, seeded
 from calib_lightning.diagnosis._checks import (
+    COVERAGE_IS_SAMPLES,
     MAP_NUM_POSTERIOR_SAMPLES,
     Inputs,
     Outcome,
@@ -31,15 +35,24 @@ from calib_lightning.diagnosis._checks import (
     make_checks,
     run_checks,
 )
-from calib_lightning.diagnosis._names import CHECKS, LOCAL, NEEDS, STREAMS
+from calib_lightning.diagnosis._names import (
+    CHECKS,
+    LOCAL,
+    NEEDS,
+    SAMPLING,
+    STREAMS,
+    UNNORMALIZED,
+)
 from calib_lightning.diagnosis._regions import summarize_region
 from calib_lightning.diagnosis._report import Diagnosis
 from calib_lightning.plots._grid import select_parameters
-from calib_lightning.posteriors import as_posterior, supports, unsupported
+from calib_lightning.posteriors import UnnormalizedPosterior, as_posterior, supports, unsupported
+from calib_lightning.posteriors._lampe import lampe_kind
+from calib_lightning.posteriors._sbi_kinds import _SbiRatio, sbi_kind
 from calib_lightning.posteriors.base import Posterior
 
-__all__ = ["CHECKS", "MAP_NUM_POSTERIOR_SAMPLES", "NEEDS", "diagnose", "local_num_null",
-           "skipped_checks"]  # fmt: skip
+__all__ = ["CHECKS", "COVERAGE_IS_SAMPLES", "MAP_NUM_POSTERIOR_SAMPLES", "NEEDS", "diagnose",
+           "local_num_null", "skipped_checks"]  # fmt: skip
 
 
 def skipped_checks(posterior: Any, checks: Sequence[str]) -> dict[str, str]:
@@ -57,10 +70,26 @@ def _plan(
     the reason."""
     observations, prior = inputs.observations, inputs.prior
     by_default = checks is None
+    unnormalized = isinstance(post, UnnormalizedPosterior)
     if checks is None:
         checks = [c for c in CHECKS if (observations is not None or c not in LOCAL)
-                  and (prior is not None or c != "support")]  # fmt: skip
+                  and (prior is not None or c != "support") and c not in UNNORMALIZED]
+        if unnormalized:  # r p has no mass outside the prior's support: no support check
+            checks = [c for c in checks if c != "support"] + list(UNNORMALIZED)
     skipped = skipped_checks(post, checks)
+    for name in checks:
+        if unnormalized and name in (*SAMPLING, "lc2st_nf", "lc2st"):
+            skipped[name] = _NEEDS_SAMPLES.format(type(post).__name__)
+        elif not unnormalized and name in UNNORMALIZED:
+            skipped[name] = (f"needs a posterior known up to its normalizing constant (a "
+                             f"ratio or likelihood estimator with prior=), got "
+                             f"{type(post).__name__}")  # fmt: skip
+        elif name == "balance" and not is_ratio(post):
+            skipped[name] = ("needs a ratio estimator (sbi's NRE_A/B/C or BNRE, lampe's NRE); "
+                             "for a log-ratio callable f in cl.UnnormalizedPosterior(f, prior), "
+                             "name 'balance' in checks")  # fmt: skip
+            if not by_default:
+                del skipped[name]
     if by_default and "kccsd" in checks and "score" in post.costly:
         skipped["kccsd"] = (
             f"left out by default: the score of this {type(post).__name__} differentiates an "
@@ -72,9 +101,34 @@ def _plan(
         skipped["joint_c2st"] = ("the joint classifier test needs N >= 4 pairs and "
                                  f"num_posterior_samples >= 2, got N = {n} and {m}")  # fmt: skip
     run = [c for c in checks if c not in skipped]
-    if inputs.reference_samples is not None:
+    if inputs.reference_samples is not None and unnormalized:
+        skipped["reference"] = _NEEDS_SAMPLES.format(type(post).__name__)
+    elif inputs.reference_samples is not None:
         run.append("reference")
     return run, skipped
+
+
+_NEEDS_SAMPLES = (
+    "needs posterior samples, and this {} is known only up to its normalizing constant "
+    "(scores only): KCCSD and the importance-sampled coverage check it without sampling; "
+    "for this check, draw samples (MCMC) and diagnose them as cl.SamplePosterior(sampler)"
+)
+
+
+def is_ratio(post: Posterior) -> bool:
+    """Whether ``post`` is the posterior of a ratio estimator (sbi's, lampe's)."""
+    module = getattr(post, "module", None)
+    return isinstance(module, _SbiRatio) or lampe_kind(module) == "ratio"
+
+
+def _target(posterior: Any, prior: Any) -> Posterior:
+    """The posterior ``diagnose`` checks: a ratio or likelihood estimator (sbi's, lampe's)
+    with the prior is the :class:`UnnormalizedPosterior` of ``as_posterior(..., prior=)``."""
+    if prior is not None and not isinstance(posterior, Posterior) and (
+        sbi_kind(posterior) in ("ratio", "likelihood") or lampe_kind(posterior) == "ratio"
+    ):  # fmt: skip
+        return as_posterior(posterior, prior=prior)
+    return as_posterior(posterior)
 
 
 def diagnose(
@@ -99,7 +153,16 @@ def diagnose(
 
     Arguments:
         posterior: a trained estimator (anything :func:`calib_lightning.as_posterior`
-            accepts).
+            accepts); with ``prior``, also an sbi or lampe ratio estimator or an sbi
+            likelihood estimator. A posterior known only up to its constant (those, an
+            sbi ``MCMCPosterior``, a :class:`~calib_lightning.UnnormalizedPosterior`) gets
+            the checks that need no posterior sample: KCCSD, ``coverage_is`` (expected
+            coverage by importance sampling from the prior,
+            :class:`~calib_lightning.ImportanceCoverage` with :data:`COVERAGE_IS_SAMPLES`
+            draws per pair; skipped, with the effective sample size, where it cannot
+            judge) and, for a ratio estimator, ``balance``
+            (:class:`~calib_lightning.RatioBalance`); the others are listed as skipped
+            with the reason, and ``before`` is refused.
         theta: held-out calibration parameters ``(N, D)`` from the prior.
         x: their simulated observations ``(N, *X)``.
         observations: observations ``(O, *X)`` you will analyse; enables L-C2ST-NF at
@@ -159,7 +222,9 @@ def diagnose(
             (:func:`~calib_lightning.functional.support.support_leakage`: the true
             posterior puts none there, so one draw outside rejects with certainty; at
             each observation too, reported beside). The estimator is diagnosed as
-            trained: sbi's ``DirectPosterior`` rejects those draws when it samples.
+            trained: sbi's ``DirectPosterior`` rejects those draws when it samples. For a
+            ratio or likelihood estimator, the prior of its posterior (no support check:
+            that posterior has no mass outside the prior's support).
 
     Returns:
         :class:`~calib_lightning.diagnosis.Diagnosis`: ``.verdict``, ``.table()``,
@@ -201,7 +266,11 @@ def diagnose(
                              "got observations=None")  # fmt: skip
         if "support" in checks and prior is None:
             raise ValueError("checks ['support'] need the prior, got prior=None")
-    post = as_posterior(posterior)
+    post = _target(posterior, prior)
+    if isinstance(post, UnnormalizedPosterior) and before is not None:
+        raise ValueError("before must be None for a posterior known up to its constant (a "
+                         "ratio or likelihood estimator): a comparison needs posterior samples, "
+                         f"got before={type(before).__name__}")  # fmt: skip
     # theta, x and the observations first: a wrong theta is named as theta, not as a
     # prior that does not fit it
     check_fits(post, theta, x, observations=observations)

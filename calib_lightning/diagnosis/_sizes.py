@@ -42,6 +42,19 @@ def size(name: str, result: Any, findings: Verdict, level: float) -> str:
         if at is not None:
             text += f"; at the observations {float(at.min()):.0%}-{float(at.max()):.0%}"
         return text
+    if name == "coverage_is":  # the sign alone: over-confident or biased (a shift reads so)
+        error = float(result.coverage_error)
+        reading = ""
+        if name in findings.rejected:
+            reading = (" (the regions miss the truth too often: over-confident or biased)"
+                       if error < 0 else " (the regions hold the truth too often: "
+                       "under-confident)")  # fmt: skip
+        return (f"coverage error {error:+.3f}{reading}; median effective sample size "
+                f"{float(result.ess_median):.0f}")  # fmt: skip
+    if name == "balance":
+        return (f"balance {float(result.statistic):+.4f}, 95 % "
+                f"interval [{float(result.lower):+.4f}, {float(result.upper):+.4f}] "
+                "(0 for a balanced classifier)")  # fmt: skip
     if name == "misspecification":
         return (f"smallest p {float(result.p_value.min()):.3g} over {result.p_value.shape[0]} "
                 f"observations (attainable: {result.smallest_p_value:.2g})")  # fmt: skip

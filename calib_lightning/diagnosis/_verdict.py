@@ -98,6 +98,8 @@ NAMES = {
     "joint_c2st": ("the joint classifier test", ""),  # no figure of its own
     "misspecification": ("the misspecification test", "the misspecification figure"),
     "support": ("the prior-support check", ""),  # no figure of its own
+    "coverage_is": ("the importance-sampled coverage test", "the expected-coverage figure"),
+    "balance": ("the balance test", ""),  # no figure of its own
 }
 
 

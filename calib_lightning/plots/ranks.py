@@ -375,7 +375,7 @@ def plot_expected_coverage(
     if below and above:
         verdict = "leaves the band on both sides: misplaced or misshapen regions"
     elif below:
-        verdict = "leaves the band below: over-confident"
+        verdict = "leaves the band below: over-confident or biased"
     elif above:
         verdict = "leaves the band above: under-confident"
     else:
