@@ -144,3 +144,23 @@ def test_an_observation_outside_the_support_skips_what_samples_there():
         restricted.sample(observations[1:], 10_000)
     bound = GIVE_UP_COUNT / restricted.min_acceptance + ROUND_NUMBERS + 20_000
     assert sum(calls) <= bound, sum(calls)
+
+
+def test_the_embedding_reaches_the_local_test_too():
+    """``diagnose(embedding=)`` was passed to the misspecification test only; L-C2ST-NF's
+    classifiers saw raw x (found by the images guide: p = 0.29 in diagnose against 1/31
+    from ``cl.LC2STNF(embedding=...)`` on the same model)."""
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(200, torch.Generator().manual_seed(0))
+    seen = []
+
+    def embedding(values):
+        seen.append(values.shape[0])
+        return values
+
+    common = {"observations": x[:2], "embedding": embedding, "seed": 0}
+    cl.diagnose(toy.posterior(), theta, x, checks=["misspecification"], **common)
+    alone = len(seen)
+    seen.clear()
+    cl.diagnose(toy.posterior(), theta, x, checks=["lc2st_nf", "misspecification"], **common)
+    assert len(seen) > alone  # the local test's classifiers called it as well

@@ -227,7 +227,8 @@ class LocalCheck(Check):
         assert inputs.observations is not None
         kind = LC2STNF if self.latents else LC2ST
         metric = kind(observations=inputs.observations, level=inputs.level, seed=inputs.seed,
-                      num_null=local_num_null(inputs.observations.shape[0], inputs.level))
+                      num_null=local_num_null(inputs.observations.shape[0], inputs.level),
+                      embedding=inputs.embedding)  # fmt: skip
         metric.update(posterior, inputs.theta, inputs.x)
         result = metric.compute()
         if outcome.maps is None:  # the classifier's output on posterior draws there

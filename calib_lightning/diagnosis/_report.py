@@ -65,8 +65,8 @@ class Diagnosis:
         findings: what the sentence was built from: the directional tests with their
             Holm-adjusted p-values, the Holm-corrected per-observation lists, the checks
             that cannot reject.
-        overall_p_value: weighted Bonferroni combination of the checks' verdict
-            p-values (``_verdict.VERDICT_WEIGHTS``); the
+        overall_p_value: equal-weight Bonferroni combination of the checks' verdict
+            p-values, ``min(1, K min_k p_k)`` over the ``K`` checks that ran; the
             verdict rejects calibration when it is below ``level``.
         probability_maps: L-C2ST-NF's classifier on posterior draws at each observation
             (``ProbabilityMap``), when it ran; drawn in the report.
@@ -266,7 +266,7 @@ class Diagnosis:
             "</figure>"
             for key, data in images
         )
-        how = "weighted Bonferroni combination of the checks' verdicts"
+        how = "Bonferroni combination of the checks' verdicts, min(1, K min p)"
         fix = ""
         if "support" in self.findings.rejected:
             how = "0: posterior draws outside the prior's support"

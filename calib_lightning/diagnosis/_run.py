@@ -171,8 +171,8 @@ def diagnose(
             its place for a posterior without latents) and the misspecification test
             against ``x``.
         reference_samples: exact posterior samples ``(S_ref, O, D)`` at the
-            observations, if you have them (MCMC, a known posterior): adds the check
-            ``reference`` (MMD with its p-value, Fréchet distance, density and coverage
+            observations, if you have them (MCMC, a known posterior): adds the row
+            ``reference`` (not a name for ``checks``: it runs whenever these are given; MMD with its p-value, Fréchet distance, density and coverage
             of ``S_ref`` posterior draws at each observation,
             :func:`~calib_lightning.functional.compare_to_reference`).
         checks: a subset of :data:`CHECKS`; default every check that applies
@@ -194,8 +194,9 @@ def diagnose(
             half of the pairs, the other half's true parameters ranked among these draws;
             the one global check that sees a posterior ignoring ``x``) and recovery.
         level: the test level of the verdicts.
-        embedding: ``x -> features`` for the misspecification test (e.g. the flow's
-            embedding network); ``None``: standardized raw ``x``.
+        embedding: ``x -> features`` for the misspecification test and the local tests'
+            classifiers (e.g. the flow's embedding network, as ``cl.LC2STNF(embedding=)``);
+            ``None``: standardized raw ``x``, flattened.
         seed: seeds all the checks' randomness: posterior draws, tie-breaking, TARP
             references, classifiers. Each check runs with torch's (CPU, and the CUDA
             devices of the posterior and the data), numpy's and Python's global
