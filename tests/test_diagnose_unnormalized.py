@@ -41,7 +41,7 @@ def test_exact_passes_and_the_sample_checks_are_skipped_with_the_reason(prior):
     assert set(report.skipped) == SAMPLE_CHECKS | {"balance"}
     for name in SAMPLE_CHECKS:
         assert "needs posterior samples" in report.skipped[name]
-        assert "cl.SamplePosterior" in report.skipped[name]
+        assert "pass sampler=" in report.skipped[name]
     assert "needs a ratio estimator" in report.skipped["balance"]
     table = report.table()
     assert "skipped ranks, tarp, joint_c2st, recovery: needs posterior samples" in table
@@ -122,3 +122,28 @@ def test_bad_inputs_name_the_argument():
     report = cl.diagnose(flow, theta, x, checks=["kccsd", "coverage_is"])
     assert "needs a posterior known up to its normalizing constant" in report.skipped[
         "coverage_is"]
+
+
+def test_a_sampler_runs_the_sample_checks_beside_the_score_checks():
+    """``sampler=`` (here the exact posterior N(0.8 x, 0.2 I) of the Gaussian prior; MCMC
+    in practice): ranks, TARP, the joint test, recovery and L-C2ST run on its draws, KCCSD
+    and the coverage on the scores; a sampler too narrow is found over-confident by the
+    rank test's directional test."""
+    theta, x = _pairs(GAUSS, 300, 6)
+    post = cl.UnnormalizedPosterior(_log_lik(), prior=GAUSS)
+
+    def sampler(width):
+        def draw(x, num_samples):
+            return 0.8 * x + width * torch.randn(num_samples, *x.shape)
+
+        return draw
+
+    report = cl.diagnose(post, theta, x, observations=x[:2], sampler=sampler(0.2**0.5))
+    assert {"kccsd", "coverage_is", "ranks", "tarp", "joint_c2st", "recovery", "lc2st"} <= set(
+        report.checks)
+    assert report.checks["ranks"].joint_statistic == "distance"
+    assert report.verdict.startswith("calibrated"), report.verdict
+    narrow = cl.diagnose(post, theta, x, sampler=sampler(0.1))
+    assert narrow.verdict.startswith("miscalibrated: over-confident"), narrow.verdict
+    with pytest.raises(ValueError, match="sampler must be given only with a posterior known"):
+        cl.diagnose(cl.tasks.GaussianToy(dim=2).posterior(), theta, x, sampler=sampler(0.1))

@@ -50,6 +50,7 @@ from calib_lightning.posteriors import UnnormalizedPosterior, as_posterior, supp
 from calib_lightning.posteriors._lampe import lampe_kind
 from calib_lightning.posteriors._sbi_kinds import _SbiRatio, sbi_kind
 from calib_lightning.posteriors.base import Posterior
+from calib_lightning.posteriors.samples import SamplePosterior
 
 __all__ = ["CHECKS", "COVERAGE_IS_SAMPLES", "MAP_NUM_POSTERIOR_SAMPLES", "NEEDS", "diagnose",
            "local_num_null", "skipped_checks"]  # fmt: skip
@@ -78,7 +79,8 @@ def _plan(
             checks = [c for c in checks if c != "support"] + list(UNNORMALIZED)
     skipped = skipped_checks(post, checks)
     for name in checks:
-        if unnormalized and name in (*SAMPLING, "lc2st_nf", "lc2st"):
+        if unnormalized and name in (*SAMPLING, "lc2st_nf", "lc2st") and not supports(
+                post, "sample"):  # fmt: skip
             skipped[name] = _NEEDS_SAMPLES.format(type(post).__name__)
         elif not unnormalized and name in UNNORMALIZED:
             skipped[name] = (f"needs a posterior known up to its normalizing constant (a "
@@ -101,7 +103,7 @@ def _plan(
         skipped["joint_c2st"] = ("the joint classifier test needs N >= 4 pairs and "
                                  f"num_posterior_samples >= 2, got N = {n} and {m}")  # fmt: skip
     run = [c for c in checks if c not in skipped]
-    if inputs.reference_samples is not None and unnormalized:
+    if inputs.reference_samples is not None and unnormalized and not supports(post, "sample"):
         skipped["reference"] = _NEEDS_SAMPLES.format(type(post).__name__)
     elif inputs.reference_samples is not None:
         run.append("reference")
@@ -111,8 +113,27 @@ def _plan(
 _NEEDS_SAMPLES = (
     "needs posterior samples, and this {} is known only up to its normalizing constant "
     "(scores only): KCCSD and the importance-sampled coverage check it without sampling; "
-    "for this check, draw samples (MCMC) and diagnose them as cl.SamplePosterior(sampler)"
+    "for this check, pass sampler= (e.g. MCMC, batched over x)"
 )
+
+
+class UnnormalizedWithSampler(UnnormalizedPosterior):
+    """An unnormalized posterior with the user's sampler (MCMC, say) for the checks that
+    need samples; its scores stay those of ``inner``."""
+
+    capabilities = frozenset({"score", "sample"})
+
+    def __init__(self, inner: UnnormalizedPosterior, sampler: Any) -> None:
+        Posterior.__init__(self, inner.module)
+        self.prior, self._size, self._context = inner.prior, inner._size, inner._context
+        self.sampler = sampler if isinstance(sampler, Posterior) else SamplePosterior(
+            sampler, num_dims=inner._size)  # fmt: skip
+        if "sample" not in self.sampler.capabilities:
+            raise ValueError(f"sampler must draw samples: a callable (x (N, *X), num_samples) "
+                             f"-> (S, N, D) or a posterior that samples, got {self.sampler!r}")
+
+    def sample(self, x: Tensor, num_posterior_samples: int) -> Tensor:
+        return self.sampler.sample(x, num_posterior_samples)
 
 
 def is_ratio(post: Posterior) -> bool:
@@ -148,6 +169,7 @@ def diagnose(
     before: Any = None,
     region: Any = None,
     prior: Any = None,
+    sampler: Any = None,
 ) -> Diagnosis:
     r"""Is this posterior calibrated, and where not? Every check, one verdict, one report.
 
@@ -172,8 +194,9 @@ def diagnose(
             against ``x``.
         reference_samples: exact posterior samples ``(S_ref, O, D)`` at the
             observations, if you have them (MCMC, a known posterior): adds the row
-            ``reference`` (not a name for ``checks``: it runs whenever these are given; MMD with its p-value, Fréchet distance, density and coverage
-            of ``S_ref`` posterior draws at each observation,
+            ``reference``, not a name for ``checks``: it runs whenever these are given
+            (MMD with its p-value, Fréchet distance, density and coverage of ``S_ref``
+            posterior draws at each observation,
             :func:`~calib_lightning.functional.compare_to_reference`).
         checks: a subset of :data:`CHECKS`; default every check that applies
             (the local ones need ``observations``; ``"lc2st"`` only where L-C2ST-NF
@@ -226,6 +249,11 @@ def diagnose(
             trained: sbi's ``DirectPosterior`` rejects those draws when it samples. For a
             ratio or likelihood estimator, the prior of its posterior (no support check:
             that posterior has no mass outside the prior's support).
+        sampler: for a posterior known up to its constant, draws from it (a callable
+            ``(x (N, *X), num_samples) -> (S, N, D)`` such as an MCMC sampler batched over
+            ``x``, or a posterior that samples): the checks that need samples then run on
+            its draws, as on a :class:`~calib_lightning.SamplePosterior` (the joint rank
+            is the distance rank), beside the score checks.
 
     Returns:
         :class:`~calib_lightning.diagnosis.Diagnosis`: ``.verdict``, ``.table()``,
@@ -268,6 +296,12 @@ def diagnose(
         if "support" in checks and prior is None:
             raise ValueError("checks ['support'] need the prior, got prior=None")
     post = _target(posterior, prior)
+    if sampler is not None:
+        if not isinstance(post, UnnormalizedPosterior):
+            raise ValueError("sampler must be given only with a posterior known up to its "
+                             "constant (a ratio or likelihood estimator with prior=), got "
+                             f"{type(post).__name__}, which samples itself")  # fmt: skip
+        post = UnnormalizedWithSampler(post, sampler)
     if isinstance(post, UnnormalizedPosterior) and before is not None:
         raise ValueError("before must be None for a posterior known up to its constant (a "
                          "ratio or likelihood estimator): a comparison needs posterior samples, "
