@@ -4,9 +4,9 @@ The fast tier (``pytest -m "not slow"``) must call every public function and eve
 method of the public classes at least once. These tests cover the ones it missed:
 ``LC2STNF.probability_map``, ``JointC2ST.reset``, ``CalibrationCallback.load_extra_state``,
 ``TruncatedPosterior.train`` / ``clear_normalizer_cache`` / ``log_prob_and_latent``,
-``RecalibratedPosterior.log_prob_and_latent``, ``LatentCoverageLoss.extra_repr`` and the
-generic methods of the ``Posterior`` base class. Each is tiny, seeded and in float64
-where a closed form is compared.
+``RecalibratedPosterior.log_prob_and_latent``, ``LatentCoverageLoss.extra_repr``,
+``KCCSDLoss.extra_repr`` and the generic methods of the ``Posterior`` base class. Each is
+tiny, seeded and in float64 where a closed form is compared.
 """
 
 import math
@@ -292,6 +292,19 @@ def test_latent_coverage_loss_repr_names_its_arguments():
     assert repr(cl.LatentCoverageLoss(conservative=True, marginal=False)) == (
         "LatentCoverageLoss(conservative=True, marginal=False)")  # fmt: skip
 
+
+
+# -- KCCSDLoss.extra_repr ---------------------------------------------------------------
+def test_kccsd_loss_repr_names_its_settings_and_the_prior_that_moves_it_to_parameter_space():
+    """The repr shows the space, kernel, conditioning, estimator and normalization; with
+    ``prior=`` the default space is ``'parameter'`` and the prior's type is named."""
+    assert repr(cl.KCCSDLoss()) == (
+        "KCCSDLoss(space='latent', kernel='rbf', condition=None, estimator='u', normalize=True)")
+    prior = Independent(Normal(torch.zeros(2), torch.ones(2)), 1)
+    assert repr(cl.KCCSDLoss(prior=prior, estimator="v", normalize=False)) == (
+        "KCCSDLoss(space='parameter', kernel='rbf', condition=None, estimator='v', "
+        "normalize=False, prior=Independent)")  # fmt: skip
+    assert "condition='x'" in repr(cl.KCCSDLoss(space="parameter", condition="x"))
 
 # -- the Posterior base class -----------------------------------------------------------
 class _Gaussian(cl.Posterior):
