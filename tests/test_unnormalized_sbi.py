@@ -90,3 +90,31 @@ def test_likelihood_score_and_mcmc_posterior_agree(nle, prior):
     metric = cl.KCCSD()
     metric.update(trainer.build_posterior(estimator), theta, x)  # raw: adapted by the metric
     assert metric.compute().space == "unconstrained"
+
+
+def test_a_potential_of_the_users_is_used_as_it_is(nle, prior):
+    """Before: an MCMCPosterior over a subclass of sbi's potential (here tempered,
+    tau log q + log p) was checked through the potential's estimator, as if it were
+    untempered: the user's change was silently dropped."""
+    from sbi.inference import MCMCPosterior
+
+    trainer, estimator = nle
+    built = trainer.build_posterior(estimator)
+    base = type(built.potential_fn)
+
+    class Tempered(base):
+        def __call__(self, theta, track_gradients=True):
+            out = base.__call__(self, theta, track_gradients)
+            log_p = self.prior.log_prob(theta)
+            return 1.5 * (out - log_p) + log_p
+
+    tempered = Tempered(estimator, prior, x_o=None)
+    theta, x = _task(40, 4)
+    untempered = cl.as_posterior(estimator, prior=prior)
+    post = cl.as_posterior(MCMCPosterior(tempered, proposal=prior))
+    assert isinstance(post, cl.UnnormalizedPosterior)
+    with torch.no_grad():
+        expected = 1.5 * untempered.log_likelihood(theta, x)
+        torch.testing.assert_close(post.log_likelihood(theta, x), expected)
+    # the box prior's log-density is flat inside: the score is the tempered likelihood's
+    torch.testing.assert_close(post.score(theta, x), 1.5 * untempered.score(theta, x))

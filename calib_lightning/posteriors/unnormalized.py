@@ -241,19 +241,24 @@ def in_testing_space(posterior: Any, theta: Tensor) -> tuple[Any, Tensor, str | 
 def unnormalized_from_sbi(obj: Any, prior: Any = None) -> UnnormalizedPosterior | None:
     """An :class:`UnnormalizedPosterior` for an sbi ``MCMCPosterior``,
     ``RejectionPosterior`` or ``ImportanceSamplingPosterior`` (through its potential:
-    likelihood or ratio estimator and prior; ``prior`` replaces the potential's), or
-    ``None`` when ``obj`` is none of them."""
+    likelihood or ratio estimator and prior; ``prior`` replaces the potential's; a
+    subclass of sbi's potential, e.g. a tempered one, is evaluated as it is), or ``None``
+    when ``obj`` is none of them."""
     if type(obj).__name__ not in POTENTIAL_POSTERIORS or not type(obj).__module__.startswith(
         "sbi."
     ):
         return None
     potential = obj.potential_fn
-    prior = getattr(potential, "prior", None) if prior is None else prior
-    for name in ("likelihood_estimator", "ratio_estimator"):
-        estimator = getattr(potential, name, None)
-        if estimator is not None:
-            return UnnormalizedPosterior(estimator, prior=prior)
-    return UnnormalizedPosterior(PotentialOverPairs(potential, prior), prior=prior)
+    own_prior = getattr(potential, "prior", None)
+    prior = own_prior if prior is None else prior
+    if type(potential).__module__.startswith("sbi."):  # sbi's own: its estimator is all of it
+        for name in ("likelihood_estimator", "ratio_estimator"):
+            estimator = getattr(potential, name, None)
+            if estimator is not None:
+                return UnnormalizedPosterior(estimator, prior=prior)
+    # a potential of the user's (a subclass that tempers or adds a term) is used as it is
+    over_pairs = PotentialOverPairs(potential, own_prior if own_prior is not None else prior)
+    return UnnormalizedPosterior(over_pairs, prior=prior)
 
 
 def _prior_size(prior: Any) -> int:
