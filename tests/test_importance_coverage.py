@@ -220,3 +220,43 @@ def test_draws_of_a_pair_split_over_chunks():
         assert (out.credibility - exact).abs().mean() < 0.03
     ratio = outs[1].effective_sample_size / outs[0].effective_sample_size
     assert bool(((ratio > 0.8) & (ratio < 1.25)).all()), ratio
+
+
+@pytest.mark.parametrize("with_proposal", [False, True])
+def test_a_seed_gives_the_same_result_on_the_same_data(with_proposal):
+    """Same data, same seed: the same credibilities whatever torch's global state, with
+    the prior or a proposal (before: a proposal's draws came from the global generator,
+    so seed= fixed only V). Under DDP each rank has its own stream: rank 1's draws differ
+    from rank 0's, which are those of one process."""
+    from calib_lightning.metrics import importance
+
+    prior = gaussian_prior(2)
+    post = cl.UnnormalizedPosterior(likelihood(), prior=prior)
+    theta, x = simulate(prior, 30, seed=12)
+
+    def near(x_):
+        m, sd = _exact_posterior(x_)
+        return Independent(Normal(m, 1.3 * sd * torch.ones_like(m)), 1)
+
+    kwargs = {"proposal": cl.as_posterior(near)} if with_proposal else {}
+    outs = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        outs.append(run(post, theta, x, seed=0, num_proposal_samples=300, **kwargs))
+    torch.testing.assert_close(outs[0].credibility, outs[1].credibility, rtol=0, atol=0)
+    torch.testing.assert_close(outs[0].effective_sample_size, outs[1].effective_sample_size)
+    other = run(post, theta, x, seed=1, num_proposal_samples=300, **kwargs)
+    assert not torch.equal(outs[0].credibility, other.credibility)
+
+    class Rank1:
+        is_available = staticmethod(lambda: True)
+        is_initialized = staticmethod(lambda: True)
+        get_rank = staticmethod(lambda: 1)
+
+    real = importance.dist
+    importance.dist = Rank1
+    try:
+        on_rank_1 = run(post, theta, x, seed=0, num_proposal_samples=300, **kwargs)
+    finally:
+        importance.dist = real
+    assert not torch.equal(outs[0].credibility, on_rank_1.credibility)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
@@ -68,8 +69,8 @@ class ImportanceCoverage(Metric):
         num_ecdf_points: ``K`` levels of the curve and of the ECDF test.
         max_chunk_elements: bound on draws per block (``pairs * M * D``) instead of the
             default.
-        seed: seed of the prior draws and of the randomization :math:`V` (``None``:
-            torch's global generator).
+        seed: seed of the proposal's draws and of the randomization :math:`V` (``None``:
+            torch's global generator); under DDP each rank draws from its own stream.
 
     Example:
         >>> from torch.distributions import Independent, Normal
@@ -129,7 +130,7 @@ class ImportanceCoverage(Metric):
         self.num_proposal_samples, self.min_ess = num_proposal_samples, min_ess
         self.num_bins, self.num_ecdf_points = num_bins, num_ecdf_points
         self.max_chunk_elements = max_chunk_elements
-        self.generator = None if seed is None else torch.Generator().manual_seed(seed)
+        self.seed, self._generator = seed, None
         self.add_state("credibility", [], dist_reduce_fx="cat")
         self.add_state("effective_sample_size", [], dist_reduce_fx="cat")
 
@@ -153,16 +154,30 @@ class ImportanceCoverage(Metric):
                 self.credibility.append(c.to(self.device))
                 self.effective_sample_size.append(ess.to(self.device))
 
+    @property
+    def generator(self) -> torch.Generator | None:
+        """This process's generator: ``seed`` on rank 0, ``seed + 7919 rank`` on the others
+        under DDP (the same draws on every rank would tie their pairs' errors)."""
+        if self.seed is not None and self._generator is None:
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            self._generator = torch.Generator().manual_seed(self.seed + 7919 * rank)
+        return self._generator
+
+    def _seeded(self, draw: Any) -> Any:
+        """``draw()`` under a seed from this process's generator when there is one."""
+        with torch.random.fork_rng(enabled=self.generator is not None):
+            if self.generator is not None:
+                torch.manual_seed(int(torch.randint(2**62, (), generator=self.generator)))
+            return draw()
+
     def _prior_blocks(self, target: UnnormalizedPosterior, theta: Tensor, x: Tensor) -> Any:
         """Per block of pairs: target and prior log-densities of ``M`` prior draws."""
         m, d = self.num_proposal_samples, theta.shape[1]
         size = max(1, (self.max_chunk_elements or _PRIOR_CHUNK_ELEMENTS) // (m * d))
         for rows in row_blocks(theta.shape[0], size):
             n = rows.stop - rows.start
-            with torch.random.fork_rng(enabled=self.generator is not None):
-                if self.generator is not None:
-                    torch.manual_seed(int(torch.randint(2**62, (), generator=self.generator)))
-                draws = target.prior.sample((m, n)).reshape(m, n, d).to(theta)
+            draws = self._seeded(lambda n=n: target.prior.sample((m, n))).reshape(m, n, d)
+            draws = draws.to(theta)
             lt = target.unnormalized_log_prob(draws, x[rows])
             lt0 = target.unnormalized_log_prob(theta[rows], x[rows])
             lp = target.log_prior(draws.to(lt.dtype)).to(lt)
@@ -172,8 +187,9 @@ class ImportanceCoverage(Metric):
         """Per block of pairs: target and proposal log-densities of all ``M`` draws."""
         m = self.num_proposal_samples
         held: list[tuple[Tensor, Tensor]] = []
-        for chunk in draw_chunks(self.proposal, theta, x, m, log_densities=True,
-                                 max_chunk_elements=self.max_chunk_elements):  # fmt: skip
+        chunks = draw_chunks(self.proposal, theta, x, m, log_densities=True,
+                             max_chunk_elements=self.max_chunk_elements)  # fmt: skip
+        while (chunk := self._seeded(lambda: next(chunks, None))) is not None:
             rows = slice(chunk.start, chunk.start + chunk.theta.shape[0])
             lt = target.unnormalized_log_prob(chunk.samples, x[rows])
             held.append((lt, chunk.log_prob.to(lt)))
