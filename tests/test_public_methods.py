@@ -296,14 +296,17 @@ def test_latent_coverage_loss_repr_names_its_arguments():
 
 # -- KCCSDLoss.extra_repr ---------------------------------------------------------------
 def test_kccsd_loss_repr_names_its_settings_and_the_prior_that_moves_it_to_parameter_space():
-    """The repr shows the space, kernel, conditioning, estimator and normalization; with
-    ``prior=`` the default space is ``'parameter'`` and the prior's type is named."""
+    """The repr shows every setting (space, kernel, bandwidth, conditioning, base points,
+    estimator, normalization); with ``prior=`` the default space is ``'parameter'`` and the
+    prior's type is named."""
     assert repr(cl.KCCSDLoss()) == (
-        "KCCSDLoss(space='latent', kernel='rbf', condition=None, estimator='u', normalize=True)")
+        "KCCSDLoss(space='latent', kernel='rbf', bandwidth=None, condition=None, "
+        "num_base_points=8, estimator='u', normalize=True)")  # fmt: skip
     prior = Independent(Normal(torch.zeros(2), torch.ones(2)), 1)
-    assert repr(cl.KCCSDLoss(prior=prior, estimator="v", normalize=False)) == (
-        "KCCSDLoss(space='parameter', kernel='rbf', condition=None, estimator='v', "
-        "normalize=False, prior=Independent)")  # fmt: skip
+    assert repr(cl.KCCSDLoss(prior=prior, bandwidth=0.5, num_base_points=4, estimator="v",
+                             normalize=False)) == (
+        "KCCSDLoss(space='parameter', kernel='rbf', bandwidth=0.5, condition=None, "
+        "num_base_points=4, estimator='v', normalize=False, prior=Independent)")  # fmt: skip
     assert "condition='x'" in repr(cl.KCCSDLoss(space="parameter", condition="x"))
 
 # -- the Posterior base class -----------------------------------------------------------

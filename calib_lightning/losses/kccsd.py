@@ -306,7 +306,8 @@ class KCCSDLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"space={self.space!r}, kernel={self.kernel!r}, condition={self.condition!r}, "
+            f"space={self.space!r}, kernel={self.kernel!r}, bandwidth={self.bandwidth}, "
+            f"condition={self.condition!r}, num_base_points={self.num_base_points}, "
             f"estimator={self.estimator!r}, normalize={self.normalize}"
             + ("" if self.prior is None else f", prior={type(self.prior).__name__}")
         )
