@@ -123,8 +123,8 @@ def run(args: Any, results: Path, rows: list) -> None:
                 best = {part: torch.minimum(best[part], times[part]) for part in PARTS}
             wall = {part: float(best[part][0]) for part in PARTS}
             cpu = {part: float(best[part][1]) for part in PARTS}
-            for clock_name, seconds in (("wall", wall), ("CPU", cpu)):
-                print(f"  {name} D={dim} {clock_name}: "
+            for clock_name, seconds in (("", wall), (" CPU", cpu)):
+                print(f"  {name} D={dim}{clock_name}: "
                       + ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()), flush=True)
             rows.append((name, dim, (wall, cpu)))
             write(results, rows, args)  # after each estimator: a long run keeps its rows
