@@ -124,10 +124,10 @@ def test_checks_that_need_samples_latents_or_densities_refuse_it():
             _update_and_compute(metric, post, theta, x)
     with pytest.raises(UnsupportedError, match="does not provide log_prob"):
         post.log_prob(theta, x)
-    # cl.diagnose needs draws for its report: it says so (running KCCSD alone is the next
-    # step of issue 43)
-    with pytest.raises(UnsupportedError, match=r"does not provide sample.*it provides score"):
-        cl.diagnose(post, theta, x, prior=_gauss(2, torch.float32))
+    # cl.diagnose runs what needs no sample and lists the rest as skipped
+    report = cl.diagnose(post, theta, x, prior=_gauss(2, torch.float32))
+    assert "kccsd" in report.checks
+    assert "needs posterior samples" in report.skipped["ranks"]
     out = cl.KCCSD().update(post, theta, x)  # scores only: it runs
     assert out is None
 
