@@ -2,8 +2,9 @@
 
 On the estimators of ``estimator_cost.py`` (sbi 0.27 ``FMPE`` and ``NPSE`` trained
 briefly, optionally zuko ``CNF`` and ``NSF`` untrained) at D = 2 and 10, with ``N``
-fresh pairs, each side is timed ``--repeats`` times in turn and the fastest run kept
-(one torch thread):
+fresh pairs, each side is timed ``--repeats`` times in turn and the fastest run kept, in
+wall and in CPU seconds of this process (torch and BLAS held to one thread for both
+libraries):
 
 * ours: a fresh ``cl.LC2STNF`` at one observation with ``M`` evaluation points,
   ``update`` (the latents: an inverse ODE solve on the vector-field estimators) then
@@ -37,31 +38,38 @@ if not __package__:  # run as a file (python examples/x.py): make `examples` imp
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
+from threadpoolctl import threadpool_limits
 
 import calib_lightning as cl
 from calib_lightning.tasks import GaussianToy
 from examples._smoke import add_smoke_argument, output_folder
-from examples.benchmarks.estimator_cost import estimators, record, sbi_lc2st
+from examples.benchmarks.estimator_cost import estimators, sbi_lc2st
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PARTS = ("latents", "null", "check", "LC2STNF", "later check", "sbi LC2ST")
 warnings.filterwarnings("ignore")
 
 
-def ours(post: Any, theta: torch.Tensor, x: torch.Tensor, draws: int) -> dict[str, float]:
-    """Seconds of a first check (latents, null, check) and of a later one."""
+def clock() -> torch.Tensor:
+    """Wall and CPU seconds of this process, ``(2,)``."""
+    return torch.tensor([time.perf_counter(), time.process_time()], dtype=torch.float64)
+
+
+def ours(post: Any, theta: torch.Tensor, x: torch.Tensor, draws: int) -> dict[str, torch.Tensor]:
+    """Wall and CPU seconds ``(2,)`` of a first check (latents, null, check) and of a later
+    one."""
     metric = cl.LC2STNF(observations=x[:1], num_posterior_samples=draws)
-    start = time.perf_counter()
+    start = clock()
     metric.update(post, theta, x)
-    latents = time.perf_counter()
+    latents = clock()
     metric.null.fit(torch.cat(metric.x), theta.shape[1])
-    null = time.perf_counter()
+    null = clock()
     metric.compute()
-    end = time.perf_counter()
+    end = clock()
     metric.reset()
     metric.update(post, theta, x)
     metric.compute()
-    later = time.perf_counter() - end
+    later = clock() - end
     return {"latents": latents - start, "null": null - latents, "check": end - null,
             "LC2STNF": end - start, "later check": later}  # fmt: skip
 
@@ -71,7 +79,8 @@ def machine() -> str:
                             text=True, cwd=Path(__file__).parent).stdout.strip()  # fmt: skip
     return (f"commit {commit or 'unknown'}, {platform.machine()}, {os.cpu_count()} cores "
             f"shared with other jobs (load average {os.getloadavg()[0]:.1f} at the end), "
-            f"torch {torch.__version__}, one torch thread")  # fmt: skip
+            f"torch {torch.__version__}, torch and BLAS held to one thread, "
+            f"{time.strftime('%Y-%m-%d')}")  # fmt: skip
 
 
 def main() -> None:
@@ -90,22 +99,35 @@ def main() -> None:
     torch.set_num_threads(1)
     results = output_folder(RESULTS, args.smoke) / args.output
     rows = []
+    with threadpool_limits(1):  # scikit-learn's BLAS too (sbi's classifiers)
+        run(args, results, rows)
+    print("wrote", results)
+
+
+def run(args: Any, results: Path, rows: list) -> None:
+    """Time both sides on every estimator and dimension, rewriting the table after each."""
     for dim in args.dims:
         theta, x = GaussianToy(dim=dim).sample(args.pairs, torch.Generator().manual_seed(1))
         for name, (posterior, sbi_posterior) in estimators(dim, args.smoke).items():
             if name.split()[1] not in args.estimators:
                 continue
-            post, best = cl.as_posterior(posterior), dict.fromkeys(PARTS, float("inf"))
+            post = cl.as_posterior(posterior)
+            best = {part: torch.full((2,), float("inf"), dtype=torch.float64) for part in PARTS}
             for _ in range(args.repeats):  # ours and sbi's in turn
                 torch.manual_seed(2)
                 times = ours(post, theta, x, args.draws)
                 torch.manual_seed(2)
-                start = time.perf_counter()
+                start = clock()
                 sbi_lc2st(sbi_posterior, theta, x, args.draws)
-                times["sbi LC2ST"] = time.perf_counter() - start
-                best = {part: min(best[part], times[part]) for part in PARTS}
-            record(rows, name, dim, best, lambda: write(results, rows, args))
-    print("wrote", results)
+                times["sbi LC2ST"] = clock() - start
+                best = {part: torch.minimum(best[part], times[part]) for part in PARTS}
+            wall = {part: float(best[part][0]) for part in PARTS}
+            cpu = {part: float(best[part][1]) for part in PARTS}
+            for clock_name, seconds in (("", wall), (" CPU", cpu)):
+                print(f"  {name} D={dim}{clock_name}: "
+                      + ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()), flush=True)
+            rows.append((name, dim, (wall, cpu)))
+            write(results, rows, args)  # after each estimator: a long run keeps its rows
 
 
 def write(results: Path, rows: list, args: Any) -> None:
@@ -121,15 +143,21 @@ def write(results: Path, rows: list, args: Any) -> None:
         "classifiers, the check's classifier; `LC2STNF` is their sum) and a later check "
         "reusing the null. Ratios above 1: ours is faster. Each part is the fastest of its "
         f"own runs, so the parts need not add up to the total. Machine: {machine()}.",
-        "",
-        "| estimator | D | latents | null | check | LC2STNF | later check | sbi LC2ST | "
-        "sbi LC2ST / LC2STNF | sbi LC2ST / later check |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for name, dim, b in rows:
-        cells = " | ".join(f"{b[part]:.2f}" for part in PARTS)
-        lines.append(f"| {name} | {dim} | {cells} | {b['sbi LC2ST'] / b['LC2STNF']:.1f} | "
-                     f"{b['sbi LC2ST'] / b['later check']:.1f} |")  # fmt: skip
+    for index, clock_name in enumerate(("Wall", "CPU")):
+        lines += [
+            "",
+            f"{clock_name} seconds:",
+            "",
+            "| estimator | D | latents | null | check | LC2STNF | later check | sbi LC2ST | "
+            "sbi LC2ST / LC2STNF | sbi LC2ST / later check |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for name, dim, both in rows:
+            b = both[index]
+            cells = " | ".join(f"{b[part]:.2f}" for part in PARTS)
+            lines.append(f"| {name} | {dim} | {cells} | {b['sbi LC2ST'] / b['LC2STNF']:.1f} | "
+                         f"{b['sbi LC2ST'] / b['later check']:.1f} |")  # fmt: skip
     results.write_text("\n".join(lines) + "\n")
 
 

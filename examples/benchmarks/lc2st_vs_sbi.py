@@ -2,9 +2,10 @@
 
 Toy (sbi's documentation scale): theta ~ N(0, I_2), x = theta + N(0, 0.5^2 I); the exact
 posterior N(0.8 x, 0.2 I) (an affine "flow") and a variance-inflated x2 one; N_cal in
-{1000, 5000} calibration pairs, 100 null trials, 5 reference observations, 10,000
-evaluation points. Then a zuko neural spline flow trained briefly on Two Moons, with
-the oracle C2ST (exact reference samples) beside the local tests.
+{1000, 5000} calibration pairs, 100 null trials, 5 reference observations; each library
+at its own defaults (ours: the local tests' settings, ``LOCAL_TEST_SETTINGS`` and 2,000
+evaluation points; sbi: 10,000 evaluation points). Then a zuko neural spline flow
+trained briefly on Two Moons, with the oracle C2ST (exact reference samples) beside the local tests.
 
 Timed, wall clock and CPU, with torch and BLAS held to one thread for both libraries:
 * null training: ours ``LC2STNFNull.fit`` (one batched fit of the 100 classifiers), plus
@@ -33,6 +34,7 @@ import argparse
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -44,6 +46,7 @@ if not __package__:  # run as a file (python examples/x.py): make `examples` imp
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np
+import sbi
 import torch
 import zuko
 from sbi.diagnostics.lc2st import LC2ST as SbiLC2ST
@@ -53,13 +56,16 @@ from torch.distributions import MultivariateNormal
 
 import calib_lightning as cl
 from calib_lightning.baselines import oracle_c2st
-from calib_lightning.classifiers import MLPEnsemble, lc2st_nf_null
+from calib_lightning.classifiers import LOCAL_TEST_SETTINGS, MLPEnsemble, lc2st_nf_null
+from calib_lightning.classifiers._make import NUM_EVALUATION_POINTS
 from calib_lightning.plots import plot_pp, plot_probability_map
 from calib_lightning.tasks import GaussianToy, TwoMoons
 from examples._smoke import add_smoke_argument, output_folder
 
 RESULTS = Path(__file__).parent / "results"
-NUM_NULL, NUM_OBS, NUM_EVAL, NUM_ORACLE = 100, 5, 10_000, 5000
+NUM_NULL, NUM_OBS, NUM_ORACLE = 100, 5, 5000
+# each library at its default number of evaluation points per observation
+NUM_EVAL, NUM_EVAL_SBI = NUM_EVALUATION_POINTS, 10_000
 BASE = MultivariateNormal(torch.zeros(2), torch.eye(2))
 warnings.filterwarnings("ignore")
 
@@ -75,7 +81,7 @@ def time_ours_null(row: dict, x: torch.Tensor, x_o: torch.Tensor) -> cl.LC2STNF:
     """Time the null's batched fit alone, then the metric's null: fit and statistics."""
     g = torch.Generator().manual_seed(0)
     _, row["ours_fit_wall"], row["ours_fit_cpu"] = timed(
-        lambda: lc2st_nf_null(x, 2, NUM_NULL, MLPEnsemble(NUM_NULL), g)
+        lambda: lc2st_nf_null(x, 2, NUM_NULL, MLPEnsemble(NUM_NULL, **LOCAL_TEST_SETTINGS), g)
     )
     metric = cl.LC2STNF(x_o, num_null=NUM_NULL, num_posterior_samples=NUM_EVAL)
     _, row["ours_null_wall"], row["ours_null_cpu"] = timed(
@@ -159,7 +165,7 @@ def sbi_nf(theta, x, posterior, null=None, seed=1):
     return SbiLC2STNF(
         prior_samples=theta, xs=x, posterior_samples=drawn,
         flow_inverse_transform=lambda t, c: post.to_latent(t, c).detach(),
-        flow_base_dist=BASE, num_eval=NUM_EVAL, num_trials_null=NUM_NULL,
+        flow_base_dist=BASE, num_eval=NUM_EVAL_SBI, num_trials_null=NUM_NULL,
         trained_clfs_null=null, seed=seed,
     )  # fmt: skip
 
@@ -185,7 +191,7 @@ def sbi_permutation_check(theta, x, x_o, posterior, seed):
     post = cl.as_posterior(posterior)
     with torch.no_grad():
         drawn = post.sample(x, 1)[0]
-        eval_theta = post.sample(x_o, NUM_EVAL)
+        eval_theta = post.sample(x_o, NUM_EVAL_SBI)
     test = SbiLC2ST(theta, x, drawn, num_trials_null=NUM_NULL, seed=seed)
     test.train_on_observed_data(verbosity=0)
     test.train_under_null_hypothesis(verbosity=0)
@@ -309,7 +315,7 @@ def two_moons_section(flow, ns, reps: int, sbi_reps: int, folder: Path) -> list[
 def save_figures(metric, result, flow, x_o, folder: Path) -> None:
     plot_pp(result).savefig(folder / "lc2st_two_moons_pp.png", dpi=90)
     torch.manual_seed(0)
-    drawn = metric.probability_map(flow, 2 * NUM_EVAL)  # 20,000 draws in the full run
+    drawn = metric.probability_map(flow, 2 * NUM_EVAL)  # 4,000 draws in the full run
     where = [round(v, 2) for v in x_o[0].tolist()]
     fig = plot_probability_map(
         drawn.samples[0],
@@ -323,7 +329,18 @@ def save_figures(metric, result, flow, x_o, folder: Path) -> None:
 
 
 # -- report -----------------------------------------------------------------------------
-def report(toy_rows, moons_rows, args, total) -> str:
+def commit() -> str:
+    """The checkout's short commit, ``+`` when its tracked files differ from it."""
+    def git(*argv: str) -> str:
+        return subprocess.run(
+            ["git", *argv], capture_output=True, text=True, cwd=Path(__file__).parent
+        ).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def report(toy_rows, moons_rows, args, total, total_cpu) -> str:
     def t(row, who, what):
         return f"{row[f'{who}_{what}_wall']:.2f} s ({row[f'{who}_{what}_cpu']:.2f} s CPU)"
 
@@ -335,15 +352,21 @@ def report(toy_rows, moons_rows, args, total) -> str:
         "# L-C2ST-NF and L-C2ST: calib_lightning vs sbi 0.27",
         "",
         f"Command: `PYTHONPATH=. python examples/benchmarks/lc2st_vs_sbi.py"
-        f"{' --quick' if args.quick else ''}` ({total / 60:.0f} min). "
+        f"{' --quick' if args.quick else ''}` ({total / 60:.0f} min wall, "
+        f"{total_cpu / 60:.0f} min CPU), at commit {commit()} on "
+        f"{time.strftime('%Y-%m-%d')}. "
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores shared "
         f"with other jobs (load average {os.getloadavg()[0]:.1f} at the end); torch "
-        f"{torch.__version__}; torch and BLAS held to one thread for both libraries. Wall "
+        f"{torch.__version__}, sbi {sbi.__version__}; torch and BLAS held to one thread for "
+        "both libraries. Wall "
         "times on a shared machine are noisy; CPU times (in brackets) are steadier. "
-        f"{NUM_NULL} null trials, {NUM_OBS} reference observations, {NUM_EVAL} "
-        "evaluation points, default classifiers of both libraries (ours: batched MLP, two "
-        "layers of 10 x inputs, Adam, early stopping; sbi: scikit-learn MLPClassifier, two "
-        "layers of 10 x dim(theta), early stopping with patience 50).",
+        f"{NUM_NULL} null trials, {NUM_OBS} reference observations; each library at its "
+        f"defaults: ours {NUM_EVAL} evaluation points per observation, batched MLP "
+        f"classifiers with the local tests' settings ({LOCAL_TEST_SETTINGS}: two layers of "
+        f"min(10 x inputs, {LOCAL_TEST_SETTINGS['max_width']}), Adam, early stopping after "
+        f"{LOCAL_TEST_SETTINGS['patience']} epochs without improvement); sbi {NUM_EVAL_SBI} "
+        "evaluation points, scikit-learn MLPClassifier, two layers of 10 x dim(theta), early "
+        "stopping with patience 50.",
         "",
         "## Toy: theta ~ N(0, I_2), x = theta + N(0, 0.25 I)",
         "",
@@ -440,7 +463,7 @@ def report(toy_rows, moons_rows, args, total) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    global NUM_NULL, NUM_OBS, NUM_EVAL, NUM_ORACLE
+    global NUM_NULL, NUM_OBS, NUM_EVAL, NUM_EVAL_SBI, NUM_ORACLE
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small run (a few minutes)")
     add_smoke_argument(parser)
@@ -459,10 +482,10 @@ def main(argv: list[str] | None = None) -> None:
         ns, moons_ns = [100], [100]
         args.reps, args.sbi_reps, args.sbi_perm_reps = 1, 1, 1
         args.moons_simulations, args.moons_epochs = 256, 1
-        NUM_NULL, NUM_OBS, NUM_EVAL, NUM_ORACLE = 4, 2, 200, 200
+        NUM_NULL, NUM_OBS, NUM_EVAL, NUM_EVAL_SBI, NUM_ORACLE = 4, 2, 200, 200, 200
     results = output_folder(RESULTS, args.smoke)
     torch.set_num_threads(1)
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     with threadpool_limits(1):
         warm_up()
         toy_rows = []
@@ -472,7 +495,10 @@ def main(argv: list[str] | None = None) -> None:
         flow = train_two_moons_nsf(args.moons_simulations, args.moons_epochs)
         moons_rows = two_moons_section(flow, moons_ns, args.reps, args.sbi_reps, results)
         print(moons_rows, flush=True)
-    text = report(toy_rows, moons_rows, args, time.perf_counter() - start)
+    text = report(
+        toy_rows, moons_rows, args, time.perf_counter() - start,
+        time.process_time() - start_cpu,
+    )
     (results / "lc2st_vs_sbi.md").write_text(text)
     print(text)
     print("wrote", results / "lc2st_vs_sbi.md")
