@@ -20,6 +20,7 @@ from calib_lightning.functional.importance import (
     importance_coverage,
     importance_credibility,
 )
+from calib_lightning.metrics._adaptive import adaptive_blocks
 from calib_lightning.posteriors import UnnormalizedPosterior, as_posterior
 
 __all__ = ["ImportanceCoverage", "ImportanceCoverageResult"]
@@ -62,8 +63,12 @@ class ImportanceCoverage(Metric):
 
     Arguments:
         num_proposal_samples: ``M >= 1`` proposal draws per pair.
-        proposal: ``None`` (the posterior's prior) or a posterior with ``sample`` and
-            ``log_prob`` (anything :func:`calib_lightning.as_posterior` accepts).
+        proposal: ``None`` (the posterior's prior), ``"adaptive"`` (a Gaussian fitted
+            to the target per pair from ``M / 2`` earlier draws, mixed with the prior;
+            the last ``M / 2`` draws are the sample: for a posterior much narrower than
+            the prior, e.g. ``D >= 3``; :mod:`calib_lightning.metrics._adaptive`) or a
+            posterior with ``sample`` and ``log_prob`` (anything
+            :func:`calib_lightning.as_posterior` accepts).
         min_ess: median ESS below which the result cannot judge.
         num_bins: chi-square bins; default ``min(20, max(2, N // 5))``.
         num_ecdf_points: ``K`` levels of the curve and of the ECDF test.
@@ -119,8 +124,15 @@ class ImportanceCoverage(Metric):
             check_positive("max_chunk_elements", max_chunk_elements, integer=True)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"seed must be an integer or None, got {seed!r}")
-        self.proposal = None if proposal is None else as_posterior(proposal)
-        if self.proposal is not None and not {"sample", "log_prob"} <= set(
+        if isinstance(proposal, str) and proposal != "adaptive":
+            raise ValueError(f"proposal must be None, 'adaptive' or a posterior, got {proposal!r}")
+        if proposal == "adaptive" and num_proposal_samples < 8:
+            raise ValueError(
+                f"num_proposal_samples must be >= 8 with proposal='adaptive' (four fitting "
+                f"stages and the sample), got {num_proposal_samples}"
+            )
+        self.proposal = proposal if proposal in (None, "adaptive") else as_posterior(proposal)
+        if not isinstance(self.proposal, str | None) and not {"sample", "log_prob"} <= set(
             self.proposal.capabilities
         ):
             raise ValueError(
@@ -147,7 +159,9 @@ class ImportanceCoverage(Metric):
         d = target.event_size()
         if theta.shape[1] != d:
             raise ValueError(f"theta must have shape (N, D) = (N, {d}), got {tuple(theta.shape)}")
-        parts = self._prior_blocks if self.proposal is None else self._proposal_blocks
+        parts = {None: self._prior_blocks, "adaptive": self._adaptive_blocks}.get(
+            self.proposal if isinstance(self.proposal, str | None) else "given",
+            self._proposal_blocks)  # fmt: skip
         with torch.no_grad():
             for lt, lp, lt0, lp0 in parts(target, theta, x):
                 c, ess = importance_credibility(lt, lp, lt0, lp0, generator=self.generator)
@@ -182,6 +196,14 @@ class ImportanceCoverage(Metric):
             lt0 = target.unnormalized_log_prob(theta[rows], x[rows])
             lp = target.log_prior(draws.to(lt.dtype)).to(lt)
             yield lt, lp, lt0, target.log_prior(theta[rows].to(lt0.dtype)).to(lt0)
+
+    def _adaptive_blocks(self, target: UnnormalizedPosterior, theta: Tensor, x: Tensor) -> Any:
+        """Per block of pairs: the last stage's draws of the adaptive proposal
+        (:mod:`calib_lightning.metrics._adaptive`)."""
+        m, d = self.num_proposal_samples, theta.shape[1]
+        size = max(1, (self.max_chunk_elements or _PRIOR_CHUNK_ELEMENTS) // (m * d))
+        rows = row_blocks(theta.shape[0], size)
+        yield from adaptive_blocks(target, theta, x, m, rows, self._seeded)
 
     def _proposal_blocks(self, target: UnnormalizedPosterior, theta: Tensor, x: Tensor) -> Any:
         """Per block of pairs: target and proposal log-densities of all ``M`` draws."""

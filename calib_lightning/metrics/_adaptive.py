@@ -1,0 +1,107 @@
+r"""The adaptive proposal of :class:`~calib_lightning.ImportanceCoverage`: a Gaussian fitted to
+the target per pair, mixed with the prior.
+
+For each pair, given only ``x`` (never the true ``theta``, so the credibility stays exact):
+
+1. ``M / 8`` prior draws, weighted by the target over the prior; their weighted mean and
+   covariance, widened 2x in scale, give a first Gaussian;
+2. three more stages of ``M / 8`` draws from the mixture
+   ``alpha * prior + (1 - alpha) * Gaussian``, weighted by the target over that mixture,
+   each refitting the Gaussian (widened 2x, then 1.5x);
+3. the last ``M / 2`` draws from the last mixture are the importance sample.
+
+The prior's share ``alpha = 0.1`` keeps every weight below ``likelihood / alpha`` (a
+defensive mixture, Hesterberg 1995), so a poor fit costs effective sample size, never
+validity. Only the last stage's draws are returned: the earlier ones chose the proposal.
+Measured (Gaussian likelihood with sigma = 0.5, ``M = 1000``, 100 pairs): median ESS about
+390, 300 and 110-170 at ``D = 1, 2, 5`` (the prior as proposal: about 150 at ``D = 2`` and
+3-12 at ``D = 5``, where it cannot judge); at ``D = 8`` the first stage rarely lands in
+the posterior and the ESS stays near 2 (cannot judge).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["FIT_SHARES", "PRIOR_SHARE", "RIDGE", "WIDEN", "adaptive_blocks"]
+
+#: shares of ``M`` drawn by the first two (fitting) stages; the rest is the sample
+FIT_SHARES = (0.125, 0.125, 0.125, 0.125)
+#: scale widening of the Gaussian after each fitting stage
+WIDEN = (2.0, 2.0, 1.5, 1.5)
+#: the prior's share of the mixture
+PRIOR_SHARE = 0.1
+#: ridge on the fitted covariance, as a fraction of the prior's variance per coordinate
+RIDGE = 1e-3
+
+
+def _fit(draws: Tensor, log_w: Tensor, prior_var: Tensor, widen: float) -> tuple[Tensor, Tensor]:
+    """Weighted mean ``(n, D)`` and Cholesky factor ``(n, D, D)`` of ``draws (m, n, D)``."""
+    log_w = torch.nan_to_num(log_w, nan=-math.inf, posinf=-math.inf)
+    empty = torch.isneginf(log_w).all(0)  # no draw in the target's support: the prior's moments
+    w = torch.softmax(torch.where(empty[None], torch.zeros_like(log_w), log_w), 0)
+    mean = torch.einsum("mn,mnd->nd", w, draws)
+    diff = draws - mean
+    cov = torch.einsum("mn,mni,mnj->nij", w, diff, diff)
+    cov = widen**2 * cov + torch.diag_embed(RIDGE * prior_var).expand_as(cov)
+    return mean, torch.linalg.cholesky(cov)
+
+
+def _gauss_log_prob(theta: Tensor, mean: Tensor, tril: Tensor) -> Tensor:
+    """``log N(theta; mean, tril tril^T)`` for ``theta (m, n, D)``: ``(m, n)``."""
+    z = torch.linalg.solve_triangular(tril, (theta - mean).unsqueeze(-1), upper=False)
+    half_log_det = torch.log(torch.diagonal(tril, dim1=-2, dim2=-1)).sum(-1)
+    return -0.5 * z.squeeze(-1).pow(2).sum(-1) - half_log_det - 0.5 * theta.shape[-1] * math.log(
+        2 * math.pi
+    )
+
+
+def adaptive_blocks(
+    target: Any,
+    theta: Tensor,
+    x: Tensor,
+    m: int,
+    rows: Iterator[slice],
+    seeded: Callable[[Callable[[], Tensor]], Tensor],
+) -> Iterator[tuple[Tensor, Tensor, Tensor, Tensor]]:
+    """Per block of pairs: target and proposal log-densities of the last stage's draws
+    ``(M_s, n)`` and of the truths ``(n,)``, as the metric's other proposals yield them."""
+    d = theta.shape[1]
+    sizes = [max(1, int(share * m)) for share in FIT_SHARES]
+    final = max(1, m - sum(sizes))
+    for block in rows:
+        n, xb = block.stop - block.start, x[block]
+        draws = seeded(lambda n=n: target.prior.sample((sizes[0], n))).reshape(sizes[0], n, d)
+        draws = draws.to(theta)
+        log_t = target.unnormalized_log_prob(draws, xb)
+        log_g = target.log_prior(draws.to(log_t.dtype)).to(log_t)
+        prior_var = draws.reshape(-1, d).var(0).to(log_t).clamp_min(torch.finfo(log_t.dtype).tiny)
+        mean, tril = _fit(draws.to(log_t), log_t - log_g, prior_var, WIDEN[0])
+
+        def log_mixture(t: Tensor, mean: Tensor, tril: Tensor) -> Tensor:
+            gauss = _gauss_log_prob(t, mean, tril)
+            return torch.logaddexp(math.log(PRIOR_SHARE) + target.log_prior(t).to(gauss),
+                                   math.log1p(-PRIOR_SHARE) + gauss)  # fmt: skip
+
+        def draw(size: int, mean: Tensor, tril: Tensor, n: int = n) -> Tensor:
+            from_prior = torch.rand(size, n) < PRIOR_SHARE
+            noise = torch.randn(size, n, d, 1, dtype=tril.dtype)
+            gauss = mean + (tril @ noise).squeeze(-1)
+            prior = target.prior.sample((size, n)).reshape(size, n, d).to(gauss)
+            return torch.where(from_prior[..., None], prior, gauss)
+
+        for stage, size in enumerate((*sizes[1:], final)):
+            draws = seeded(lambda size=size, mean=mean, tril=tril: draw(size, mean, tril))
+            log_t = target.unnormalized_log_prob(draws.to(theta.dtype), xb)
+            log_g = log_mixture(draws, mean, tril).to(log_t)
+            if stage + 1 < len(sizes):
+                mean, tril = _fit(draws, log_t - log_g, prior_var, WIDEN[stage + 1])
+                continue
+            truth = theta[block].to(mean.dtype)
+            log_t0 = target.unnormalized_log_prob(theta[block], xb)
+            yield log_t, log_g, log_t0, log_mixture(truth[None], mean, tril)[0].to(log_t0)
