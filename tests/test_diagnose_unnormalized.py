@@ -89,11 +89,27 @@ def test_a_plain_log_ratio_gets_the_balance_test_when_named():
     assert "0 for a balanced classifier" in row["size"]
 
 
-def test_coverage_that_cannot_judge_is_skipped_with_the_ess():
+def test_coverage_falls_back_on_the_adaptive_proposal_where_the_prior_cannot_judge():
     """sigma = 0.01 on a box of side 4: the prior as proposal leaves a few effective draws
-    of 4,000, so no coverage number; the verdict rests on KCCSD alone."""
+    of 4,000 (cannot judge); the adaptive proposal judges, and the exact posterior passes.
+    Before: the check was skipped."""
     theta, x = _pairs(BOX, 200, 3, s=0.01)
-    report = cl.diagnose(cl.UnnormalizedPosterior(_log_lik(s=0.01), prior=BOX), theta, x)
+    post = cl.UnnormalizedPosterior(_log_lik(s=0.01), prior=BOX)
+    by_prior = cl.ImportanceCoverage(num_proposal_samples=4000, seed=0)
+    by_prior.update(post, theta, x)
+    assert by_prior.compute().cannot_judge is not None
+    report = cl.diagnose(post, theta, x)
+    assert "coverage_is" in report.checks
+    assert float(report.checks["coverage_is"].ess_median) >= 50
+    assert float(report.checks["coverage_is"].global_p_value) > 0.01
+
+
+def test_coverage_that_cannot_judge_is_skipped_with_the_ess():
+    """sigma = 0.001 on a box of side 4: neither the prior nor the adaptive proposal
+    leaves 50 effective draws of 4,000, so no coverage number; the verdict rests on KCCSD
+    alone."""
+    theta, x = _pairs(BOX, 200, 3, s=0.001)
+    report = cl.diagnose(cl.UnnormalizedPosterior(_log_lik(s=0.001), prior=BOX), theta, x)
     assert "coverage_is" not in report.checks
     assert "could not judge" in report.skipped["coverage_is"]
     assert "effective sample size" in report.skipped["coverage_is"]

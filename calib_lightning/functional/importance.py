@@ -243,8 +243,9 @@ def importance_coverage(
             f"median effective sample size {float(median):.1f} < min_ess = {min_ess:g} "
             f"(min {float(ess.min()):.1f}): the importance weights rest on a few draws and "
             "the test could not see a miscalibration; draw more proposal samples "
-            "(num_proposal_samples) or pass a proposal closer to the posterior (proposal=, "
-            "e.g. a flow trained on the same simulations)"
+            "(num_proposal_samples) or use a proposal closer to the posterior "
+            "(proposal='adaptive', a Gaussian fitted to each pair, or a flow trained on the "
+            "same simulations)"
         )
         nan = torch.tensor(math.nan, dtype=torch.float64)
         global_p, p_value, ecdf_p_value, error = nan, nan.clone(), nan.clone(), nan.clone()
