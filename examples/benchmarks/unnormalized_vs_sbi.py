@@ -18,7 +18,7 @@ repetition), the same pairs for both libraries in the repetitions sbi runs:
   KCCSD, the adaptive coverage test and the balance. Seconds per check include KCCSD
   and the balance.
 
-Run: ``PYTHONPATH=. python examples/benchmarks/unnormalized_vs_sbi.py`` (about 25 min on
+Run: ``PYTHONPATH=. python examples/benchmarks/unnormalized_vs_sbi.py`` (about 45 min on
 one thread; result: results/unnormalized_vs_sbi.md); ``--smoke``: tiny sizes, seconds.
 """
 
