@@ -27,10 +27,11 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.distributions import MultivariateNormal
 
 __all__ = ["FIT_SHARES", "PRIOR_SHARE", "RIDGE", "WIDEN", "adaptive_blocks"]
 
-#: shares of ``M`` drawn by the first two (fitting) stages; the rest is the sample
+#: shares of ``M`` drawn by the four fitting stages; the rest is the sample
 FIT_SHARES = (0.125, 0.125, 0.125, 0.125)
 #: scale widening of the Gaussian after each fitting stage
 WIDEN = (2.0, 2.0, 1.5, 1.5)
@@ -40,8 +41,9 @@ PRIOR_SHARE = 0.1
 RIDGE = 1e-3
 
 
-def _fit(draws: Tensor, log_w: Tensor, prior_var: Tensor, widen: float) -> tuple[Tensor, Tensor]:
-    """Weighted mean ``(n, D)`` and Cholesky factor ``(n, D, D)`` of ``draws (m, n, D)``."""
+def _fit(draws: Tensor, log_w: Tensor, prior_var: Tensor, widen: float) -> MultivariateNormal:
+    """Gaussian of the weighted mean and widened covariance of ``draws (m, n, D)``, batch
+    shape ``(n,)``."""
     log_w = torch.nan_to_num(log_w, nan=-math.inf, posinf=-math.inf)
     empty = torch.isneginf(log_w).all(0)  # no draw in the target's support: the prior's moments
     w = torch.softmax(torch.where(empty[None], torch.zeros_like(log_w), log_w), 0)
@@ -49,16 +51,7 @@ def _fit(draws: Tensor, log_w: Tensor, prior_var: Tensor, widen: float) -> tuple
     diff = draws - mean
     cov = torch.einsum("mn,mni,mnj->nij", w, diff, diff)
     cov = widen**2 * cov + torch.diag_embed(RIDGE * prior_var).expand_as(cov)
-    return mean, torch.linalg.cholesky(cov)
-
-
-def _gauss_log_prob(theta: Tensor, mean: Tensor, tril: Tensor) -> Tensor:
-    """``log N(theta; mean, tril tril^T)`` for ``theta (m, n, D)``: ``(m, n)``."""
-    z = torch.linalg.solve_triangular(tril, (theta - mean).unsqueeze(-1), upper=False)
-    half_log_det = torch.log(torch.diagonal(tril, dim1=-2, dim2=-1)).sum(-1)
-    return -0.5 * z.squeeze(-1).pow(2).sum(-1) - half_log_det - 0.5 * theta.shape[-1] * math.log(
-        2 * math.pi
-    )
+    return MultivariateNormal(mean, scale_tril=torch.linalg.cholesky(cov), validate_args=False)
 
 
 def adaptive_blocks(
@@ -72,6 +65,18 @@ def adaptive_blocks(
     """Per block of pairs: target and proposal log-densities of the last stage's draws
     ``(M_s, n)`` and of the truths ``(n,)``, as the metric's other proposals yield them."""
     d = theta.shape[1]
+
+    def log_mixture(t: Tensor, gauss: MultivariateNormal) -> Tensor:
+        log_q = gauss.log_prob(t)
+        return torch.logaddexp(math.log(PRIOR_SHARE) + target.log_prior(t).to(log_q),
+                               math.log1p(-PRIOR_SHARE) + log_q)  # fmt: skip
+
+    def draw(size: int, gauss: MultivariateNormal) -> Tensor:
+        fitted = gauss.sample((size,))  # (size, n, D)
+        from_prior = torch.rand(fitted.shape[:2]) < PRIOR_SHARE
+        prior = target.prior.sample(fitted.shape[:2]).reshape(fitted.shape).to(fitted)
+        return torch.where(from_prior[..., None], prior, fitted)
+
     sizes = [max(1, int(share * m)) for share in FIT_SHARES]
     final = max(1, m - sum(sizes))
     for block in rows:
@@ -81,27 +86,15 @@ def adaptive_blocks(
         log_t = target.unnormalized_log_prob(draws, xb)
         log_g = target.log_prior(draws.to(log_t.dtype)).to(log_t)
         prior_var = draws.reshape(-1, d).var(0).to(log_t).clamp_min(torch.finfo(log_t.dtype).tiny)
-        mean, tril = _fit(draws.to(log_t), log_t - log_g, prior_var, WIDEN[0])
-
-        def log_mixture(t: Tensor, mean: Tensor, tril: Tensor) -> Tensor:
-            gauss = _gauss_log_prob(t, mean, tril)
-            return torch.logaddexp(math.log(PRIOR_SHARE) + target.log_prior(t).to(gauss),
-                                   math.log1p(-PRIOR_SHARE) + gauss)  # fmt: skip
-
-        def draw(size: int, mean: Tensor, tril: Tensor, n: int = n) -> Tensor:
-            from_prior = torch.rand(size, n) < PRIOR_SHARE
-            noise = torch.randn(size, n, d, 1, dtype=tril.dtype)
-            gauss = mean + (tril @ noise).squeeze(-1)
-            prior = target.prior.sample((size, n)).reshape(size, n, d).to(gauss)
-            return torch.where(from_prior[..., None], prior, gauss)
+        gauss = _fit(draws.to(log_t), log_t - log_g, prior_var, WIDEN[0])
 
         for stage, size in enumerate((*sizes[1:], final)):
-            draws = seeded(lambda size=size, mean=mean, tril=tril: draw(size, mean, tril))
+            draws = seeded(lambda size=size, gauss=gauss: draw(size, gauss))
             log_t = target.unnormalized_log_prob(draws.to(theta.dtype), xb)
-            log_g = log_mixture(draws, mean, tril).to(log_t)
+            log_g = log_mixture(draws, gauss).to(log_t)
             if stage + 1 < len(sizes):
-                mean, tril = _fit(draws, log_t - log_g, prior_var, WIDEN[stage + 1])
+                gauss = _fit(draws, log_t - log_g, prior_var, WIDEN[stage + 1])
                 continue
-            truth = theta[block].to(mean.dtype)
+            truth = theta[block].to(gauss.loc.dtype)
             log_t0 = target.unnormalized_log_prob(theta[block], xb)
-            yield log_t, log_g, log_t0, log_mixture(truth[None], mean, tril)[0].to(log_t0)
+            yield log_t, log_g, log_t0, log_mixture(truth, gauss).to(log_t0)

@@ -159,9 +159,8 @@ class ImportanceCoverage(Metric):
         d = target.event_size()
         if theta.shape[1] != d:
             raise ValueError(f"theta must have shape (N, D) = (N, {d}), got {tuple(theta.shape)}")
-        parts = {None: self._prior_blocks, "adaptive": self._adaptive_blocks}.get(
-            self.proposal if isinstance(self.proposal, str | None) else "given",
-            self._proposal_blocks)  # fmt: skip
+        parts = (self._prior_blocks if self.proposal is None else self._adaptive_blocks
+                 if isinstance(self.proposal, str) else self._proposal_blocks)  # fmt: skip
         with torch.no_grad():
             for lt, lp, lt0, lp0 in parts(target, theta, x):
                 c, ess = importance_credibility(lt, lp, lt0, lp0, generator=self.generator)
@@ -184,11 +183,16 @@ class ImportanceCoverage(Metric):
                 torch.manual_seed(int(torch.randint(2**62, (), generator=self.generator)))
             return draw()
 
+    def _row_blocks(self, theta: Tensor) -> Any:
+        """Blocks of pairs whose ``M`` draws each fit the chunk budget."""
+        m, d = self.num_proposal_samples, theta.shape[1]
+        size = max(1, (self.max_chunk_elements or _PRIOR_CHUNK_ELEMENTS) // (m * d))
+        return row_blocks(theta.shape[0], size)
+
     def _prior_blocks(self, target: UnnormalizedPosterior, theta: Tensor, x: Tensor) -> Any:
         """Per block of pairs: target and prior log-densities of ``M`` prior draws."""
         m, d = self.num_proposal_samples, theta.shape[1]
-        size = max(1, (self.max_chunk_elements or _PRIOR_CHUNK_ELEMENTS) // (m * d))
-        for rows in row_blocks(theta.shape[0], size):
+        for rows in self._row_blocks(theta):
             n = rows.stop - rows.start
             draws = self._seeded(lambda n=n: target.prior.sample((m, n))).reshape(m, n, d)
             draws = draws.to(theta)
@@ -200,10 +204,8 @@ class ImportanceCoverage(Metric):
     def _adaptive_blocks(self, target: UnnormalizedPosterior, theta: Tensor, x: Tensor) -> Any:
         """Per block of pairs: the last stage's draws of the adaptive proposal
         (:mod:`calib_lightning.metrics._adaptive`)."""
-        m, d = self.num_proposal_samples, theta.shape[1]
-        size = max(1, (self.max_chunk_elements or _PRIOR_CHUNK_ELEMENTS) // (m * d))
-        rows = row_blocks(theta.shape[0], size)
-        yield from adaptive_blocks(target, theta, x, m, rows, self._seeded)
+        rows = self._row_blocks(theta)
+        yield from adaptive_blocks(target, theta, x, self.num_proposal_samples, rows, self._seeded)
 
     def _proposal_blocks(self, target: UnnormalizedPosterior, theta: Tensor, x: Tensor) -> Any:
         """Per block of pairs: target and proposal log-densities of all ``M`` draws."""
