@@ -13,7 +13,13 @@ check (:func:`calib_lightning.diagnose`): the same seed gives the same report.
 
 ``--prior pkg.mod:NAME`` names the prior the calibration ``theta`` were drawn from (a
 torch ``Distribution``, or a function of no argument that returns one): it adds the
-support check (posterior draws outside the prior's support).
+support check (posterior draws outside the prior's support); for a ratio or likelihood
+estimator it is the estimator's prior, and the posterior it implies is checked.
+
+``--kind posterior|likelihood|ratio`` says what the estimator estimates where it cannot
+tell (an sbi density estimator with ``dim theta = dim x``): with ``likelihood`` or
+``ratio``, ``--prior`` is its prior and the posterior it implies is checked
+(:func:`calib_lightning.as_posterior`).
 
 ``--recalibrated`` diagnoses the recalibrated posterior that a
 :class:`~calib_lightning.callbacks.RecalibrationCallback` saved in the checkpoint, beside
@@ -98,6 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--prior", default=None,
                      help="'pkg.mod:NAME': the prior (or a function returning it); adds the "
                      "support check")
+    run.add_argument("--kind", default=None, choices=("posterior", "likelihood", "ratio"),
+                     help="what the estimator estimates, where it cannot tell; with "
+                     "likelihood or ratio, --prior is its prior")
     run.add_argument("--recalibrated", action="store_true",
                      help="diagnose the RecalibrationCallback's posterior in the checkpoint, "
                      "beside the estimator before it")
@@ -110,6 +119,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     module.eval()
     data = _load_data(args.data)
     estimator, before = find_estimator(module, args.estimator), None
+    prior = _load_prior(args.prior)
+    if args.kind is not None:
+        from calib_lightning.posteriors import as_posterior
+
+        unnormalized = args.kind != "posterior"
+        estimator = as_posterior(estimator, kind=args.kind, prior=prior if unnormalized else None)
+        prior = None if unnormalized else prior
     if args.recalibrated:
         before = estimator
         estimator = _recalibrated(args.checkpoint, estimator, data["theta"], data["x"])
@@ -120,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             checks=args.checks.split(",") if args.checks else None,
             labels=args.labels.split(",") if args.labels else None,
             num_posterior_samples=args.num_posterior_samples, level=args.level,
-            seed=args.seed, before=before, prior=_load_prior(args.prior),
+            seed=args.seed, before=before, prior=prior,
         )  # fmt: skip
     page = diagnosis.save(args.out)
     print(diagnosis.verdict[0].upper() + diagnosis.verdict[1:])

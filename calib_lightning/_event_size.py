@@ -25,6 +25,8 @@ def check_event_size(posterior: Posterior | Any, theta: Tensor, x: Tensor) -> No
         return
     post = as_posterior(posterior)
     post = post.posterior if isinstance(post, SharedDraws) else post
+    if isinstance(post, Posterior):
+        post.check_reading(theta, x)  # data shaped for another reading of the model
     size = post.event_size()
     if size is None and isinstance(post, DistributionPosterior):
         with contextlib.suppress(ValueError, RuntimeError):  # the full evaluation reports these

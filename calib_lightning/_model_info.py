@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -21,7 +20,6 @@ __all__ = [
     "distribution_dtype",
     "is_nflows",
     "nflows_context",
-    "sbi_estimator",
     "zuko_context",
 ]
 
@@ -96,18 +94,6 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         yield
     finally:
         torch.set_default_dtype(previous)
-
-
-def sbi_estimator(obj: object) -> Any | None:
-    """The sbi density estimator behind ``obj``, or ``None`` if ``obj`` is not from sbi."""
-    if not type(obj).__module__.startswith("sbi."):
-        return None
-    try:
-        from sbi.neural_nets.estimators.base import ConditionalDensityEstimator
-    except ImportError:  # pragma: no cover - an old sbi
-        return None
-    estimator = getattr(obj, "posterior_estimator", obj)
-    return estimator if isinstance(estimator, ConditionalDensityEstimator) else None
 
 
 def is_nflows(obj: object) -> bool:

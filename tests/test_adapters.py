@@ -88,8 +88,10 @@ def nflows_flow(embedding: bool = False, conditional_base: bool = False) -> obje
     return flow
 
 
-def sbi_estimator(model: str, direct_posterior: bool = False) -> object:
-    """An sbi estimator from sbi's own builder, its z-scoring fitted on the offset, scaled x."""
+def sbi_estimator(model: str, direct_posterior: bool = False, declared: bool = True) -> object:
+    """An sbi estimator from sbi's own builder, its z-scoring fitted on the offset, scaled x;
+    ``declared``: as ``cl.as_posterior(estimator, kind="posterior")``, as a user must pass
+    an estimator with ``dim theta = dim x``."""
     pytest.importorskip("sbi")
     from sbi.neural_nets import posterior_nn
 
@@ -97,9 +99,9 @@ def sbi_estimator(model: str, direct_posterior: bool = False) -> object:
     torch.manual_seed(0)
     build = posterior_nn(model=model, hidden_features=32, num_transforms=2)
     estimator = build(theta.float(), x.float()).double()
-    fit(estimator, estimator)
+    fit(estimator, cl.as_posterior(estimator, kind="posterior"))
     if not direct_posterior:
-        return estimator
+        return cl.as_posterior(estimator, kind="posterior") if declared else estimator
     from sbi.inference.posteriors import DirectPosterior
 
     prior = MultivariateNormal(torch.zeros(D), torch.eye(D))
@@ -294,8 +296,8 @@ def test_conformal_levels_of_every_adapter_are_nominal_on_its_own_draws(adapter)
 def test_the_check_sees_a_flow_that_skips_its_embedding():
     """The defect of sbi 0.27's ``NFlowsFlow.inverse_transform``: raw ``x`` into the flow
     instead of the embedding net's z-scored ``x``. The normality check must reject it."""
-    estimator = sbi_estimator("maf")
-    post = cl.as_posterior(estimator)
+    estimator = sbi_estimator("maf", declared=False)
+    post = cl.as_posterior(estimator, kind="posterior")
     _, x = simulate(NUM_SAMPLES, seed=2)
     torch.manual_seed(3)
     theta = post.sample(x, 1)[0]
@@ -314,7 +316,7 @@ def test_an_sbi_estimator_without_a_flow_has_no_latent():
     estimator = posterior_nn(model="mdn", hidden_features=8, num_components=2)(
         theta.float(), x.float()
     )
-    post = cl.as_posterior(estimator)
+    post = cl.as_posterior(estimator, kind="posterior")
     assert post.sample(x[:5].float(), 2).shape == (2, 5, D)
     with pytest.raises(ValueError, match="to_latent needs an sbi flow estimator"):
         post.to_latent(theta[:5].float(), x[:5].float())

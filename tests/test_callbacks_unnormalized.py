@@ -258,14 +258,16 @@ def test_setup_errors_say_what_to_pass():
     theta, x = pairs(50, 3)
     flow = lambda m: (lambda x: Independent(torch.distributions.Normal(x, 1.0), 1))  # noqa: E731
     cases = [  # (callback, what the error says)
-        (ImportanceCoverageCallback(theta, x, estimator="ratio"),
+        (ImportanceCoverageCallback(theta, x, estimator="ratio"),  # f(theta, x), no prior
+         r"two arguments, ratio\(theta, x\).*pass the callback prior=prior"),
+        (ImportanceCoverageCallback(theta, x, estimator=flow),
          r"ImportanceCoverageCallback checks a ratio or likelihood estimator: pass prior="),
         (KCCSDCallback(theta, x, estimator=lambda m: m.ratio, prior=PRIOR, seed=1),
          None),  # works
         (KCCSDCallback(theta, x, estimator=flow),
          None),  # a posterior x -> Distribution, no prior: works as before
-        (ImportanceCoverageCallback(theta, x, estimator=flow, prior=PRIOR),
-         r"estimator must be a callable \(theta \(M, D\), x \(M, \*X\)\) -> \(M,\)"),
+        (ImportanceCoverageCallback(theta, x, estimator=flow, prior=PRIOR),  # x -> Distribution
+         r"prior must be given only with a ratio or likelihood estimator.*x -> Distribution"),
         (KCCSDCallback(theta, x, estimator="ratio", prior="box"),
          r"prior must be"),
         (KCCSDCallback(theta, x, estimator=lambda m: zuko.flows.MAF(2, 2), prior=PRIOR),
@@ -285,7 +287,7 @@ def test_an_sbi_ratio_estimator_without_prior_is_refused_at_setup():
     classifier_nn = pytest.importorskip("sbi.neural_nets").classifier_nn
     ratio = classifier_nn("mlp", hidden_features=8)(*pairs(64, 9))
     callback = KCCSDCallback(*pairs(50, 3), estimator="ratio")
-    with pytest.raises(ValueError, match=r"sbi ratio estimator.*pass the callback prior=prior"):
+    with pytest.raises(ValueError, match=r"sbi RatioEstimator \(a ratio estimator.*pass the callback prior=prior"):
         fit(NRE(ratio), [callback], epochs=1)
 
 

@@ -381,7 +381,7 @@ def test_latent_checks_hold_their_level_on_a_trained_sbi_maf(trained_sbi_maf):
 
     theta, x = gaussian_linear(NPE_CALIBRATION_PAIRS, seed=10_000)
     _, observations = gaussian_linear(3, seed=999)
-    post = cl.as_posterior(trained_sbi_maf)
+    post = cl.as_posterior(trained_sbi_maf, kind="posterior")  # dim theta = dim x
     # the NPE is close to the exact posterior N(10 (x - 5) / 104, I / 26)
     with torch.no_grad():
         log_q = post.log_prob(theta, x)

@@ -150,7 +150,8 @@ def _sbi(model):
 
     theta, x = toy_pairs(200, 0)
     torch.manual_seed(0)
-    return posterior_nn(model=model, hidden_features=16, num_transforms=2)(theta, x)
+    estimator = posterior_nn(model=model, hidden_features=16, num_transforms=2)(theta, x)
+    return cl.as_posterior(estimator, kind="posterior")  # dim theta = dim x: declared
 
 
 def _transformed(x):

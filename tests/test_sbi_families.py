@@ -151,7 +151,13 @@ def test_diagnose_runs_every_check_the_estimator_supports(family, prior, tmp_pat
     ratio estimators; the sample checks listed as skipped; the report renders."""
     _, kind, _, estimator = family
     theta, x = _pairs(300, 5)
-    report = cl.diagnose(estimator, theta, x, prior=prior)
+    if kind == "likelihood":  # dim theta = dim x: its shapes cannot tell it from an NPE
+        with pytest.raises(ValueError, match="must say what it estimates"):
+            cl.diagnose(estimator, theta, x, prior=prior)
+        declared = cl.as_posterior(estimator, prior=prior, kind="likelihood")
+        report = cl.diagnose(declared, theta, x)
+    else:
+        report = cl.diagnose(estimator, theta, x, prior=prior)
     expected = {"kccsd", "coverage_is"} | ({"balance"} if kind == "ratio" else set())
     assert set(report.checks) | {"coverage_is"} >= expected  # coverage may not judge
     assert ("coverage_is" in report.checks) != ("coverage_is" in report.skipped)

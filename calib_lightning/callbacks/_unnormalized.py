@@ -1,17 +1,16 @@
 r"""What a callback's estimator is: a posterior, or a ratio or likelihood with ``prior=``.
 
-A callback reads its estimator through :func:`callback_posterior`. Without ``prior`` the
-estimator is a posterior estimator (:func:`calib_lightning.as_posterior`); an sbi ratio or
-likelihood estimator is refused with the fix (pass ``prior=``). With ``prior`` the user
-says the estimator is **not** a posterior: an sbi ratio or likelihood estimator (or an sbi
-MCMC posterior) goes through ``as_posterior(estimator, prior=prior)``, and any other
-callable is read as :math:`f(\theta, x)`, a log-ratio or log-likelihood, batched
-``(theta (M, D), x (M, *X)) -> (M,)``: the posterior is
-:class:`~calib_lightning.UnnormalizedPosterior` ``(f, prior=prior)``, known through its
-score only (a lampe ``NRE`` goes through ``as_posterior`` too). A posterior estimator (a zuko
-or nflows flow, an sbi or lampe posterior estimator, a
-:class:`~calib_lightning.posteriors.Posterior`) with ``prior`` is refused, never read as
-a likelihood.
+A callback reads its estimator through :func:`callback_posterior`, which is
+:func:`calib_lightning.as_posterior` (the same reading, the same errors): without
+``prior`` the estimator is a posterior estimator, and a ratio or likelihood estimator is
+refused with the fix (pass ``prior=``); with ``prior`` the user says it is **not** a
+posterior: an sbi or lampe ratio or likelihood estimator, an sbi MCMC posterior, or a
+callable :math:`f(\theta, x)` (a log-ratio or log-likelihood, batched
+``(theta (M, D), x (M, *X)) -> (M,)``) gives an
+:class:`~calib_lightning.UnnormalizedPosterior`, known through its score only. A
+posterior estimator (a zuko or nflows flow, an sbi or lampe posterior estimator, a
+callable ``x -> Distribution``, a :class:`~calib_lightning.posteriors.Posterior`) with
+``prior`` is refused, never read as a likelihood.
 
 At setup (:func:`check_capabilities`, :func:`check_unnormalized_fits`) a callback whose
 check needs what the posterior lacks (samples, latents) fails at once and says which
@@ -28,16 +27,15 @@ from torch import Tensor
 
 from calib_lightning._checks import check_pairs
 from calib_lightning._event_size import check_event_size
-from calib_lightning._model_info import is_nflows, sbi_estimator
 from calib_lightning.callbacks._plumbing import SetupError
 from calib_lightning.posteriors import (
     CAPABILITIES,
     Posterior,
     UnnormalizedPosterior,
     as_posterior,
+    recognize,
     supports,
 )
-from calib_lightning.posteriors.unnormalized import sbi_kind
 
 __all__ = ["callback_posterior", "check_capabilities", "check_unnormalized_fits"]
 
@@ -48,46 +46,29 @@ SCORE_ONLY_CALLBACKS = (
 )
 
 
-def _is_posterior_estimator(estimator: Any) -> bool:
-    """Whether ``estimator`` is something :func:`as_posterior` reads by its type (a
-    :class:`Posterior`, an nflows or zuko flow, an sbi or lampe object), not a plain callable."""
-    if isinstance(estimator, Posterior) or is_nflows(estimator):
-        return True
-    if type(estimator).__module__.split(".")[0] in ("sbi", "zuko", "nflows", "lampe"):
-        return True
-    try:
-        from zuko.lazy import LazyDistribution
-    except ImportError:  # pragma: no cover - zuko is a dependency
-        return sbi_estimator(estimator) is not None
-    return isinstance(estimator, LazyDistribution) or sbi_estimator(estimator) is not None
-
-
 def callback_posterior(estimator: Any, prior: Any = None) -> Posterior:
     """The posterior a callback checks (module docstring).
 
     Arguments:
         estimator: what the callback found on the LightningModule.
         prior: ``None`` (``estimator`` is a posterior estimator), or the prior
-            :math:`p(\\theta)` of a ratio or likelihood ``estimator`` (a
+            :math:`p(\theta)` of a ratio or likelihood ``estimator`` (a
             ``torch.distributions.Distribution`` with event shape ``(D,)``).
 
     Raises:
-        SetupError: an sbi ratio or likelihood estimator without ``prior``.
+        SetupError: a ratio or likelihood estimator without ``prior``.
         ValueError: ``prior`` with a posterior estimator, or a ``prior`` that is none.
     """
-    if prior is None:
-        kind = sbi_kind(estimator)
-        if kind in ("ratio", "likelihood"):
+    if prior is None and not isinstance(estimator, Posterior):
+        found = recognize(estimator)
+        if found is not None and "posterior" not in found.readings and found.prior is None:
             raise SetupError(
                 f"estimator must be a posterior estimator when the callback has no prior, got "
-                f"an sbi {kind} estimator ({type(estimator).__name__}), whose posterior is "
-                "known only up to a constant: pass the callback prior=prior (its prior, e.g. "
-                "sbi's BoxUniform) and check it with " + SCORE_ONLY_CALLBACKS
+                f"{found.what}, whose posterior is known only up to a constant: pass the "
+                "callback prior=prior (its prior, e.g. sbi's BoxUniform) and check it with "
+                + SCORE_ONLY_CALLBACKS
             )
-        return as_posterior(estimator)
-    if _is_posterior_estimator(estimator):
-        return as_posterior(estimator, prior=prior)
-    return UnnormalizedPosterior(estimator, prior=prior)
+    return as_posterior(estimator, prior=prior)
 
 
 def check_capabilities(callback: Any, posterior: Posterior, needs: tuple[str, ...]) -> None:

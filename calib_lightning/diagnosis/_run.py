@@ -46,9 +46,14 @@ from calib_lightning.diagnosis._names import (
 from calib_lightning.diagnosis._regions import summarize_region
 from calib_lightning.diagnosis._report import Diagnosis
 from calib_lightning.plots._grid import select_parameters
-from calib_lightning.posteriors import UnnormalizedPosterior, as_posterior, supports, unsupported
-from calib_lightning.posteriors._lampe import lampe_kind
-from calib_lightning.posteriors._sbi_kinds import _SbiRatio, sbi_kind
+from calib_lightning.posteriors import (
+    UnnormalizedPosterior,
+    as_posterior,
+    recognize,
+    supports,
+    unsupported,
+)
+from calib_lightning.posteriors._dispatch import resolve_with_data
 from calib_lightning.posteriors.base import Posterior
 from calib_lightning.posteriors.samples import SamplePosterior
 
@@ -126,6 +131,7 @@ class UnnormalizedWithSampler(UnnormalizedPosterior):
     def __init__(self, inner: UnnormalizedPosterior, sampler: Any) -> None:
         Posterior.__init__(self, inner.module)
         self.prior, self._size, self._context = inner.prior, inner._size, inner._context
+        self.kind = inner.kind
         self.sampler = sampler if isinstance(sampler, Posterior) else SamplePosterior(
             sampler, num_dims=inner._size)  # fmt: skip
         if "sample" not in self.sampler.capabilities:
@@ -137,19 +143,25 @@ class UnnormalizedWithSampler(UnnormalizedPosterior):
 
 
 def is_ratio(post: Posterior) -> bool:
-    """Whether ``post`` is the posterior of a ratio estimator (sbi's, lampe's)."""
-    module = getattr(post, "module", None)
-    return isinstance(module, _SbiRatio) or lampe_kind(module) == "ratio"
+    """Whether ``post`` is the posterior of a ratio estimator (sbi's, lampe's, or declared
+    with ``kind="ratio"``)."""
+    return getattr(post, "kind", None) == "ratio"
 
 
-def _target(posterior: Any, prior: Any) -> Posterior:
-    """The posterior ``diagnose`` checks: a ratio or likelihood estimator (sbi's, lampe's)
-    with the prior is the :class:`UnnormalizedPosterior` of ``as_posterior(..., prior=)``."""
-    if prior is not None and not isinstance(posterior, Posterior) and (
-        sbi_kind(posterior) in ("ratio", "likelihood") or lampe_kind(posterior) == "ratio"
-    ):  # fmt: skip
-        return as_posterior(posterior, prior=prior)
-    return as_posterior(posterior)
+def _target(posterior: Any, prior: Any, theta: Tensor, x: Tensor) -> Posterior:
+    """The posterior ``diagnose`` checks: a ratio or likelihood estimator with the prior is
+    the :class:`UnnormalizedPosterior` of ``as_posterior(..., prior=)``; a posterior
+    estimator keeps ``prior`` for the support check; an estimator that may be either is
+    read by the shapes of ``theta`` and ``x``."""
+    if prior is None or isinstance(posterior, Posterior):
+        return as_posterior(posterior)
+    found = recognize(posterior)
+    if found is None:
+        return as_posterior(posterior)
+    reading = resolve_with_data(found, prior, theta, x)
+    if reading == "posterior":
+        return as_posterior(posterior, kind="posterior" if found.default is None else None)
+    return as_posterior(posterior, prior=prior, kind=reading if reading != "unnormalized" else None)
 
 
 def diagnose(
@@ -295,7 +307,7 @@ def diagnose(
                              "got observations=None")  # fmt: skip
         if "support" in checks and prior is None:
             raise ValueError("checks ['support'] need the prior, got prior=None")
-    post = _target(posterior, prior)
+    post = _target(posterior, prior, theta, x)
     if sampler is not None:
         if not isinstance(post, UnnormalizedPosterior):
             raise ValueError("sampler must be given only with a posterior known up to its "

@@ -17,13 +17,7 @@ import torch
 from torch import Tensor
 
 from calib_lightning._checks import as_float, model_dtype, model_errors
-from calib_lightning.posteriors import Posterior, UnnormalizedPosterior
-from calib_lightning.posteriors._sbi_kinds import (
-    POTENTIAL_POSTERIORS,
-    _SbiLikelihood,
-    adapt_sbi,
-    sbi_kind,
-)
+from calib_lightning.posteriors import Posterior, UnnormalizedPosterior, recognize
 
 __all__ = ["log_ratio_function", "log_ratio_matrix"]
 
@@ -37,31 +31,42 @@ _NOT_A_RATIO = (
 def log_ratio_function(estimator: Any) -> Callable[[Tensor, Tensor], Tensor]:
     r"""``estimator`` as a callable ``(theta (M, D), x (M, *X)) -> log r (M,)``; a
     ``ValueError`` naming ``estimator`` when it is a likelihood or posterior estimator."""
+    return _ratio(estimator)[0]
+
+
+def _ratio(estimator: Any) -> tuple[Callable[[Tensor, Tensor], Tensor], Any]:
+    """:func:`log_ratio_function`, and ``(D, X)`` where the estimator tells them."""
     if isinstance(estimator, UnnormalizedPosterior):
-        if isinstance(estimator.module, _SbiLikelihood):
-            raise ValueError(_NOT_A_RATIO.format(what="a posterior built from a likelihood "
-                                                      "estimator (NLE): log q(x | theta) is "
-                                                      "not a classifier's logit"))  # fmt: skip
-        return estimator.log_likelihood
+        if estimator.kind == "likelihood":
+            what = (
+                "a posterior built from a likelihood estimator (NLE): log q(x | theta) is "
+                "not a classifier's logit"
+            )
+            raise ValueError(_NOT_A_RATIO.format(what=what))
+        return estimator.log_likelihood, (estimator.event_size(), estimator.context_shape())
     if isinstance(estimator, Posterior):
         raise ValueError(_NOT_A_RATIO.format(what=f"the posterior {estimator!r}"))
-    module = type(estimator).__module__
-    if type(estimator).__name__ in POTENTIAL_POSTERIORS and module.startswith("sbi."):
-        inner = getattr(estimator.potential_fn, "ratio_estimator", None)
-        if inner is None:
-            raise ValueError(_NOT_A_RATIO.format(
-                what=f"an sbi {type(estimator).__name__} without a ratio estimator"))
-        estimator = inner
-    kind = sbi_kind(estimator)
-    if module.startswith("sbi.") and kind != "ratio":
-        what = {"likelihood": "an sbi likelihood estimator (NLE)",
-                "posterior": "an sbi posterior estimator (NPE)"}  # fmt: skip
-        raise ValueError(_NOT_A_RATIO.format(what=what.get(kind, f"sbi's {type(estimator)}")))
-    if kind == "ratio":
-        return adapt_sbi(estimator)[0]
-    if not callable(estimator):
-        raise ValueError(_NOT_A_RATIO.format(what=type(estimator).__name__))
-    return estimator
+    found = recognize(estimator)
+    if found is None or not ({"ratio", "unnormalized"} & set(found.readings)):
+        what = type(estimator).__name__ if found is None else found.what
+        raise ValueError(_NOT_A_RATIO.format(what=what))
+    return found.log_likelihood, found.shapes.get("ratio", (None, None))
+
+
+def _check_shapes(theta: Tensor, x: Tensor, shapes: Any) -> None:
+    """``theta (N, D)`` and ``x (N, *X)`` against the estimator's ``(D, X)``, where known,
+    before the ``N^2`` pairs are formed (so an error names the user's shapes)."""
+    size, context = shapes
+    if size is not None and theta.shape[-1] != size:
+        raise ValueError(
+            f"theta must have shape (N, D) = (N, {size}) for this estimator, got "
+            f"{tuple(theta.shape)}"
+        )
+    if context is not None and tuple(x.shape[1:]) != tuple(context):
+        raise ValueError(
+            f"x must have shape (N, {', '.join(map(str, context))}) for this estimator, got "
+            f"{tuple(x.shape)}"
+        )
 
 
 def log_ratio_matrix(
@@ -76,7 +81,8 @@ def log_ratio_matrix(
         x: observations ``(N, *X)``.
         max_pairs_per_call: pairs per call of the estimator (whole rows at a time).
     """
-    f = log_ratio_function(estimator)
+    f, shapes = _ratio(estimator)
+    _check_shapes(theta, x, shapes)
     n = theta.shape[0]
     dtype = model_dtype(f)
     rows = max(1, max_pairs_per_call // n)

@@ -30,9 +30,10 @@ from calib_lightning.results import Result
 __all__ = ["LC2STResult", "LocalC2ST", "ProbabilityMap", "check_observations"]
 
 
-def _context_shape(posterior: Any) -> tuple[int, ...] | None:
+def _context_shape(posterior: Any, x: Tensor) -> tuple[int, ...] | None:
     """The shape of one observation the posterior was built for, when it tells (else
-    ``None``: a plain callable, a module with an embedding net, samples)."""
+    ``None``: a plain callable, a module with an embedding net, samples); its error first
+    when ``x (N, *X)`` is shaped for another reading of the model."""
     if posterior is None or isinstance(posterior, Tensor):
         return None
     try:
@@ -40,6 +41,8 @@ def _context_shape(posterior: Any) -> tuple[int, ...] | None:
     except ValueError:  # the evaluation reports it
         return None
     post = getattr(post, "posterior", post)  # shared draws wrap the posterior
+    if isinstance(post, Posterior):
+        post.check_reading(None, x)
     shape = post.context_shape() if isinstance(post, Posterior) else None
     return None if shape is None else tuple(shape)
 
@@ -242,7 +245,7 @@ class LocalC2ST(KeepShapes):
         built for, ``x`` is checked against it first, and a mismatch between ``x`` and the
         observations then names the observations.
         """
-        context = _context_shape(posterior)
+        context = _context_shape(posterior, x)
         if context is not None and tuple(x.shape[1:]) != context:
             raise ValueError(
                 f"x must have shape (N, {', '.join(map(str, context))}) for this posterior's "

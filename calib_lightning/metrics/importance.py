@@ -150,6 +150,7 @@ class ImportanceCoverage(Metric):
         """Credibility and ESS of each true ``theta (N, D)`` at ``x (N, *X)``."""
         check_pairs(theta, x)
         target = as_posterior(posterior)
+        target.check_reading(theta, x)  # data shaped for another reading of the model
         if not isinstance(target, UnnormalizedPosterior):
             raise ValueError(
                 "posterior must be an UnnormalizedPosterior (or an sbi ratio/likelihood "

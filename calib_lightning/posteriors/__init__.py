@@ -63,12 +63,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from calib_lightning._model_info import is_nflows, sbi_estimator
-from calib_lightning.posteriors._lampe import LampeFlow, lampe_kind, masked_ratio_error
+from calib_lightning.posteriors._dispatch import (
+    check_kind,
+    prior_unused,
+    recognize,
+    resolve,
+    tried,
+)
 from calib_lightning.posteriors.base import (
     CAPABILITIES,
     NotDifferentiableError,
     Posterior,
+    Recognized,
     UnsupportedError,
     WrappedPosterior,
     check_width,
@@ -80,12 +86,8 @@ from calib_lightning.posteriors.distributions import DistributionPosterior
 from calib_lightning.posteriors.flows import NflowsPosterior
 from calib_lightning.posteriors.samples import SamplePosterior
 from calib_lightning.posteriors.sbi import SbiPosterior
-from calib_lightning.posteriors.unnormalized import (
-    UnnormalizedPosterior,
-    sbi_kind,
-    unnormalized_from_sbi,
-)
-from calib_lightning.posteriors.vector_fields import VectorFieldPosterior, vector_field_estimator
+from calib_lightning.posteriors.unnormalized import UnnormalizedPosterior
+from calib_lightning.posteriors.vector_fields import VectorFieldPosterior
 
 __all__ = [
     "CAPABILITIES",
@@ -93,6 +95,7 @@ __all__ = [
     "NflowsPosterior",
     "NotDifferentiableError",
     "Posterior",
+    "Recognized",
     "SamplePosterior",
     "SbiPosterior",
     "UnnormalizedPosterior",
@@ -102,13 +105,17 @@ __all__ = [
     "as_posterior",
     "check_width",
     "density_draws",
+    "recognize",
     "supports",
     "unsupported",
 ]
 
 
-def as_posterior(obj: Any, *, prior: Any = None) -> Posterior:
+def as_posterior(obj: Any, *, prior: Any = None, kind: str | None = None) -> Posterior:
     """Wrap a conditional density estimator in the package's :class:`Posterior` interface.
+
+    What ``obj`` is comes from ``obj`` itself (its class and its shapes), through the
+    adapter modules' ``recognize`` (:data:`~calib_lightning.posteriors._dispatch.FAMILIES`).
 
     Arguments:
         obj: a :class:`Posterior` (returned as is, e.g. a :class:`SamplePosterior` for a
@@ -118,85 +125,56 @@ def as_posterior(obj: Any, *, prior: Any = None) -> Posterior:
             ``VectorFieldPosterior``, a lampe ``NPE`` or ``FMPE``, any callable
             ``x -> torch.distributions.Distribution`` with event shape ``(D,)``; with
             ``prior``: an sbi ratio estimator (``NRE_A/B/C``, ``BNRE``) or likelihood
-            estimator (``NLE``, ``MNLE``), a lampe ``NRE``; an sbi ``MCMCPosterior``,
-            ``RejectionPosterior`` or ``ImportanceSamplingPosterior`` (its potential's
-            prior unless ``prior`` is given). The last three give an
+            estimator (``NLE``, ``MNLE``), a lampe ``NRE``, a callable ``f(theta, x)``
+            (a log-likelihood or log-ratio, ``(M, D), (M, *X) -> (M,)``); an sbi
+            ``MCMCPosterior``, ``RejectionPosterior`` or ``ImportanceSamplingPosterior``
+            (its potential's prior unless ``prior`` is given). These give an
             :class:`UnnormalizedPosterior` (scores only).
         prior: the prior :math:`p(\theta)` of a ratio or likelihood estimator, a
             ``torch.distributions.Distribution`` with event shape ``(D,)``.
+        kind: what ``obj`` estimates, where it cannot tell: ``"posterior"``,
+            ``"likelihood"`` or ``"ratio"``. sbi's posterior and likelihood estimators
+            are the same classes: one that models ``theta`` given ``x`` of the same
+            width needs ``kind="posterior"`` (or, for a likelihood, its ``prior``).
 
     Returns:
         The adapter.
 
     Raises:
-        ValueError: an sbi or lampe ratio or likelihood estimator without ``prior`` (it is
-            not a posterior), or a ``prior`` given with a posterior estimator.
+        ValueError: a ratio or likelihood estimator without ``prior`` (it is not a
+            posterior), a ``prior`` given with a posterior estimator, an estimator whose
+            kind neither it nor the caller tells, a ``kind`` it cannot be, or an object
+            no adapter knows.
+
+    Example:
+        >>> import torch
+        >>> from torch.distributions import Independent, Normal
+        >>> def log_likelihood(theta, x):  # x ~ N(theta, 1)
+        ...     return Normal(theta, 1.0).log_prob(x).sum(-1)
+        >>> prior = Independent(Normal(torch.zeros(2), torch.ones(2)), 1)
+        >>> as_posterior(log_likelihood, prior=prior)
+        UnnormalizedPosterior(log_likelihood, prior=Independent)
     """
+    check_kind(kind)
     if isinstance(obj, Posterior):
-        if prior is not None:
-            raise _prior_unused(obj)
-        return obj
-    unnormalized = unnormalized_from_sbi(obj, prior)
-    if unnormalized is not None:
-        return unnormalized
-    lampe = lampe_kind(obj)
-    if lampe is not None:
-        return _from_lampe(obj, lampe, prior)
-    kind = sbi_kind(obj)
-    if kind in ("ratio", "likelihood"):
-        if prior is None:
-            what = "ratio estimator r(theta, x)" if kind == "ratio" else (
-                "likelihood estimator q(x | theta)")  # fmt: skip
-            raise ValueError(
-                f"posterior must be a posterior estimator, got an sbi {what}, whose posterior "
-                "is known only up to a constant given the prior: pass "
-                "cl.as_posterior(estimator, prior=prior) or "
-                "cl.UnnormalizedPosterior(estimator, prior=prior)"
-            )
-        return UnnormalizedPosterior(obj, prior=prior)
+        return _declared_posterior(obj, prior, kind)
+    found = recognize(obj)
+    if found is None:
+        raise ValueError(f"posterior must be one of: {tried()}; got {type(obj).__name__}")
+    reading = resolve(found, prior=prior, kind=kind)
+    if reading == "posterior":
+        return found.posterior()
+    declared = kind if kind != "posterior" else None
+    return UnnormalizedPosterior(obj, prior=found.prior if prior is None else prior, kind=declared)
+
+
+def _declared_posterior(post: Posterior, prior: Any, kind: str | None) -> Posterior:
+    """A :class:`Posterior` as it is, if ``prior`` and ``kind`` fit it."""
+    unnormalized = isinstance(post, UnnormalizedPosterior)
     if prior is not None:
-        if sbi_estimator(obj) is not None and kind is None:  # sbi cannot say: a likelihood
-            return UnnormalizedPosterior(sbi_estimator(obj), prior=prior)
-        raise _prior_unused(obj)
-    if vector_field_estimator(obj) is not None:
-        return VectorFieldPosterior(obj)
-    estimator = sbi_estimator(obj)
-    if estimator is not None:
-        return SbiPosterior(estimator)
-    if is_nflows(obj):
-        return NflowsPosterior(obj)
-    if callable(obj):
-        return DistributionPosterior(obj)
-    raise ValueError(
-        "posterior must be a zuko flow, an nflows Flow, or a callable "
-        f"x -> torch.distributions.Distribution, got {type(obj).__name__}"
-    )
-
-
-def _from_lampe(obj: Any, kind: str, prior: Any) -> Posterior:
-    """The adapter of a lampe estimator (:mod:`~calib_lightning.posteriors._lampe`)."""
-    if kind == "masked_ratio":
-        raise masked_ratio_error(obj)
-    if kind == "ratio":
-        if prior is None:
-            raise ValueError(
-                "posterior must be a posterior estimator, got a lampe NRE (a ratio estimator "
-                "r(theta, x)), whose posterior is known only up to a constant given the "
-                "prior: pass cl.as_posterior(estimator, prior=prior)"
-            )
-        return UnnormalizedPosterior(obj, prior=prior)
-    if prior is not None:
-        raise _prior_unused(obj)
-    if kind == "posterior":
-        return DistributionPosterior(obj.flow)
-    posterior = DistributionPosterior(LampeFlow(obj))
-    posterior.costly = frozenset({"log_prob", "score"})
-    return posterior
-
-
-def _prior_unused(obj: Any) -> ValueError:
-    return ValueError(
-        "prior must be given only with a ratio or likelihood estimator (or an sbi MCMC "
-        f"posterior), got a prior with {type(obj).__name__}, a posterior estimator that "
-        "needs none"
-    )
+        raise prior_unused(Recognized(f"the adapter {post!r}", ("posterior",), "posterior"))
+    if kind is not None and (kind == "posterior") == unnormalized:
+        raise ValueError(
+            f"kind must fit the estimator: posterior is the adapter {post!r}, got kind={kind!r}"
+        )
+    return post

@@ -21,7 +21,10 @@ from typing import Any
 from torch import Tensor, nn
 from torch.distributions import Distribution
 
-__all__ = ["LampeFlow", "lampe_kind"]
+from calib_lightning.posteriors.base import Posterior, Recognized
+from calib_lightning.posteriors.distributions import DistributionPosterior
+
+__all__ = ["LampeFlow", "lampe_kind", "recognize"]
 
 # subclasses before their base classes (AMNRE is an NRE)
 _KINDS = {"AMNRE": "masked_ratio", "NPE": "posterior", "FMPE": "flow_matching", "NRE": "ratio"}
@@ -41,6 +44,42 @@ def lampe_kind(obj: Any) -> str | None:
         if cls is not None and isinstance(obj, cls):
             return kind
     return None
+
+
+def recognize(obj: Any) -> Recognized | None:
+    """What a lampe estimator is (module docstring); a ``ValueError`` for an ``AMNRE``."""
+    kind = lampe_kind(obj)
+    if kind is None:
+        return None
+    name = type(obj).__name__
+    if kind == "masked_ratio":
+        raise masked_ratio_error(obj)
+    if kind == "ratio":
+        return Recognized(
+            f"a lampe {name} (a ratio estimator r(theta, x))",
+            ("ratio",),
+            "ratio",
+            log_likelihood=obj,
+        )
+    if kind == "posterior":
+        return Recognized(
+            f"a lampe {name} (a posterior estimator)",
+            ("posterior",),
+            "posterior",
+            lambda: DistributionPosterior(obj.flow),
+        )
+    return Recognized(
+        f"a lampe {name} (a flow-matching posterior estimator)",
+        ("posterior",),
+        "posterior",
+        lambda: _continuous_flow(obj),
+    )
+
+
+def _continuous_flow(obj: nn.Module) -> Posterior:
+    posterior = DistributionPosterior(LampeFlow(obj))
+    posterior.costly = frozenset({"log_prob", "score"})
+    return posterior
 
 
 class LampeFlow(nn.Module):

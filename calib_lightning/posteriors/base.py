@@ -6,6 +6,8 @@ Adapters (the other modules of :mod:`calib_lightning.posteriors`) subclass
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,6 +26,7 @@ __all__ = [
     "CAPABILITIES",
     "NotDifferentiableError",
     "Posterior",
+    "Recognized",
     "UnsupportedError",
     "WrappedPosterior",
     "check_width",
@@ -106,6 +109,46 @@ def density_draws(posterior: Any) -> bool:
     return supports(posterior, "log_prob") and "log_prob" not in costly
 
 
+#: what an estimator can be read as: a posterior q(theta | x), a likelihood q(x | theta), a
+#: ratio r(theta, x), or ``"unnormalized"``: a likelihood or a ratio, it does not say which
+READINGS = ("posterior", "likelihood", "ratio", "unnormalized")
+
+
+@dataclass(frozen=True)
+class Recognized:
+    """What an adapter module's ``recognize(obj)`` makes of an object it knows.
+
+    Attributes:
+        what: the object in words, for messages (``"an sbi RatioEstimator"``).
+        readings: what it can be read as, among :data:`READINGS`.
+        default: the reading when the caller declares nothing (no ``prior``, no
+            ``kind``); ``None`` when the object cannot tell (an sbi density estimator with
+            ``dim theta = dim x``).
+        posterior: builds the normalized adapter (the reading ``"posterior"``).
+        log_likelihood: :math:`f(\theta, x)`, a batched callable ``(theta (M, D),
+            x (M, *X)) -> (M,)``, for the other readings.
+        shapes: for each reading, ``(D, X)``: the width of ``theta`` and the shape of one
+            ``x`` that reading implies, ``None`` where the object does not say.
+        prior: a prior the object carries (an sbi ``MCMCPosterior``'s potential).
+    """
+
+    what: str
+    readings: tuple[str, ...]
+    default: str | None
+    posterior: Callable[[], Posterior] | None = None
+    log_likelihood: Any = None
+    shapes: dict[str, tuple[int | None, tuple[int, ...] | None]] = field(default_factory=dict)
+    prior: Any = None
+
+    def fits(self, reading: str, size: int | None, context: tuple[int, ...] | None) -> bool:
+        """Whether ``theta`` of width ``size`` and one ``x`` of shape ``context`` (each
+        ``None``: not known) fit ``reading``'s shapes."""
+        expected_size, expected_context = self.shapes.get(reading, (None, None))
+        return (expected_size is None or size is None or expected_size == size) and (
+            expected_context is None or context is None or tuple(expected_context) == context
+        )
+
+
 class UnsupportedError(ValueError):
     """A posterior cannot compute what a check needs (a capability it lacks, found from its
     ``capabilities`` or only when the model runs); ``cl.diagnose`` skips that check."""
@@ -173,6 +216,11 @@ class Posterior:
     def context_shape(self) -> tuple[int, ...] | None:
         """Shape of one observation ``X`` the model was built for, when known."""
         return None
+
+    def check_reading(self, theta: Tensor | None, x: Tensor) -> None:
+        """Raise a ``ValueError`` where ``theta (N, D)`` and ``x (N, *X)`` fit another
+        reading of the model than this adapter's (an sbi density estimator given data
+        shaped for a likelihood); nothing by default."""
 
     def _prepare_x(self, x: Tensor) -> Tensor:
         """``x`` checked against the context shape and the model's device, and cast to the

@@ -4,7 +4,9 @@ its standard-normal base."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -17,9 +19,56 @@ from torch.distributions import (
 )
 
 from calib_lightning._model_info import distribution_dtype, zuko_context
-from calib_lightning.posteriors.base import Posterior, UnsupportedError
+from calib_lightning.posteriors.base import Posterior, Recognized, UnsupportedError
 
-__all__ = ["DistributionPosterior", "draws_and_log_prob"]
+__all__ = ["DistributionPosterior", "draws_and_log_prob", "recognize", "required_arguments"]
+
+
+def required_arguments(fn: Any) -> int | None:
+    """How many positional arguments calling ``fn`` needs (an ``nn.Module``'s ``forward``'s),
+    ``None`` when its signature does not say (``*args``, a builtin)."""
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        parameters = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
+        return None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in positional and p.default is inspect.Parameter.empty for p in parameters)
+
+
+def recognize(obj: Any) -> Recognized | None:
+    """Any other callable, by what calling it needs: one argument, ``x -> Distribution``
+    (a posterior); two, ``f(theta, x)``, a log-likelihood or log-ratio (a posterior known
+    up to a constant, given the prior); a signature that does not say, a posterior unless
+    a prior is given."""
+    if not callable(obj):
+        return None
+    what = (
+        type(obj).__name__
+        if isinstance(obj, torch.nn.Module)
+        else getattr(obj, "__name__", type(obj).__name__)
+    )
+    needed = required_arguments(obj)
+    if needed is not None and needed > 2:
+        return None
+    if needed == 2:
+        return Recognized(
+            f"a callable of two arguments, {what}(theta, x), read as a log-likelihood or "
+            "log-ratio f(theta, x)",
+            ("unnormalized",),
+            "unnormalized",
+            log_likelihood=obj,
+        )
+    readings = ("posterior",) if needed is not None else ("posterior", "unnormalized")
+    return Recognized(
+        f"a callable {what}, read as x -> Distribution",
+        readings,
+        "posterior",
+        lambda: DistributionPosterior(obj),
+        log_likelihood=obj,
+    )
 
 
 class DistributionPosterior(Posterior):

@@ -8,10 +8,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from calib_lightning._model_info import default_dtype, nflows_context
-from calib_lightning.posteriors.base import Posterior, UnsupportedError
+from calib_lightning._model_info import default_dtype, is_nflows, nflows_context
+from calib_lightning.posteriors.base import Posterior, Recognized, UnsupportedError
 
-__all__ = ["NflowsPosterior"]
+__all__ = ["NflowsPosterior", "recognize"]
+
+
+def recognize(obj: Any) -> Recognized | None:
+    """An nflows ``Flow`` is read as a posterior estimator, its context as ``x``."""
+    if not is_nflows(obj):
+        return None
+    return Recognized(
+        f"an nflows {type(obj).__name__}",
+        ("posterior",),
+        "posterior",
+        lambda: NflowsPosterior(obj),
+    )
 
 
 class NflowsPosterior(Posterior):

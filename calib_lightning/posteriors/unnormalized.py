@@ -26,18 +26,10 @@ from torch import Tensor
 from torch.distributions import Transform, biject_to, constraints
 
 from calib_lightning._prior import not_a_prior, outside_support
-from calib_lightning.posteriors._sbi_kinds import (
-    POTENTIAL_POSTERIORS,
-    PotentialOverPairs,
-    adapt_sbi,
-    sbi_kind,
-)
-from calib_lightning.posteriors.base import (
-    Posterior,
-    unsupported,
-)
+from calib_lightning.posteriors._dispatch import recognize, resolve
+from calib_lightning.posteriors.base import Posterior, unsupported
 
-__all__ = ["UnnormalizedPosterior", "in_testing_space", "sbi_kind", "unnormalized_from_sbi"]
+__all__ = ["UnnormalizedPosterior", "in_testing_space"]
 
 
 class UnnormalizedPosterior(Posterior):
@@ -53,12 +45,17 @@ class UnnormalizedPosterior(Posterior):
     Arguments:
         log_likelihood: :math:`f`, a batched callable ``(theta (M, D), x (M, *X)) -> (M,)``
             returning a log-likelihood or a log-ratio, up to any function of ``x``; an sbi
-            ``RatioEstimator`` (``NRE_A/B/C``, ``BNRE``: :math:`\log r`) or an sbi
-            likelihood estimator (``NLE``, ``MNLE``: :math:`\log q(x \mid \theta)`) is
-            adapted as such.
+            ``RatioEstimator`` (``NRE_A/B/C``, ``BNRE``: :math:`\log r`), an sbi
+            likelihood estimator (``NLE``, ``MNLE``: :math:`\log q(x \mid \theta)`), a
+            lampe ``NRE`` or an sbi ``MCMCPosterior`` is adapted as such.
         prior: :math:`p`, a ``torch.distributions.Distribution`` with event shape
             ``(D,)`` (batch and event shape together; sbi's ``BoxUniform``), whose
             ``support`` decides the space KCCSD tests in (:meth:`unconstrained`).
+        kind: ``"ratio"`` or ``"likelihood"``: what :math:`f` is, where the estimator does
+            not say (a plain callable); a ratio gets the balance check.
+
+    Attributes:
+        kind: ``"ratio"``, ``"likelihood"``, or ``None`` when not known.
 
     Example:
         A Gaussian likelihood :math:`x \sim N(\theta, I)` and a standard normal prior:
@@ -77,23 +74,39 @@ class UnnormalizedPosterior(Posterior):
 
     capabilities: frozenset[str] = frozenset({"score"})
 
-    def __init__(self, log_likelihood: Callable[[Tensor, Tensor], Tensor], prior: Any) -> None:
-        log_likelihood, shapes = adapt_sbi(log_likelihood)
-        if not callable(log_likelihood):
+    def __init__(
+        self,
+        log_likelihood: Callable[[Tensor, Tensor], Tensor],
+        prior: Any,
+        *,
+        kind: str | None = None,
+    ) -> None:
+        if kind not in (None, "ratio", "likelihood"):
+            raise ValueError(f"kind must be 'ratio', 'likelihood' or None, got {kind!r}")
+        found = None if isinstance(log_likelihood, Posterior) else recognize(log_likelihood)
+        if found is None:
             got = type(log_likelihood).__name__
             raise ValueError(
                 "log_likelihood must be a callable (theta (M, D), x (M, *X)) -> (M,), an sbi "
                 f"RatioEstimator or an sbi likelihood estimator, got {got}"
             )
         self._size = _prior_size(prior)
-        if shapes is not None and shapes[0] is not None and shapes[0] != self._size:
+        if found.readings == ("posterior",):
             raise ValueError(
-                f"prior must have event shape (D,) = ({shapes[0]},) like the estimator's "
+                f"log_likelihood must be a likelihood or ratio estimator, got {found.what} "
+                "(a posterior estimator): pass it to cl.as_posterior without a prior"
+            )
+        reading = resolve(found, prior=prior, kind=kind, argument="log_likelihood")
+        size, context = found.shapes.get(reading, (None, None))
+        if size is not None and size != self._size:
+            raise ValueError(
+                f"prior must have event shape (D,) = ({size},) like the estimator's "
                 f"parameters, got ({self._size},)"
             )
-        super().__init__(log_likelihood)
+        super().__init__(found.log_likelihood)
         self.prior = prior
-        self._context = None if shapes is None else shapes[1]
+        self.kind = kind if kind is not None else (reading if reading != "unnormalized" else None)
+        self._context = context
 
     def __repr__(self) -> str:
         name = getattr(self.module, "__name__", type(self.module).__name__)
@@ -139,9 +152,24 @@ class UnnormalizedPosterior(Posterior):
 
     def unnormalized_log_prob(self, theta: Tensor, x: Tensor) -> Tensor:
         r""":math:`f(\theta, x) + \log p(\theta)` at ``theta (*, N, D)``, ``x (N, *X)``:
-        ``(*, N)``, the log-density up to a constant per ``x``."""
+        ``(*, N)``, the log-density up to a constant per ``x``; ``-inf`` outside the
+        prior's support whatever :math:`f` is there.
+
+        Raises:
+            ValueError: :math:`f` is ``+inf`` or NaN inside the prior's support.
+        """
         f = self.log_likelihood(theta, x)
-        return f + self.log_prior(theta.to(f.dtype)).to(f)
+        log_p = self.log_prior(theta.to(f.dtype)).to(f)
+        outside = log_p == float("-inf")
+        bad = ~outside & (torch.isnan(f) | (f == float("inf")))
+        if bool(bad.any()):
+            what = "NaN" if bool(torch.isnan(f[bad]).any()) else "+inf"
+            rows = bad.reshape(-1, bad.shape[-1]).any(0).nonzero().flatten()[:5].tolist()
+            raise ValueError(
+                f"log_likelihood must be finite inside the prior's support, got {what} at "
+                f"{int(bad.sum())} of {bad.numel()} points (rows of x: {rows})"
+            )
+        return torch.where(outside, log_p, f + log_p)
 
     def score(self, theta: Tensor, x: Tensor, *, create_graph: bool = False) -> Tensor:
         r"""Score :math:`\nabla_\theta [f(\theta, x) + \log p(\theta)]`, ``(*, N, D)``, NaN
@@ -203,7 +231,7 @@ class _Unconstrained(UnnormalizedPosterior):
 
     def __init__(self, inner: UnnormalizedPosterior, transform: Transform) -> None:
         Posterior.__init__(self, inner.module)
-        self.inner, self.transform = inner, transform
+        self.inner, self.transform, self.kind = inner, transform, inner.kind
         self.prior, self._size, self._context = inner.prior, inner._size, inner._context
 
     def unnormalized_log_prob(self, theta: Tensor, x: Tensor) -> Tensor:
@@ -220,45 +248,19 @@ class _Unconstrained(UnnormalizedPosterior):
 
 def in_testing_space(posterior: Any, theta: Tensor) -> tuple[Any, Tensor, str | None]:
     """``(posterior, theta, space)`` in the space a Stein test runs in: for an
-    :class:`UnnormalizedPosterior` with a bounded prior (or an sbi object
-    :func:`~calib_lightning.as_posterior` makes one of), its :meth:`~UnnormalizedPosterior.
-    unconstrained` posterior, ``u = T^{-1}(theta)`` and ``"unconstrained"``; otherwise the
-    inputs unchanged and ``None``."""
+    :class:`UnnormalizedPosterior` with a bounded prior (or an sbi posterior over a
+    potential, which carries its prior), its :meth:`~UnnormalizedPosterior.unconstrained`
+    posterior, ``u = T^{-1}(theta)`` and ``"unconstrained"``; otherwise the inputs
+    unchanged and ``None``."""
     if not isinstance(posterior, UnnormalizedPosterior):
-        if not type(posterior).__module__.startswith("sbi."):
+        found = None if isinstance(posterior, Posterior) else recognize(posterior)
+        if found is None or found.prior is None:
             return posterior, theta, None
-        from calib_lightning.posteriors import as_posterior  # the package imports this module
-
-        posterior = as_posterior(posterior)  # refuses ratio and likelihood estimators
-        if not isinstance(posterior, UnnormalizedPosterior):
-            return posterior, theta, None
+        posterior = UnnormalizedPosterior(posterior, prior=found.prior)
     inner = posterior.unconstrained()
     if inner is None:
         return posterior, theta, None
     return inner, posterior.to_unconstrained(theta.detach()), "unconstrained"
-
-
-def unnormalized_from_sbi(obj: Any, prior: Any = None) -> UnnormalizedPosterior | None:
-    """An :class:`UnnormalizedPosterior` for an sbi ``MCMCPosterior``,
-    ``RejectionPosterior`` or ``ImportanceSamplingPosterior`` (through its potential:
-    likelihood or ratio estimator and prior; ``prior`` replaces the potential's; a
-    subclass of sbi's potential, e.g. a tempered one, is evaluated as it is), or ``None``
-    when ``obj`` is none of them."""
-    if type(obj).__name__ not in POTENTIAL_POSTERIORS or not type(obj).__module__.startswith(
-        "sbi."
-    ):
-        return None
-    potential = obj.potential_fn
-    own_prior = getattr(potential, "prior", None)
-    prior = own_prior if prior is None else prior
-    if type(potential).__module__.startswith("sbi."):  # sbi's own: its estimator is all of it
-        for name in ("likelihood_estimator", "ratio_estimator"):
-            estimator = getattr(potential, name, None)
-            if estimator is not None:
-                return UnnormalizedPosterior(estimator, prior=prior)
-    # a potential of the user's (a subclass that tempers or adds a term) is used as it is
-    over_pairs = PotentialOverPairs(potential, own_prior if own_prior is not None else prior)
-    return UnnormalizedPosterior(over_pairs, prior=prior)
 
 
 def _prior_size(prior: Any) -> int:

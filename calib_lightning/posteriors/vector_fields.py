@@ -36,10 +36,10 @@ from torch.distributions.transforms import AffineTransform
 from zuko.distributions import NormalizingFlow
 from zuko.transforms import ComposedTransform
 
-from calib_lightning.posteriors.base import Posterior
+from calib_lightning.posteriors.base import Posterior, Recognized
 from calib_lightning.posteriors.distributions import DistributionPosterior
 
-__all__ = ["VectorFieldPosterior", "vector_field_estimator"]
+__all__ = ["VectorFieldPosterior", "recognize", "vector_field_estimator"]
 
 
 def vector_field_estimator(obj: object) -> Any | None:
@@ -53,6 +53,19 @@ def vector_field_estimator(obj: object) -> Any | None:
         return None
     estimator = getattr(obj, "vector_field_estimator", obj)
     return estimator if isinstance(estimator, ConditionalVectorFieldEstimator) else None
+
+
+def recognize(obj: object) -> Recognized | None:
+    """An sbi vector-field estimator or ``VectorFieldPosterior`` is a posterior estimator."""
+    estimator = vector_field_estimator(obj)
+    if estimator is None:
+        return None
+    return Recognized(
+        f"an sbi {type(obj).__name__} (a vector-field posterior estimator)",
+        ("posterior",),
+        "posterior",
+        lambda: VectorFieldPosterior(obj),
+    )
 
 
 class _ODEFlow(nn.Module):
