@@ -396,8 +396,16 @@ def test_a_verdict_inside_its_monte_carlo_error_says_so():
                               p_value_error=torch.tensor(0.001, dtype=torch.float64))
     found = verdict({"tarp": near}, 0.05)
     assert found.unsettled == {"tarp": (0.045, 0.01)}
-    assert "TARP (p = 0.045 ± 0.01) within twice its Monte Carlo error" in found.sentence
+    assert "TARP (p = 0.045, another seed 0.025-0.065) within twice its Monte Carlo" in (
+        found.sentence
+    )
     assert verdict({"tarp": far}, 0.05).unsettled == {}
+    # an error larger than the p-value: the range stops at 0, never "p = 0.053 ± 0.1"
+    wide = dataclasses.replace(near, p_value=torch.tensor(0.053, dtype=torch.float64),
+                               p_value_error=torch.tensor(0.1, dtype=torch.float64))
+    sentence = verdict({"tarp": wide}, 0.05).sentence
+    assert "(p = 0.053, another seed 0-0.25)" in sentence
+    assert "±" not in sentence
     report = cl.diagnosis.Diagnosis({"tarp": near}, level=0.05)
     row = next(r for r in report.rows() if r["check"] == "tarp")
     assert row["verdict"] == "rejected (within Monte Carlo error)"

@@ -42,15 +42,13 @@ def size(name: str, result: Any, findings: Verdict, level: float) -> str:
         if at is not None:
             text += f"; at the observations {float(at.min()):.0%}-{float(at.max()):.0%}"
         return text
-    if name == "coverage_is":  # the sign alone: over-confident or biased (a shift reads so)
-        error = float(result.coverage_error)
-        reading = ""
-        if name in findings.rejected:
-            reading = (" (the regions miss the truth too often: over-confident or biased)"
-                       if error < 0 else " (the regions hold the truth too often: "
-                       "under-confident)")  # fmt: skip
-        return (f"coverage error {error:+.3f}{reading}; median effective sample size "
-                f"{float(result.ess_median):.0f}")  # fmt: skip
+    if name == "coverage_is":  # its one-sided tests name a direction, as the ranks' do
+        tested = [d for d in findings.directions if d.check == "coverage_is"]
+        named = [d.words for d in tested if d.named]
+        error = f"coverage error {float(result.coverage_error):+.3f}"
+        error = tested[0].size() if tested else error
+        reading = f" ({named[0]})" if named else ""
+        return f"{error}{reading}; median effective sample size {float(result.ess_median):.0f}"
     if name == "balance":
         return (f"balance {float(result.statistic):+.4f}, 95 % "
                 f"interval [{float(result.lower):+.4f}, {float(result.upper):+.4f}] "

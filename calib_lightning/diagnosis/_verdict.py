@@ -19,11 +19,15 @@ unchanged.
 when a test *of that direction* rejects: the one-sided t-tests of
 :func:`~calib_lightning.functional.direction.rank_mean_test` on the rank histogram, the
 joint (HPD) rank for over/under-confidence and each marginal rank for a posterior too
-high or too low, ``2 (D + 1)`` one-sided hypotheses with Holm's correction
-(:func:`~calib_lightning.functional.holm_adjust`), which controls the family-wise error
-under any dependence. They are gated, closed-testing style, by the overall verdict and
-by the rank check's own verdict, so the sentence never names a direction the table
-does not back. Without a direction the sentence names the checks that rejected.
+high or too low (``2 (D + 1)`` hypotheses), and, for a posterior known up to a constant,
+the same tests on the importance-sampled credibilities of ``coverage_is``
+(:func:`~calib_lightning.functional.direction.credibility_mean_test`: two more, whose
+"too rarely" side reads "over-confident or biased", since a shift does it too), all
+with one Holm correction (:func:`~calib_lightning.functional.holm_adjust`), which
+controls the family-wise error under any dependence. Each is gated, closed-testing
+style, by the overall verdict and by its own check's verdict, so the sentence never
+names a direction the table does not back. Without a direction the sentence names the
+checks that rejected, and says whether a directional test ran.
 
 **Per-observation lists** (L-C2ST-NF "wrong at", misspecification "outside the
 simulator") are Holm-adjusted over the ``O`` observations and gated by the check's own
@@ -51,11 +55,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from scipy import stats
+from torch import Tensor
 
 from calib_lightning.diagnosis._overall import (
     LOCAL_TESTS,
@@ -69,7 +74,7 @@ from calib_lightning.diagnosis._overall import (
 )
 from calib_lightning.diagnosis._overall import verdict_p_value as _verdict_p_value
 from calib_lightning.functional.combine import holm_adjust
-from calib_lightning.functional.direction import rank_mean_test
+from calib_lightning.functional.direction import credibility_mean_test, rank_mean_test
 from calib_lightning.plots._format import format_p_value
 
 __all__ = [
@@ -114,8 +119,9 @@ class Direction:
         estimate: coverage error (joint) or mean fractional rank (parameter).
         half_width: half-width of its ``1 - level`` confidence interval.
         p_value: one-sided p-value.
-        adjusted_p_value: Holm-adjusted over the ``2 (D + 1)`` one-sided tests.
-        named: it rejects after Holm, and the overall and rank verdicts reject.
+        adjusted_p_value: Holm-adjusted over every one-sided test of the diagnosis.
+        named: it rejects after Holm, and the overall verdict and its check's reject.
+        check: the check whose result it tests (``"ranks"``, ``"coverage_is"``).
     """
 
     words: str
@@ -125,6 +131,7 @@ class Direction:
     p_value: float
     adjusted_p_value: float
     named: bool
+    check: str = "ranks"
 
     def size(self) -> str:
         """``coverage error -0.088 ± 0.028`` or ``mean rank 0.31 ± 0.03, 0.5 if unbiased``."""
@@ -185,15 +192,20 @@ def _name(labels: Sequence[str] | None, d: int) -> str:
     return f"{labels[d]}" if labels is not None else f"parameter {d}"
 
 
-def direction_tests(
-    ranks: Any, level: float, gate: bool, labels: Sequence[str] | None = None
-) -> list[Direction]:
-    """The ``2 (D + 1)`` one-sided rank-mean tests, Holm-adjusted; ``gate``: may name."""
+def _one_sided(test: Any, level: float) -> tuple[Tensor, Any]:
+    """``(p, half)``: the one-sided p-values ``(K, 2)`` (mean above 1/2, below) and the
+    half-widths of the ``1 - level`` intervals ``(K,)`` of a :class:`RankMeanTest`."""
+    p = torch.stack([test.p_greater, test.p_less], -1).reshape(-1, 2)
+    quantile = stats.t.ppf(1 - level / 2, test.num_pairs.reshape(-1).cpu().numpy() - 1)
+    return p, test.standard_error.reshape(-1).cpu().numpy() * quantile
+
+
+def _rank_directions(
+    ranks: Any, level: float, labels: Sequence[str] | None
+) -> list[tuple[Direction, str]]:
+    """The rank check's directions (not yet adjusted), the joint rank first."""
     test = rank_mean_test(ranks.histogram)  # each (D + 1,): marginal rows, then joint
-    p = torch.stack([test.p_greater, test.p_less], -1)  # (D + 1, 2)
-    adjusted = holm_adjust(p.flatten()).view_as(p)
-    quantile = stats.t.ppf(1 - level / 2, test.num_pairs.cpu().numpy() - 1)
-    half = test.standard_error.cpu().numpy() * quantile
+    p, half = _one_sided(test, level)
     num_dims = p.shape[0] - 1
     out = []
     for row in (num_dims, *range(num_dims)):  # the joint rank first
@@ -206,13 +218,56 @@ def direction_tests(
                 where = "too low" if side == 0 else "too high"
                 words = f"biased in {_name(labels, row)}: posterior {where}"
                 estimate = 0.5 + float(test.offset[row])
-            adj = float(adjusted[row, side])
-            out.append(Direction(
-                words=words, parameter=None if joint else row, estimate=estimate,
-                half_width=float(half[row]), p_value=float(p[row, side]), adjusted_p_value=adj,
-                named=gate and adj < level,
-            ))  # fmt: skip
+            direction = Direction(
+                words=words,
+                parameter=None if joint else row,
+                estimate=estimate,
+                half_width=float(half[row]),
+                p_value=float(p[row, side]),
+                adjusted_p_value=float("nan"),
+                named=False,
+            )
+            out.append((direction, "ranks"))
     return out
+
+
+def _coverage_directions(result: Any, level: float) -> list[tuple[Direction, str]]:
+    """The importance-sampled coverage check's two directions (not yet adjusted)."""
+    if result.cannot_judge is not None or result.credibility.numel() < 2:
+        return []
+    test = credibility_mean_test(result.credibility)
+    p, half = _one_sided(test, level)
+    words = ("over-confident or biased", "under-confident")  # a shift reads as the first
+    return [
+        (
+            Direction(
+                words=words[side],
+                parameter=None,
+                estimate=-float(test.offset),
+                half_width=float(half[0]),
+                p_value=float(p[0, side]),
+                adjusted_p_value=float("nan"),
+                named=False,
+                check="coverage_is",
+            ),
+            "coverage_is",
+        )
+        for side in range(2)
+    ]
+
+
+def _holm(
+    tests: list[tuple[Direction, str]], level: float, gates: Mapping[str, bool]
+) -> list[Direction]:
+    """The directions with one Holm correction over all of them; each named when its
+    adjusted p-value is below ``level`` and its check's gate is open."""
+    if not tests:
+        return []
+    adjusted = holm_adjust(torch.tensor([d.p_value for d, _ in tests], dtype=torch.float64))
+    return [
+        replace(d, adjusted_p_value=float(a), named=bool(gates.get(check)) and float(a) < level)
+        for (d, check), a in zip(tests, adjusted.tolist(), strict=True)
+    ]
 
 
 def observation_list(
@@ -274,15 +329,20 @@ def verdict(
         p, error = _verdict_p_value(name, result), verdict_p_value_error(name, result)
         if p is not None and error and abs(p - level) < 2 * error and name not in cannot:
             unsettled[name] = (p, error)
-    if unsettled:
-        words = _and([f"{NAMES.get(n, (n, ''))[0]} (p = {p:.2g} ± {e:.1g})"
-                      for n, (p, e) in unsettled.items()])  # fmt: skip
+    if unsettled:  # the range another seed may give, inside [0, 1], not p ± an error
+        words = _and([
+            f"{NAMES.get(n, (n, ''))[0]} (p = {p:.2g}, another seed "
+            f"{max(0.0, p - 2 * e):.2g}-{min(1.0, p + 2 * e):.2g})"
+            for n, (p, e) in unsettled.items()
+        ])
         notes.append(f"{words} within twice {'its' if len(unsettled) == 1 else 'their'} Monte "
                      f"Carlo error of the level {level:g}: another seed may decide otherwise")
 
-    ranks = checks.get("ranks")
-    directions = [] if ranks is None else direction_tests(
-        ranks, level, overall_rejects and "ranks" in rejected, labels)  # fmt: skip
+    tests = [] if "ranks" not in checks else _rank_directions(checks["ranks"], level, labels)
+    if "coverage_is" in checks:
+        tests += _coverage_directions(checks["coverage_is"], level)
+    gates = {name: overall_rejects and name in rejected for name in ("ranks", "coverage_is")}
+    directions = _holm(tests, level, gates)
     lists: dict[str, ObservationList] = {}
     for name in (n for n in LOCAL_TESTS if n in checks):
         lists[name] = observation_list(name, checks[name], level,
@@ -324,11 +384,12 @@ def verdict(
             # the joint test cannot tell too narrow from misplaced: do not claim "narrow"
             found[0] = (f"credible regions cover the truth too rarely ({directions[0].size()}; "
                         "a bias alone does this)")  # fmt: skip
+        found = list(dict.fromkeys(found))  # the ranks and coverage_is may say the same
         if "support" in rejected:  # exact: the true posterior has no mass there
             share = float(checks["support"].statistic)
             found.insert(0, f"{share:.1%} of its draws at the calibration x lie outside the "
                             "prior's support, where the true posterior puts none")  # fmt: skip
-        shown = {"ranks", "support"} if any(d.named for d in directions) else {"support"}
+        shown = {"support"} | {d.check for d in directions if d.named}
         for name in (n for n in LOCAL_TESTS if n in lists):
             local = lists[name]
             if local.named:
@@ -350,8 +411,10 @@ def verdict(
             see = f": see {figures}" if figures else " (no figure of its own)"
             if not figures and found:
                 see = ", which has no figure of its own"
-            if not found:
+            if not found and directions:
                 found.append(f"{words} {verb}, but no directional test does{see}")
+            elif not found:
+                found.append(f"{words} {verb}{see}; no directional test ran")
             else:
                 found.append(f"also rejected by {words}{see}")
         if not found:

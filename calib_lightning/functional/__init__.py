@@ -30,7 +30,11 @@ from calib_lightning.functional.conformal import (
     leaf_quantiles,
     min_pairs,
 )
-from calib_lightning.functional.direction import RankMeanTest, rank_mean_test
+from calib_lightning.functional.direction import (
+    RankMeanTest,
+    credibility_mean_test,
+    rank_mean_test,
+)
 from calib_lightning.functional.distance_rank import distance_log_prob
 from calib_lightning.functional.importance import (
     ImportanceCoverageResult,
@@ -151,6 +155,7 @@ __all__ = [
     "conformal_ranks",
     "coverage_error",
     "credibility",
+    "credibility_mean_test",
     "default_num_bins",
     "density_coverage",
     "density_threshold",

@@ -52,7 +52,7 @@ from torch import Tensor
 from calib_lightning.functional._tails import student_t_cdf
 from calib_lightning.functional.ranks import _check_counts
 
-__all__ = ["RankMeanTest", "rank_mean_test"]
+__all__ = ["RankMeanTest", "credibility_mean_test", "rank_mean_test"]
 
 
 class RankMeanTest(NamedTuple):
@@ -123,5 +123,51 @@ def rank_mean_test(histogram: Tensor) -> RankMeanTest:
         statistic=statistic,
         p_greater=student_t_cdf(-statistic, n - 1),  # P(T >= t)
         p_less=student_t_cdf(statistic, n - 1),  # P(T <= t)
+        num_pairs=n,
+    )
+
+
+def credibility_mean_test(credibility: Tensor) -> RankMeanTest:
+    r"""The one-sided t-tests of :func:`rank_mean_test` on continuous credibilities.
+
+    For credibilities :math:`c_i \in [0, 1]` that are :math:`U(0, 1)` under calibration
+    (the importance-sampled highest-density credibility of
+    :func:`~calib_lightning.functional.importance_credibility`, the latent ball's
+    :math:`F_{\chi^2_D}(|z|^2)`): :math:`t = (\bar c - 1/2) / (s_c / \sqrt N)`,
+    studentized for the same reason as the ranks' test. A mean above 1/2 means the truth
+    sits outside most of the posterior's mass: its credible regions cover it too rarely
+    (over-confident, or misplaced); below 1/2, too often (under-confident).
+
+    Arguments:
+        credibility: ``(*, N)``, ``N >= 2``.
+
+    Returns:
+        :class:`RankMeanTest`, each field ``(*)``, ``offset`` :math:`\bar c - 1/2`
+        (``-coverage_error``).
+
+    Example:
+        >>> high = torch.linspace(0.3, 1.0, 50)  # truths in the tails
+        >>> out = credibility_mean_test(high)
+        >>> round(float(out.offset), 3), bool(out.p_greater < 1e-4), float(out.p_less) > 0.99
+        (0.15, True, True)
+    """
+    if not isinstance(credibility, Tensor) or credibility.ndim < 1:
+        got = tuple(credibility.shape) if isinstance(credibility, Tensor) else credibility
+        raise ValueError(f"credibility must have shape (*, N), got {got}")
+    if credibility.shape[-1] < 2:
+        raise ValueError(f"credibility must hold N >= 2 values, got {credibility.shape[-1]}")
+    c = credibility.double()
+    n = torch.full(c.shape[:-1], float(c.shape[-1]), dtype=torch.float64, device=c.device)
+    offset = c.mean(-1) - 0.5
+    error = (c.var(-1) / n).sqrt()
+    error = torch.where(error > 1e-12, error, torch.zeros_like(error))
+    statistic = torch.where(error > 0, offset / error, offset.sign() * torch.inf)
+    statistic = torch.where(offset == 0, torch.zeros_like(statistic), statistic)
+    return RankMeanTest(
+        offset=offset,
+        standard_error=error,
+        statistic=statistic,
+        p_greater=student_t_cdf(-statistic, n - 1),
+        p_less=student_t_cdf(statistic, n - 1),
         num_pairs=n,
     )
