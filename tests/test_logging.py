@@ -1,9 +1,10 @@
 """What reaches the loggers: tiny p-values without underflow, read back from the files.
 
-What must hold: a p-value of 1e-100 arrives in a CSVLogger file as 1e-100 and in a
-TensorBoard event file as its exact log10 (TensorBoard stores float32, where 1e-100 is
-0); every p-value tag, vector entries included, has its ``log10_`` tag and no count
-does; a failed check logs NaN for both; the summary table prints the tiny value.
+What must hold: a p-value of 1e-100 arrives in a CSVLogger file and in a TensorBoard
+event file (float32, where 1e-100 is 0) as the same readable floor, float32's smallest
+normal number, and as its exact log10; every p-value tag, vector entries included, has
+its ``log10_`` tag and no count does; a failed check logs NaN for both; the history and
+the summary table keep and print the tiny value.
 """
 
 import csv
@@ -19,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from calib_lightning.callbacks import CalibrationCallback, summary_table
-from calib_lightning.callbacks._scalars import is_p_value, logged_scalars
+from calib_lightning.callbacks._scalars import P_VALUE_TAG_FLOOR, is_p_value, logged_scalars
 from calib_lightning.functional.bands import P_VALUE_FLOOR
 from calib_lightning.tasks import GaussianToy
 
@@ -101,10 +102,11 @@ def test_a_p_value_of_1e_100_reaches_csv_and_tensorboard(tmp_path):
 
     row = csv_row(csv_logger)
     tag = "calibration/fixed/"
-    # CSV stores Python floats: the float64 p-value itself, not a float32 floor
-    assert float(row[tag + "global_p_value"]) == TINY
-    assert float(row[tag + "p_value"]) == 4.7e-156
-    assert float(row[tag + "marginal_p_values/0"]) == TINY
+    # every logger stores the same floor for the p-value, and its exact log10
+    assert float(row[tag + "global_p_value"]) == P_VALUE_TAG_FLOOR
+    assert float(row[tag + "p_value"]) == P_VALUE_TAG_FLOOR
+    assert float(row[tag + "marginal_p_values/0"]) == P_VALUE_TAG_FLOOR
+    assert float(row[tag + "marginal_p_values/1"]) == 0.5
     assert float(row[tag + "log10_global_p_value"]) == pytest.approx(-100.0, abs=1e-12)
     assert float(row[tag + "log10_p_value"]) == pytest.approx(math.log10(4.7e-156), abs=1e-12)
     # a p-value of exactly 0 (a metric of one's own) gets the float64 floor, not -inf
@@ -115,8 +117,9 @@ def test_a_p_value_of_1e_100_reaches_csv_and_tensorboard(tmp_path):
     assert tag + "log10_statistic" not in row
 
     scalars = tensorboard_scalars(tensorboard)
-    # TensorBoard stores float32: the p-value underflows there ...
-    assert scalars[tag + "global_p_value"] < torch.finfo(torch.float32).tiny
+    # TensorBoard stores float32: the floor is its smallest normal number, not 0 ...
+    assert scalars[tag + "global_p_value"] == pytest.approx(P_VALUE_TAG_FLOOR, rel=1e-6)
+    assert scalars[tag + "global_p_value"] == pytest.approx(float(row[tag + "global_p_value"]))
     # ... and its log10 is exact
     assert scalars[tag + "log10_global_p_value"] == -100.0
     assert scalars[tag + "log10_marginal_p_values/0"] == -100.0
@@ -131,13 +134,13 @@ def test_a_p_value_of_1e_100_reaches_csv_and_tensorboard(tmp_path):
     assert " rejected" in table
 
 
-def test_mlflow_stores_the_float64_p_value(tmp_path, monkeypatch):
+def test_mlflow_stores_the_floor_and_the_exact_log10(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # a file store: no database to set up
     logger = MLFlowLogger(experiment_name="logs", tracking_uri=f"file:{tmp_path / 'mlruns'}")
     fit([logger])
     history = logger.experiment.get_metric_history(logger.run_id, "calibration/fixed/p_value")
-    assert [m.value for m in history] == [4.7e-156]
+    assert [m.value for m in history] == [P_VALUE_TAG_FLOOR]
     history = logger.experiment.get_metric_history(
         logger.run_id, "calibration/fixed/log10_global_p_value"
     )

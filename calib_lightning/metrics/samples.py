@@ -229,8 +229,11 @@ class DensityCoverage(Metric):
 
     def compute(self) -> DensityCoverageResult:
         """``density`` and ``coverage``, each of the reference's batch shape."""
-        if bool((self.num_samples == 0).any()):
-            raise ValueError("DensityCoverage.compute() needs at least one sample, got none")
+        if bool((self.num_samples < 2).any()):
+            raise ValueError(
+                "DensityCoverage.compute() needs at least n >= 2 samples, got "
+                f"n = {int(self.num_samples.min())}"
+            )
         dtype = self.reference.dtype
         density = self.counts.sum(-1).to(dtype) / (self.k * self.num_samples.to(dtype))
         coverage = (self.counts > 0).to(dtype).mean(-1)

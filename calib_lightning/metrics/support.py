@@ -80,6 +80,13 @@ class PriorSupport(Metric):
         """The share of all draws outside, the exact p-value and the share per pair."""
         if int(self.num_draws) == 0:
             raise ValueError("PriorSupport.compute() needs at least one update, got none")
+        pairs = sum(int(block.shape[0]) for block in self.leakage) if isinstance(
+            self.leakage, list
+        ) else int(self.leakage.shape[0])
+        if pairs < 2:
+            raise ValueError(
+                f"PriorSupport.compute() needs at least N >= 2 calibration pairs, got N = {pairs}"
+            )
         return SupportResult(
             statistic=self.num_outside.float() / self.num_draws.float(),
             p_value=(self.num_outside == 0).float(),
