@@ -6,7 +6,7 @@ Markdown as comment lines, any other cell is code. It saves its figures as PNG f
 ``figures/`` of the folder it runs in, and its Markdown shows them as
 ``![caption](figures/<file>.png)``.
 
-Running a guide (what ``tests/test_guides.py`` does, one process per guide)::
+Running a guide::
 
     python docs/hooks/guides.py docs/guides/<name>.py
 
@@ -14,7 +14,9 @@ executes its code cells in order in a fresh temporary folder (one torch thread),
 what each one prints, and replaces ``docs/guides/runs/<name>/`` with the figures it saved
 and ``run.json``: the printed output of each code cell, the SHA-256 of the script it ran,
 the commit and the date. The figures are committed with the guide, so the site shows the
-figures of the last run, and the page says which run.
+figures of the last run, and the page says which run. ``--runs DIR`` writes the run to
+``DIR/<name>/`` instead: ``tests/test_guides.py`` runs every guide that way, into a
+temporary folder, so that running the tests leaves the checkout as it was.
 
 As an MkDocs hook, it adds the page ``guides/<name>.md`` for each guide: the Markdown
 cells as they are, each code cell as a Python block followed by what it printed, and the
@@ -197,7 +199,8 @@ def _run_note(name: str, record: dict[str, Any] | None) -> str:
     return (
         f'!!! note "A script that runs"\n    This page is [`{name}.py`]({name}.py) '
         f"(download it and run `python {name}.py`). The output and figures below are "
-        f"from its last run by the test suite (`tests/test_guides.py`): commit {commit}, "
+        f"from its last run (`python docs/hooks/guides.py docs/guides/{name}.py`): "
+        f"commit {commit}, "
         f"{record['date']}, {record['seconds']:.0f} s on one torch thread "
         f"({record['cpu_count']} CPU cores).\n"
     )
@@ -210,7 +213,7 @@ def render(path: Path, runs: Path = RUNS) -> str:
     if record is not None and record["script_sha256"] != script_hash(path):
         _log.warning(
             "guides: %s changed since its last run; run `python docs/hooks/guides.py %s` "
-            "(or tests/test_guides.py) to refresh its output and figures",
+            "to refresh its output and figures, and commit them",
             path.name, path.relative_to(_ROOT).as_posix(),
         )  # fmt: skip
     outputs = list(record["outputs"]) if record is not None else []
@@ -249,10 +252,28 @@ def on_files(files: Any, config: Any) -> Any:
     return files
 
 
-if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        sys.exit("usage: python docs/hooks/guides.py docs/guides/<name>.py [...]")
+def main(argv: list[str] | None = None) -> None:
+    """The command line: run each guide named, writing to ``--runs`` (the committed
+    ``docs/guides/runs/`` by default)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python docs/hooks/guides.py",
+        description="Run how-to guides and save their output and figures.",
+    )
+    parser.add_argument("guides", nargs="+", type=Path, help="docs/guides/<name>.py ...")
+    parser.add_argument(
+        "--runs",
+        type=Path,
+        default=RUNS,
+        help="folder that receives <name>/run.json and the figures (default: %(default)s)",
+    )
+    arguments = parser.parse_args(argv)
     sys.path.insert(0, str(_ROOT))  # the checkout's package, as the tests import it
-    for argument in sys.argv[1:]:
-        done = run(Path(argument))
-        print(f"{argument}: {done['seconds']} s, figures {done['figures']}", file=sys.stderr)
+    for guide in arguments.guides:
+        done = run(guide, arguments.runs.resolve())
+        print(f"{guide}: {done['seconds']} s, figures {done['figures']}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
