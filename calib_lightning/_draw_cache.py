@@ -254,6 +254,21 @@ class SharedDraws(Posterior):
         entry.held = count
         return True
 
+    def hold(self, x: Tensor, samples: Tensor, log_prob: Tensor | None) -> None:
+        """Keep ``samples (S, N, D)`` (and their log-densities ``(S, N)``, ``None`` for a
+        samples-only posterior) as the draws at ``x (N, *X)``: draws made elsewhere, e.g.
+        one set of latent draws pushed through two posteriors."""
+        entry, rows = self._locate(x)
+        if entry.held or rows != slice(0, x.shape[0]):
+            raise ValueError("x must be a tensor this cache holds no draws at, got one it does")
+        if samples.ndim != 3 or samples.shape[1] != x.shape[0]:
+            raise ValueError(f"samples must have shape (S, N, D) with N = {x.shape[0]}, got "
+                             f"{tuple(samples.shape)}")  # fmt: skip
+        entry.width = samples.shape[-1]
+        entry.samples.append(samples)
+        entry.log_prob.append(log_prob if density_draws(self.posterior) else None)
+        entry.held = samples.shape[0]
+
     def serve_draws(
         self, x: Tensor, count: int, max_chunk_elements: int | None = None
     ) -> Tensor | None:
@@ -282,8 +297,13 @@ class SharedDraws(Posterior):
         return self._replay(entry, rows, theta, x, count, max_chunk_elements)
 
     def _stream(
-        self, entry: _Entry, theta: Tensor, x: Tensor, count: int,
-        max_chunk_elements: int | None, fresh: Fresh,
+        self,
+        entry: _Entry,
+        theta: Tensor,
+        x: Tensor,
+        count: int,
+        max_chunk_elements: int | None,
+        fresh: Fresh,
     ) -> Iterator[Chunk]:
         samples: Tensor | None = None
         log_prob: Tensor | None = None
@@ -303,7 +323,12 @@ class SharedDraws(Posterior):
             entry.held = count
 
     def _replay(
-        self, entry: _Entry, rows: slice, theta: Tensor, x: Tensor, count: int,
+        self,
+        entry: _Entry,
+        rows: slice,
+        theta: Tensor,
+        x: Tensor,
+        count: int,
         max_chunk_elements: int | None,
     ) -> Iterator[Chunk]:
         (n, d), dense = theta.shape, density_draws(self.posterior)

@@ -287,7 +287,8 @@ def test_an_sbi_ratio_estimator_without_prior_is_refused_at_setup():
     classifier_nn = pytest.importorskip("sbi.neural_nets").classifier_nn
     ratio = classifier_nn("mlp", hidden_features=8)(*pairs(64, 9))
     callback = KCCSDCallback(*pairs(50, 3), estimator="ratio")
-    with pytest.raises(ValueError, match=r"sbi RatioEstimator \(a ratio estimator.*pass the callback prior=prior"):
+    message = r"sbi RatioEstimator \(a ratio estimator.*pass the callback prior=prior"
+    with pytest.raises(ValueError, match=message):
         fit(NRE(ratio), [callback], epochs=1)
 
 

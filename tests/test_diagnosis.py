@@ -42,8 +42,8 @@ def test_the_report_has_every_check_table_figure_and_summary(tmp_path):
     report = run(TOY.posterior(), theta, x, observations=observations, labels=["a", "b"],
                  reference_samples=reference, prior=TOY.prior())  # fmt: skip
     # L-C2ST runs only in L-C2ST-NF's place (a posterior without latents)
-    assert set(report.checks) == {*cl.diagnosis.CHECKS, "reference"} - {"lc2st", "coverage_is",
-                                                                         "balance"}  # a flow
+    assert set(report.checks) == {*cl.diagnosis.CHECKS, "reference"} - {
+        "lc2st", "coverage_is", "balance", "interval_coverage"}  # a flow; the last runs if named
     assert float(report.checks["support"].p_value) == 1.0  # a normal prior: no draw outside
     assert report.checks["reference"].mmd_p_value.shape == (3,)
     assert float(report.checks["reference"].mmd_p_value.min()) > 0.01  # the same posterior
@@ -297,7 +297,7 @@ def test_command_line_diagnoses_a_checkpoint(tmp_path, monkeypatch, capsys):
     # every check but the support check, which needs the prior, L-C2ST (latents here) and
     # those of a posterior known up to its constant
     assert {row["check"] for row in summary["checks"]} == set(cl.diagnosis.CHECKS) - {
-        "support", "lc2st", "coverage_is", "balance"}
+        "support", "lc2st", "coverage_is", "balance", "interval_coverage"}
     assert summary["verdict"].split(":")[0] in ("calibrated", "miscalibrated")
     with pytest.raises(ValueError, match="--module must be"):
         main(["diagnose", "--module", "toy_npe", "--checkpoint", "x", "--data", "y"])
@@ -368,7 +368,7 @@ def test_command_line_diagnoses_the_recalibrated_posterior_beside_the_flow(
 
 
 def test_diagnose_gives_the_local_test_enough_null_classifiers_to_name_an_observation():
-    from calib_lightning.diagnosis._run import local_num_null
+    from calib_lightning.diagnosis.checks import local_num_null
 
     for num_obs in (1, 3, 6, 10, 40):
         h = local_num_null(num_obs, 0.05)

@@ -158,7 +158,9 @@ def test_a_flow_and_its_scale_fix_share_their_latent_draws():
     """Before and after on the same latent draws: the fixed posterior's draws are the
     flow's draws pushed through the fitted latent map, so a small fit moves every draw a
     little instead of redrawing them all."""
-    from calib_lightning.diagnosis._checks import Inputs, shared_draws
+    from calib_lightning.diagnosis._check import Inputs
+    from calib_lightning.diagnosis._run import shared_draws
+    from calib_lightning.evaluation import draws
     from calib_lightning.posteriors import as_posterior
 
     generator = torch.Generator().manual_seed(13)
@@ -169,6 +171,6 @@ def test_a_flow_and_its_scale_fix_share_their_latent_draws():
     inputs = Inputs(theta=theta, x=x, observations=None, reference_samples=None, prior=None,
                     level=0.05, seed=0, num_posterior_samples=30, embedding=None, devices=[])
     after, before = shared_draws([fixed, wrong], inputs)
-    z_after = fixed.to_latent(after.samples, x)
-    z_before = wrong.to_latent(before.samples, x)
+    z_after = fixed.to_latent(draws(after, x, 30), x)
+    z_before = wrong.to_latent(draws(before, x, 30), x)
     torch.testing.assert_close(z_after, z_before, rtol=1e-4, atol=1e-4)

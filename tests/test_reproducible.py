@@ -86,7 +86,7 @@ def test_diagnose_twice_with_one_seed_gives_identical_numbers_and_keeps_the_glob
     assert first.table() == second.table()
     assert first.verdict == second.verdict
     assert first.checks.keys() == second.checks.keys() == {*cl.diagnosis.CHECKS} - {
-        "lc2st", "coverage_is", "balance"}
+        "lc2st", "coverage_is", "balance", "interval_coverage"}
     for name in first.checks:
         assert_identical(first.checks[name], second.checks[name], name)
     other = cl.diagnose(posterior, theta, x, seed=8, num_posterior_samples=50,

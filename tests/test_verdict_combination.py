@@ -1,7 +1,7 @@
 """The overall verdict's combination of the checks (issue 23): level and power.
 
 The verdict of ``cl.diagnose`` combines the checks' verdict p-values with equal weights
-(``_verdict.VERDICT_WEIGHTS``, Bonferroni over the ``K`` checks that ran). It must keep
+(Bonferroni over the ``K`` checks that ran). It must keep
 its level on exact posteriors (fresh data, defaults) and catch, on the same datasets,
 everything its best member catches at level ``0.05 / K``.
 """
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import calib_lightning as cl
-from calib_lightning.diagnosis._verdict import VERDICT_WEIGHTS, combine_verdicts
+from calib_lightning.diagnosis._verdict import combine_verdicts
 from calib_lightning.functional.combine import combine_p_values
 from calib_lightning.tasks import NPTGaussian
 
@@ -40,9 +40,13 @@ def test_weights_renormalize_over_the_tests_that_ran_and_bad_weights_are_refused
         combine_p_values(p, weights=torch.tensor([1.0, 1.0]))
 
 
-def test_the_verdict_weights_cover_the_verdict_checks():
-    assert {"kccsd", "ranks", "tarp", "lc2st_nf"} <= set(VERDICT_WEIGHTS)
-    assert all(w > 0 for w in VERDICT_WEIGHTS.values())
+def test_the_verdict_combines_the_registered_checks_with_equal_weights():
+    from calib_lightning.diagnosis.checks import REGISTRY
+
+    counted = {c.name for c in REGISTRY if c.in_overall and not c.exact}
+    assert {"kccsd", "ranks", "tarp", "lc2st_nf"} <= counted
+    assert combine_verdicts({"kccsd": 0.01, "ranks": 0.5}) == pytest.approx(0.02)
+    assert combine_verdicts({"kccsd": 0.01, "recovery": 0.0}) == pytest.approx(0.01)  # no verdict
     # one check alone: its own p-value
     assert combine_verdicts({"tarp": 0.03}) == pytest.approx(0.03)
 
@@ -86,8 +90,10 @@ def test_the_verdict_keeps_its_level_on_an_exact_posterior_with_x_dependent_cova
     assert 0.01 <= rates["overall"] <= 0.105, rates  # 99 % binomial band, 120 datasets
 
 
+# the mean shift's floor: the 1 % binomial quantile at 40 datasets of the verdict's power on
+# 200 fresh ones (0.54 before issue 50, 0.555 after, when TARP became the metric class's)
 @pytest.mark.parametrize(("mode", "strength", "n", "floor"),
-                         [("heavy_tails", 0.2, 100, 0.6), ("mean_shift", 0.08, 300, 0.5)])
+                         [("heavy_tails", 0.2, 100, 0.6), ("mean_shift", 0.08, 300, 0.375)])
 def test_the_verdict_rejects_whatever_its_best_member_rejects_at_level_over_k(
     mode, strength, n, floor
 ):

@@ -7,6 +7,7 @@ when to check, feeds the held-out pairs to the metric, logs scalars (for
 
 from calib_lightning.callbacks.base import CalibrationCallback
 from calib_lightning.callbacks.importance import ImportanceCoverageCallback
+from calib_lightning.callbacks.interval_coverage import IntervalCoverageCallback
 from calib_lightning.callbacks.kccsd import KCCSDCallback
 from calib_lightning.callbacks.latent import LatentCalibrationCallback
 from calib_lightning.callbacks.lc2st import LC2STNFCallback
@@ -20,6 +21,7 @@ from calib_lightning.callbacks.tarp import TARPCallback
 __all__ = [
     "CalibrationCallback",
     "ImportanceCoverageCallback",
+    "IntervalCoverageCallback",
     "KCCSDCallback",
     "LC2STNFCallback",
     "LatentCalibrationCallback",

@@ -17,15 +17,36 @@ import html
 import io
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from calib_lightning.diagnosis._html import DISAGREE, TITLES, caption, style, table
-from calib_lightning.diagnosis._names import CHECKS
+from calib_lightning.diagnosis._html import DISAGREE, style, table
+from calib_lightning.diagnosis.checks import REGISTRY, by_name
 from calib_lightning.plots._format import format_p_value
 
-if TYPE_CHECKING:
-    from calib_lightning.diagnosis._report import Diagnosis
+
+class Diagnosis(Protocol):
+    """What a comparison reads of each :class:`~calib_lightning.diagnosis.Diagnosis`."""
+
+    checks: Mapping[str, Any]
+    level: float
+    num_pairs: int | None
+    num_posterior_samples: int | None
+    verdict: str
+    overall_p_value: float
+
+    @property
+    def figures(self) -> Mapping[str, Any]: ...
+
+    def caption(self, key: str) -> str: ...
+
+    def rows(self) -> list[dict[str, Any]]: ...
+
+    def summary(self) -> dict[str, Any]: ...
+
+    def _save_one(self, directory: str | Path) -> Path: ...
+
 
 __all__ = ["Comparison", "coverage_errors"]
 
@@ -41,36 +62,35 @@ _PAIR_STYLE = """<style>
 _SIDE_BY_SIDE_WIDTH = 540
 
 
-def coverage_errors(diagnosis: Diagnosis) -> dict[str, float]:
-    """How far the coverage of ``diagnosis``'s credible regions is from nominal.
-
-    ``hpd_signed_area``: the signed area between the HPD expected-coverage curve and the
-    diagonal (the rank check's ``coverage_error``; negative = over-confident);
-    ``hpd_largest_gap``: the largest absolute gap between that curve and the diagonal;
-    ``tarp_atc``: TARP's signed area. Only the checks that ran are present.
-    """
-    out: dict[str, float] = {}
-    ranks = diagnosis.checks.get("ranks")
-    if ranks is not None:
-        out["hpd_signed_area"] = float(ranks.coverage_error)
-        out["hpd_largest_gap"] = float((ranks.coverage - ranks.levels).abs().max())
-    tarp = diagnosis.checks.get("tarp")
-    if tarp is not None:
-        out["tarp_atc"] = float(tarp.coverage_error)
+def coverage_errors(diagnosis: Diagnosis) -> dict[str, tuple[str, float]]:
+    """How far the coverage of ``diagnosis``'s credible regions is from nominal, from the
+    checks that ran: quantity -> (its description, value). The rank check's
+    ``hpd_signed_area`` (its ``coverage_error``; negative = over-confident) and
+    ``hpd_largest_gap`` (the largest absolute gap of the HPD expected-coverage curve to
+    the diagonal), TARP's ``tarp_atc`` (its signed area), the importance-sampled
+    coverage's ``is_signed_area``."""
+    out: dict[str, tuple[str, float]] = {}
+    for check in REGISTRY:
+        if check.name in diagnosis.checks:
+            out.update(check.coverage_errors(diagnosis.checks[check.name]))
     return out
 
 
-_COVERAGE_NAMES = {
-    "hpd_signed_area": "HPD expected coverage: signed area (negative = over-confident)",
-    "hpd_largest_gap": "HPD expected coverage: largest gap to the diagonal",
-    "tarp_atc": "TARP: signed area (ATC)",
-}
+def _title(name: str) -> str:
+    """The report's name of the check ``name`` (the name itself if none is registered)."""
+    try:
+        return by_name(name).title
+    except KeyError:
+        return name
 
 
 def _decision(verdict: str) -> str:
     """``"rejected"`` or ``"not rejected"`` (or the verdict itself for other rows)."""
-    return "not rejected" if verdict.startswith("not rejected") else (
-        "rejected" if verdict.startswith("rejected") else verdict)  # fmt: skip
+    return (
+        "not rejected"
+        if verdict.startswith("not rejected")
+        else ("rejected" if verdict.startswith("rejected") else verdict)
+    )
 
 
 def _verdict_p(row: dict[str, Any]) -> float | None:
@@ -120,14 +140,20 @@ class Comparison:
                 f"{before.level:g} and {before.num_pairs} pairs"
             )
         self.before, self.after, self.identity = before, after, identity
-        self.changed = [row["check"] for row in self.rows()
-                        if row["before_verdict"] and row["after_verdict"]
-                        and _decision(row["before_verdict"]) != _decision(row["after_verdict"])]
+        self.changed = [
+            row["check"]
+            for row in self.rows()
+            if row["before_verdict"]
+            and row["after_verdict"]
+            and _decision(row["before_verdict"]) != _decision(row["after_verdict"])
+        ]
 
     def __repr__(self) -> str:
         if self.identity:
-            return ("Comparison(no change: the fix is the identity, so the posterior is the one "
-                    f"before; verdict {self.after.verdict!r})")
+            return (
+                "Comparison(no change: the fix is the identity, so the posterior is the one "
+                f"before; verdict {self.after.verdict!r})"
+            )
         return f"Comparison(before={self.before.verdict!r}, after={self.after.verdict!r})"
 
     def summary_line(self) -> str:
@@ -159,17 +185,22 @@ class Comparison:
                 )
                 out[f"{side}_p_value"] = _verdict_p(row)
                 out[f"{side}_verdict"] = row["verdict"]
-        order = {name: k for k, name in enumerate(CHECKS)}  # L-C2ST beside L-C2ST-NF
+        order = {check.name: k for k, check in enumerate(REGISTRY)}
         return sorted(rows.values(), key=lambda row: order.get(row["check"], len(order)))
 
     def coverage_rows(self) -> list[dict[str, Any]]:
         """One row per coverage error of :func:`coverage_errors`: ``quantity``,
         ``before``, ``after`` (``None`` where the check did not run)."""
         before, after = coverage_errors(self.before), coverage_errors(self.after)
+        keys = list(dict.fromkeys([*before, *after]))
         return [
-            {"quantity": key, "before": before.get(key), "after": after.get(key)}
-            for key in _COVERAGE_NAMES
-            if key in before or key in after
+            {
+                "quantity": key,
+                "before": before[key][1] if key in before else None,
+                "after": after[key][1] if key in after else None,
+                "description": (before.get(key) or after[key])[0],
+            }
+            for key in keys
         ]
 
     def table(self) -> str:
@@ -242,7 +273,7 @@ class Comparison:
         )
         checks = [
             [
-                TITLES.get(row["check"], row["check"]),
+                _title(row["check"]),
                 _p(row["before_p_value"]),
                 _p(row["after_p_value"]),
                 row["before_verdict"],
@@ -252,7 +283,7 @@ class Comparison:
         ]
         coverage = [
             [
-                _COVERAGE_NAMES[row["quantity"]],
+                row["description"],
                 _error(row["quantity"], row["before"]),
                 _error(row["quantity"], row["after"]),
             ]
@@ -325,27 +356,31 @@ def _figure_pair(folder: Path, key: str, before: Diagnosis, after: Diagnosis) ->
         wide = wide or _png_width(data) > _SIDE_BY_SIDE_WIDTH
         cells.append(f'<div><div class="side">{side}</div>{_img(data, f"{side}: {key}")}</div>')
     layout = "pair stacked" if wide else "pair"
+    caption = after.caption(key) if key in after.figures else before.caption(key)
     return (
-        f'<figure id="{html.escape(key)}"><figcaption>{html.escape(caption(key))}'
+        f'<figure id="{html.escape(key)}"><figcaption>{html.escape(caption)}'
         f'</figcaption><div class="{layout}">{"".join(cells)}</div></figure>'
     )
 
 
 def _overlay(before: Diagnosis, after: Diagnosis, folder: Path) -> str:
-    """Both expected-coverage curves on the same axes (``figures/`` of the page), when
-    both diagnoses ran the rank check."""
-    if "ranks" not in before.checks or "ranks" not in after.checks:
-        return ""
-    from calib_lightning.plots.ranks import plot_expected_coverage
-
-    figure = plot_expected_coverage(after.checks["ranks"], before=before.checks["ranks"])
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
-    data = buffer.getvalue()
-    (folder / "figures").mkdir(exist_ok=True)
-    (folder / "figures" / "ranks_expected_coverage_before_after.png").write_bytes(data)
-    return (
-        '<figure id="ranks_expected_coverage_before_after"><figcaption>Rank calibration: '
-        "expected coverage, before (dashed) and after (solid) on the same axes"
-        f"</figcaption>{_img(data, 'expected coverage, before and after')}</figure>"
-    )
+    """The figures of the checks that draw both results on the same axes (the expected
+    coverage before and after), into ``figures/`` of the page."""
+    out = []
+    for check in REGISTRY:
+        if check.name not in before.checks or check.name not in after.checks:
+            continue
+        drawn = check.overlay(before.checks[check.name], after.checks[check.name])
+        if drawn is None:
+            continue
+        key, caption, figure = drawn
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+        data = buffer.getvalue()
+        (folder / "figures").mkdir(exist_ok=True)
+        (folder / "figures" / f"{key}.png").write_bytes(data)
+        out.append(
+            f'<figure id="{html.escape(key)}"><figcaption>{html.escape(caption)}'
+            f"</figcaption>{_img(data, key.replace('_', ' '))}</figure>"
+        )
+    return "".join(out)

@@ -9,21 +9,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-__all__ = ["DISAGREE", "TITLES", "caption", "style", "table"]
-
-#: the report's name of each check
-TITLES = {
-    "kccsd": "KCCSD (kernel calibration test, scores only)",
-    "ranks": "Rank calibration (SBC, marginal and joint)",
-    "tarp": "TARP (coverage from random references)",
-    "joint_c2st": "Joint classifier test (theta and x together; sees a posterior ignoring x)",
-    "recovery": "Recovery (posterior mean vs truth, z-scores)",
-    "lc2st_nf": "L-C2ST-NF (local test at each observation)",
-    "lc2st": "L-C2ST (local test at each observation, from posterior draws)",
-    "misspecification": "Misspecification (observation vs simulations)",
-    "reference": "Reference samples (MMD test per observation)",
-    "support": "Prior support (posterior draws outside it; none if exact)",
-}
+__all__ = ["DISAGREE", "style", "table"]
 
 
 def style(color: str) -> str:
@@ -75,29 +61,3 @@ def table(header: Sequence[str], rows: list[list[str]], classes: list[str] | Non
         for row, c in zip(rows, classes or [""] * len(rows), strict=True)
     )
     return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def caption(key: str) -> str:
-    """The caption of the figure ``key`` (``{check}_{figure}``)."""
-    if key == "lc2st_pp":
-        return (
-            "L-C2ST-NF: PP-plot at each observation (panels judged by Holm-adjusted "
-            "p-values, as the verdict)"
-        )
-    if key.startswith("lc2st_probability_map_"):
-        o = key.rsplit("_", 1)[1]
-        return (
-            f"L-C2ST-NF at observation {o}: where the estimator puts too much (red) or "
-            "too little (blue) mass (white: consistent; hatched grey: no posterior draws; "
-            "contours: the posterior's 50 % and 90 % HPD regions), and its PP-plot"
-        )
-    if key == "recovery_z_score_vs_contraction":
-        return ("Recovery: posterior z-score against contraction (the posterior means' errors "
-                "against the posterior widths; not a calibration test)")  # fmt: skip
-    if key.startswith("conformal_region_"):
-        return (f"Observation {key.rsplit('_', 1)[1]}: the calibrated 90 % credible region "
-                "(conformal) beside the posterior's own 90 % HPD region")
-    check, _, figure = key.partition("_")
-    names = {"lc2st": "L-C2ST-NF", "ranks": "Rank calibration", "tarp": "TARP",
-             "recovery": "Recovery", "misspecification": "Misspecification"}  # fmt: skip
-    return f"{names.get(check, check)}: {figure.replace('_', ' ')}".rstrip(": ")

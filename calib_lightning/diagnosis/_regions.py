@@ -55,8 +55,11 @@ class RegionSummary:
         """One JSON-ready dict per observation."""
         out = []
         for o, value in enumerate(self.calibrated_level):
-            row: dict[str, Any] = {"observation": o, "nominal_level": REGION_LEVEL,
-                                   "calibrated_level": value}  # fmt: skip
+            row: dict[str, Any] = {
+                "observation": o,
+                "nominal_level": REGION_LEVEL,
+                "calibrated_level": value,
+            }
             if self.nominal_coverage is not None and self.calibrated_coverage is not None:
                 row["reference_in_nominal_region"] = self.nominal_coverage[o]
                 row["reference_in_calibrated_region"] = self.calibrated_coverage[o]
@@ -68,23 +71,32 @@ class RegionSummary:
         reference = self.nominal_coverage is not None
         header = ["observation", f"calibrated credibility of the {REGION_LEVEL:.0%} region"]
         if reference:
-            header += [f"reference in the nominal {REGION_LEVEL:.0%} HPD region",
-                       "reference in the calibrated region"]  # fmt: skip
+            header += [
+                f"reference in the nominal {REGION_LEVEL:.0%} HPD region",
+                "reference in the calibrated region",
+            ]
         cells = []
         for row in self.rows():
             cell = [str(row["observation"]), f"{row['calibrated_level']:.3f}"]
             if reference:
-                cell += [f"{row['reference_in_nominal_region']:.3f}",
-                         f"{row['reference_in_calibrated_region']:.3f}"]  # fmt: skip
+                cell += [
+                    f"{row['reference_in_nominal_region']:.3f}",
+                    f"{row['reference_in_calibrated_region']:.3f}",
+                ]
             cells.append(cell)
         n = 0 if self.region.scores is None else self.region.scores.numel()
+        exact = (
+            "With reference samples, the last two columns are the exact posterior mass of "
+            f"each region at the observation ({REGION_LEVEL:g} is right)."
+            if reference
+            else ""
+        )
         return f"""<h2>Calibrated credible regions</h2>
 <p class="note">A conformal region ({self.kind()}, calibrated on {n} held-out pairs) takes the
 posterior's HPD region at the credibility below, instead of {REGION_LEVEL:g}: it covers the
 true parameter of new pairs with probability at least {REGION_LEVEL:g} (marginally over x).
 Above {REGION_LEVEL:g}: the posterior is over-confident there; below: under-confident.
-{'With reference samples, the last two columns are the exact posterior mass of each region '
- f'at the observation ({REGION_LEVEL:g} is right).' if reference else ''}</p>
+{exact}</p>
 {table(header, cells)}"""
 
     def kind(self) -> str:
@@ -112,9 +124,13 @@ Above {REGION_LEVEL:g}: the posterior is over-confident there; below: under-conf
         for o in range(self.observations.shape[0]):
             reference = None if self.reference_samples is None else self.reference_samples[:, o]
             out[f"conformal_region_{o}"] = plot_conformal_region(
-                self.region, self.observations[o : o + 1], level=REGION_LEVEL,
-                reference=reference, parameters=chosen, labels=labels,
-            )  # fmt: skip
+                self.region,
+                self.observations[o : o + 1],
+                level=REGION_LEVEL,
+                reference=reference,
+                parameters=chosen,
+                labels=labels,
+            )
         return out
 
 
@@ -129,11 +145,12 @@ def summarize_region(
     if not isinstance(region, ConformalRegion):
         raise ValueError(f"region must be a fitted cl.ConformalRegion, got {type(region).__name__}")
     if region.scores is None:
-        raise ValueError("region must be fitted (ConformalRegion(...).fit(theta_val, x_val)) "
-                         "before diagnose reports it, got an unfitted region")  # fmt: skip
+        raise ValueError(
+            "region must be fitted (ConformalRegion(...).fit(theta_val, x_val)) "
+            "before diagnose reports it, got an unfitted region"
+        )
     if observations is None:
-        raise ValueError("region needs observations to report its levels at, got "
-                         "observations=None")  # fmt: skip
+        raise ValueError("region needs observations to report its levels at, got observations=None")
     x = observations
     level = region.calibrated_level(REGION_LEVEL, x)  # (O,): a credibility at each x
     nominal = calibrated = None
@@ -141,8 +158,12 @@ def summarize_region(
         reference = reference_samples.to(x.device)
         credibility = region.credibility(reference, x)  # (S_ref, O)
         nominal = (credibility < REGION_LEVEL).double().mean(0).tolist()
-        inside = (region.contains(reference, x, REGION_LEVEL) if region.conformity ==
-                  "log_density" else credibility < level.to(credibility))  # (exact there)
+        inside = (
+            region.contains(reference, x, REGION_LEVEL)
+            if region.conformity == "log_density"
+            else credibility < level.to(credibility)
+        )  # (exact there)
         calibrated = inside.double().mean(0).tolist()
-    return RegionSummary(region, x, reference_samples, level.double().tolist(), nominal,
-                         calibrated, dim)  # fmt: skip
+    return RegionSummary(
+        region, x, reference_samples, level.double().tolist(), nominal, calibrated, dim
+    )

@@ -18,20 +18,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor
 
+from calib_lightning.diagnosis._check import FigureInputs, number
 from calib_lightning.diagnosis._compare import Comparison
-from calib_lightning.diagnosis._html import DISAGREE, TITLES, caption, style, table
-from calib_lightning.diagnosis._sizes import quantile as _quantile
-from calib_lightning.diagnosis._sizes import size as _size
-from calib_lightning.diagnosis._verdict import (
-    LOCAL_TESTS,
-    NAMES,
-    VERDICT_CHECKS,
-    Verdict,
-    verdict,
-    verdict_p_value_error,
-)
+from calib_lightning.diagnosis._html import DISAGREE, style, table
+from calib_lightning.diagnosis._verdict import Verdict, verdict
+from calib_lightning.diagnosis.checks import REGISTRY, by_name
 from calib_lightning.plots._format import format_p_value
 
 if TYPE_CHECKING:
@@ -42,12 +36,12 @@ if TYPE_CHECKING:
 __all__ = ["Diagnosis"]
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, Tensor) and value.numel() == 1:
-        return float(value)
-    if isinstance(value, int | float):
-        return float(value)
-    return None
+def _title(name: str) -> str:
+    """The report's name of the check ``name`` (the name itself if none is registered)."""
+    try:
+        return by_name(name).title
+    except KeyError:
+        return name
 
 
 class Diagnosis:
@@ -111,6 +105,7 @@ class Diagnosis:
         self.overall_p_value = self.findings.overall_p_value
         self.verdict = self.findings.sentence
         self._figures: dict[str, Figure] | None = None
+        self._captions: dict[str, str] = {}
         self.before, self.regions = before, regions
         self.comparison = None if before is None else Comparison(before, self, identity)
 
@@ -126,56 +121,73 @@ class Diagnosis:
         """One row per check: name, statistic, p-value, global p-value, verdict, size; then
         one per skipped check, its verdict ``"skipped: <reason>"``."""
         rows = []
-        for name, result in self.checks.items():
-            field = VERDICT_CHECKS.get(name, getattr(type(result), "verdict", None))
-            p = _number(getattr(result, field)) if field else None
+        for check in REGISTRY:
+            if check.name not in self.checks:
+                continue
+            result = self.checks[check.name]
+            p = check.verdict_p_value(result)
             local = getattr(result, "p_value", None)
             row = {
-                "check": name,
-                "statistic": _number(getattr(result, "statistic", None)),
-                "p_value": _number(local) if local is not None else None,
-                "global_p_value": _number(getattr(result, "global_p_value", None)),
+                "check": check.name,
+                "statistic": number(getattr(result, "statistic", None)),
+                "p_value": number(local) if local is not None else None,
+                "global_p_value": number(getattr(result, "global_p_value", None)),
                 "verdict": "" if p is None else ("rejected" if p < self.level else "not rejected"),
-                "size": _size(name, result, self.findings, self.level),
-                "seconds": self.seconds.get(name),
-                "p_value_error": verdict_p_value_error(name, result),
+                "size": check.size(result, self.findings.directions, self.level),
+                "seconds": self.seconds.get(check.name),
+                "p_value_error": check.p_value_error(result),
             }
-            if name in self.findings.unsettled:
+            if check.name in self.findings.unsettled:
                 row["verdict"] += " (within Monte Carlo error)"
-            if name in self.findings.cannot_reject:
-                row["verdict"] = (f"cannot reject at this size (smallest p "
-                                  f"{self.findings.cannot_reject[name]:.2g})")  # fmt: skip
-            if name == "recovery":
-                row["verdict"] = "see figures"
-            if name == "reference":  # one MMD test per observation: the smallest p-value
-                row["p_value"] = float(result.mmd_p_value.min())
-                row["verdict"] = "see p-values per observation"
-            rows.append(row)
+            if check.name in self.findings.cannot_reject:
+                row["verdict"] = (
+                    f"cannot reject at this size (smallest p "
+                    f"{self.findings.cannot_reject[check.name]:.2g})"
+                )
+            rows.append(check.row(row, result))
         for name, reason in self.skipped.items():
-            rows.append({"check": name, "statistic": None, "p_value": None,
-                         "global_p_value": None, "verdict": f"skipped: {reason}",
-                         "seconds": None, "size": "", "p_value_error": None})  # fmt: skip
+            rows.append(
+                {
+                    "check": name,
+                    "statistic": None,
+                    "p_value": None,
+                    "global_p_value": None,
+                    "verdict": f"skipped: {reason}",
+                    "seconds": None,
+                    "size": "",
+                    "p_value_error": None,
+                }
+            )
         return rows
 
     def table(self) -> str:
         """The rows as a plain-text table (p-values never print as 0)."""
-        header = ("check", "statistic", "p_value", "global_p_value", f"level {self.level:g}",
-                  "size")  # fmt: skip
+        header = (
+            "check",
+            "statistic",
+            "p_value",
+            "global_p_value",
+            f"level {self.level:g}",
+            "size",
+        )
         lines, reasons = [header], {}
         for row in self.rows():
             if row["verdict"].startswith("skipped: "):  # the reasons below, each once
                 reason = row["verdict"].removeprefix("skipped: ")
                 reasons.setdefault(reason, []).append(row["check"])
                 row = {**row, "verdict": "skipped (below)"}
-            lines.append((
-                row["check"],
-                "" if row["statistic"] is None else f"{row['statistic']:.4g}",
-                "" if row["p_value"] is None else format_p_value(row["p_value"], 4, name=""),
-                "" if row["global_p_value"] is None
-                else format_p_value(row["global_p_value"], 4, name=""),
-                row["verdict"],
-                row["size"],
-            ))  # fmt: skip
+            lines.append(
+                (
+                    row["check"],
+                    "" if row["statistic"] is None else f"{row['statistic']:.4g}",
+                    "" if row["p_value"] is None else format_p_value(row["p_value"], 4, name=""),
+                    ""
+                    if row["global_p_value"] is None
+                    else format_p_value(row["global_p_value"], 4, name=""),
+                    row["verdict"],
+                    row["size"],
+                )
+            )
         widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
         table = "\n".join(
             "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
@@ -190,17 +202,49 @@ class Diagnosis:
         """Every figure of the diagnosis, drawn on first access (with L-C2ST-NF, a
         probability map and PP-plot per observation)."""
         if self._figures is None:
-            from calib_lightning.diagnosis._figures import draw_figures
-
-            local = next((self.findings.observations[n] for n in LOCAL_TESTS
-                          if n in self.findings.observations), None)  # the maps' test
-            self._figures = draw_figures(
-                self.checks, self.level, self.labels, self.parameters, self.probability_maps,
-                None if local is None else local.adjusted_p_value,
-            )  # fmt: skip
+            self._figures, self._captions = self._draw()
             if self.regions is not None:
                 self._figures.update(self.regions.figures(self.parameters, self.labels))
         return self._figures
+
+    def caption(self, key: str) -> str:
+        """The report's caption of the figure ``key``."""
+        self.figures  # noqa: B018 - drawn on first access, with their captions
+        if key in self._captions:
+            return self._captions[key]
+        if key.startswith("conformal_region_"):
+            return (
+                f"Observation {key.rsplit('_', 1)[1]}: the calibrated 90 % credible region "
+                "(conformal) beside the posterior's own 90 % HPD region"
+            )
+        return key.replace("_", " ")
+
+    def _draw(self) -> tuple[dict[str, Figure], dict[str, str]]:
+        """Every check's figures (one local test's: the one whose maps were kept), and
+        their captions."""
+        ran = [(c, self.checks[c.name]) for c in REGISTRY if c.name in self.checks]
+        tests = {
+            c.words: c.verdict_p_value(r) for c, r in ran if c.in_overall and not c.at_observations
+        }
+        local = next((c for c, _ in ran if c.local), None)
+        listed = None if local is None else self.findings.observations.get(local.name)
+        inputs = FigureInputs(
+            level=self.level,
+            labels=self.labels,
+            parameters=self.parameters,
+            global_tests={k: v for k, v in tests.items() if v is not None},
+            probability_maps=self.probability_maps,
+            adjusted_p_values=None if listed is None else listed.adjusted_p_value,
+        )
+        figures: dict[str, Figure] = {}
+        captions: dict[str, str] = {}
+        for check, result in ran:
+            if check.local and check is not local:
+                continue
+            for key, figure in check.figures(result, inputs).items():
+                figures[key] = figure
+                captions[key] = check.caption(key) or key.replace("_", " ")
+        return figures, captions
 
     # -- saving ----------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -219,14 +263,17 @@ class Diagnosis:
             "draw_seconds": self.seconds.get("draws"),
             "checks": [{k: clean(v) for k, v in row.items()} for row in self.rows()],
             "directions": [dataclasses.asdict(d) for d in self.findings.directions],
-            "observations": {name: dataclasses.asdict(o)
-                             for name, o in self.findings.observations.items()},
+            "observations": {
+                name: dataclasses.asdict(o) for name, o in self.findings.observations.items()
+            },
             "cannot_reject": self.findings.cannot_reject,
-            "unsettled": {name: {"p_value": p, "p_value_error": e}
-                          for name, (p, e) in self.findings.unsettled.items()},
+            "unsettled": {
+                name: {"p_value": p, "p_value_error": e}
+                for name, (p, e) in self.findings.unsettled.items()
+            },
             "regions": None if self.regions is None else self.regions.rows(),
             "multiple_testing": MULTIPLE_TESTING,
-        }  # fmt: skip
+        }
 
     def save(self, directory: str | Path) -> Path:
         """Write ``report.html``, ``summary.json`` and ``figures/*.png``; return the page.
@@ -256,31 +303,32 @@ class Diagnosis:
     def _html(self, images: list[tuple[str, str]]) -> str:
         ok = self.verdict.startswith("calibrated")
         color = "#1b7f3b" if ok else "#b3261e"
-        overall = ("" if math.isnan(self.overall_p_value)
-                   else format_p_value(self.overall_p_value, 3, name="overall p"))  # fmt: skip
-        header = ("check", "statistic", "p-value", "global p-value", "verdict", "size",
-                  "seconds")  # fmt: skip
+        overall = (
+            ""
+            if math.isnan(self.overall_p_value)
+            else format_p_value(self.overall_p_value, 3, name="overall p")
+        )
+        header = ("check", "statistic", "p-value", "global p-value", "verdict", "size", "seconds")
         figures = "".join(
-            f'<figure id="{html.escape(key)}"><figcaption>{html.escape(caption(key))}'
+            f'<figure id="{html.escape(key)}"><figcaption>{html.escape(self.caption(key))}'
             f'</figcaption><img src="data:image/png;base64,{data}" alt="{html.escape(key)}">'
             "</figure>"
             for key, data in images
         )
         how = "Bonferroni combination of the checks' verdicts, min(1, K min p)"
         fix = ""
-        if "support" in self.findings.rejected:
-            how = "0: posterior draws outside the prior's support"
-            fix = ('<p class="note">The draws outside the support can be removed: '
-                   "<code>cl.recalibrate(posterior, theta_val, x_val, prior=prior)</code> "
-                   "restricts the posterior to the prior's support and renormalizes it "
-                   "(<code>cl.TruncatedPosterior</code>); the true posterior has no mass "
-                   "outside, so its expected NLL can only fall.</p>")  # fmt: skip
+        for check in REGISTRY:  # an exact check that rejects decides the overall p-value
+            if check.name in self.findings.rejected and check.remedy:
+                how = f"0: {check.words} rejects" if check.exact else how
+                fix += f'<p class="note">{check.remedy}</p>'
         budget = f"{self.num_pairs} calibration pairs"
         if self.num_posterior_samples:
             budget += f", {self.num_posterior_samples} posterior draws per pair"
             if "draws" in self.seconds:  # the shared draws are in no check's seconds
-                budget += (f" (drawn once in {self.seconds['draws']:.1f} s for the checks "
-                           "that share them; their seconds exclude it)")  # fmt: skip
+                budget += (
+                    f" (drawn once in {self.seconds['draws']:.1f} s for the checks "
+                    "that share them; their seconds exclude it)"
+                )
         return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Calibration report</title>
 {style(color)}</head><body>
@@ -311,15 +359,17 @@ significant error at a large N reads differently from a large one.</p>
         for row in self.rows():
             p = row["p_value"]
             g = row["global_p_value"]
-            out.append([
-                TITLES.get(row["check"], row["check"]),
-                "" if row["statistic"] is None else f"{row['statistic']:.4g}",
-                "" if p is None else format_p_value(p, 3, name=""),
-                "" if g is None else format_p_value(g, 3, name=""),
-                row["verdict"],
-                row["size"],
-                "" if row["seconds"] is None else f"{row['seconds']:.1f}",
-            ])  # fmt: skip
+            out.append(
+                [
+                    _title(row["check"]),
+                    "" if row["statistic"] is None else f"{row['statistic']:.4g}",
+                    "" if p is None else format_p_value(p, 3, name=""),
+                    "" if g is None else format_p_value(g, 3, name=""),
+                    row["verdict"],
+                    row["size"],
+                    "" if row["seconds"] is None else f"{row['seconds']:.1f}",
+                ]
+            )
         return out
 
     def _directions_html(self) -> str:
@@ -328,19 +378,31 @@ significant error at a large N reads differently from a large one.</p>
             return ""
         rows, classes = [], []
         for d in directions:
-            rows.append([d.words, d.size(), format_p_value(d.p_value, 3, name=""),
-                         format_p_value(d.adjusted_p_value, 3, name=""),
-                         "named" if d.named else ""])  # fmt: skip
+            rows.append(
+                [
+                    d.words,
+                    d.size(),
+                    format_p_value(d.p_value, 3, name=""),
+                    format_p_value(d.adjusted_p_value, 3, name=""),
+                    "named" if d.named else "",
+                ]
+            )
             classes.append("named" if d.named else "")
-        header = ("direction", f"size ({1 - self.level:.0%} interval)", "one-sided p",
-                  "Holm-adjusted p", "in the verdict")  # fmt: skip
+        header = (
+            "direction",
+            f"size ({1 - self.level:.0%} interval)",
+            "one-sided p",
+            "Holm-adjusted p",
+            "in the verdict",
+        )
         return f"""<h2>Directions</h2>
 <p class="note">A direction is named only when its one-sided test rejects after Holm's
-correction over these {len(directions)} tests and both the overall verdict and the rank
+correction over these {len(directions)} tests and both the overall verdict and its own
 check reject. Tests: one-sample t-tests of the mean fractional rank (0.5 under
 calibration) on the joint (HPD) rank for over/under-confidence (coverage error = 0.5 -
 mean joint rank; negative = over-confident) and on each marginal rank for a posterior too
-high or too low.</p>
+high or too low; for a posterior known up to a constant, of the mean importance-sampled
+credibility (a shift reads as over-confidence there).</p>
 {table(header, rows, classes)}"""
 
     def _observations_html(self) -> str:
@@ -349,14 +411,22 @@ high or too low.</p>
             return ""
         count = len(next(iter(lists.values())).p_value)
         header = ["observation"]
-        locals_ = [(n, lists[n], self.checks[n]) for n in LOCAL_TESTS if n in lists]
-        misspec = lists.get("misspecification")
+        ran = [by_name(name) for name in lists]
+        locals_ = [(c.name, lists[c.name], self.checks[c.name]) for c in ran if c.local]
+        outside = [c.name for c in ran if not c.local]
+        misspec = lists[outside[0]] if outside else None
         nulls = {}
         for name, _, result in locals_:
-            prefix = f"{NAMES[name][0]}: " if len(locals_) > 1 else ""
-            header += [f"{prefix}L-C2ST statistic", f"null {1 - self.level:.0%} quantile", "p",
-                       "Holm-adjusted p"]  # fmt: skip
-            nulls[name] = _quantile(result.null_statistics, 1 - self.level)
+            prefix = f"{by_name(name).words}: " if len(locals_) > 1 else ""
+            header += [
+                f"{prefix}L-C2ST statistic",
+                f"null {1 - self.level:.0%} quantile",
+                "p",
+                "Holm-adjusted p",
+            ]
+            nulls[name] = torch.quantile(
+                result.null_statistics.double(), 1 - self.level, dim=0
+            ).tolist()
         if misspec is not None:
             header += ["outside the simulator: p", "Holm-adjusted p"]
         header.append("in the verdict")
@@ -364,33 +434,42 @@ high or too low.</p>
         for o in range(count):
             row, named = [str(o)], []
             for name, local, result in locals_:
-                row += [f"{float(result.statistic[o]):.3g}", f"{nulls[name][o]:.3g}",
-                        format_p_value(local.p_value[o], 3, name=""),
-                        format_p_value(local.adjusted_p_value[o], 3, name="")]  # fmt: skip
-                named += [f"wrong here ({NAMES[name][0]})"] if o in local.named else []
+                row += [
+                    f"{float(result.statistic[o]):.3g}",
+                    f"{nulls[name][o]:.3g}",
+                    format_p_value(local.p_value[o], 3, name=""),
+                    format_p_value(local.adjusted_p_value[o], 3, name=""),
+                ]
+                named += [f"wrong here ({by_name(name).words})"] if o in local.named else []
             if misspec is not None:
-                row += [format_p_value(misspec.p_value[o], 3, name=""),
-                        format_p_value(misspec.adjusted_p_value[o], 3, name="")]  # fmt: skip
+                row += [
+                    format_p_value(misspec.p_value[o], 3, name=""),
+                    format_p_value(misspec.adjusted_p_value[o], 3, name=""),
+                ]
                 named += ["outside the simulator"] if o in misspec.named else []
             rows.append([*row, "; ".join(named)])
             classes.append("named" if named else "")
         notes = []
         for name, item in lists.items():
             if not item.can_reject:
-                notes.append(f"{TITLES[name].split(' (')[0]}: the smallest Holm-adjusted "
-                             f"p-value at this size is {item.smallest_adjusted:.2g}, not below "
-                             f"{self.level:g}; no observation can be named.")  # fmt: skip
+                notes.append(
+                    f"{by_name(name).title.split(' (')[0]}: the smallest Holm-adjusted "
+                    f"p-value at this size is {item.smallest_adjusted:.2g}, not below "
+                    f"{self.level:g}; no observation can be named."
+                )
         return f"""<h2>Per observation</h2>
 <p class="note">Holm's step-down correction over the {count} observations (family-wise
 error at {self.level:g} under any dependence), separately for each test. An observation is
 named in the verdict (last column) when its Holm-adjusted p-value is below the level and the
-check's own verdict rejects (for L-C2ST-NF and L-C2ST, the overall verdict too). {html.escape(
-' '.join(notes))}</p>
+check's own verdict rejects (for L-C2ST-NF and L-C2ST, the overall verdict too). {
+            html.escape(" ".join(notes))
+        }</p>
 {table(header, rows, classes)}"""
 
 
 MULTIPLE_TESTING = (
-    "directions: Holm over the 2 (D + 1) one-sided rank-mean tests, gated by the overall "
-    "and the rank verdicts; per-observation lists: Holm over the O observations, gated by "
+    "directions: Holm over every one-sided test (the 2 (D + 1) rank-mean tests, the 2 "
+    "credibility tests of a posterior known up to a constant), each gated by the overall "
+    "verdict and its check's; per-observation lists: Holm over the O observations, gated by "
     "the check's verdict"
 )

@@ -17,135 +17,88 @@ skipped.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from calib_lightning._checks import check_pairs, check_positive, check_probability
+from calib_lightning._chunks import row_blocks
+from calib_lightning._draw_cache import MAX_SHARED_ELEMENTS, SharedDraws
 from calib_lightning._fit_check import check_fits
 from calib_lightning._prior import check_prior
 from calib_lightning._random import cuda_devices, seeded
-from calib_lightning.diagnosis._checks import (
-    COVERAGE_IS_SAMPLES,
-    MAP_NUM_POSTERIOR_SAMPLES,
-    Inputs,
-    Outcome,
-    local_num_null,
-    make_checks,
-    run_checks,
-)
-from calib_lightning.diagnosis._names import (
-    CHECKS,
-    LOCAL,
-    NEEDS,
-    SAMPLING,
-    STREAMS,
-    UNNORMALIZED,
-)
+from calib_lightning.diagnosis._check import Check, Inputs, Outcome
 from calib_lightning.diagnosis._regions import summarize_region
 from calib_lightning.diagnosis._report import Diagnosis
+from calib_lightning.diagnosis.checks import (
+    CHECKS,
+    COVERAGE_IS_SAMPLES,
+    DRAWS_STREAM,
+    MAP_NUM_POSTERIOR_SAMPLES,
+    REGION_STREAM,
+    REGISTRY,
+    local_num_null,
+)
+from calib_lightning.evaluation import draw_chunks
 from calib_lightning.plots._grid import select_parameters
 from calib_lightning.posteriors import (
     UnnormalizedPosterior,
     as_posterior,
+    density_draws,
     recognize,
     supports,
-    unsupported,
 )
 from calib_lightning.posteriors._dispatch import resolve_with_data
-from calib_lightning.posteriors.base import Posterior
-from calib_lightning.posteriors.samples import SamplePosterior
+from calib_lightning.posteriors.base import Posterior, UnsupportedError
+from calib_lightning.posteriors.unnormalized import SampledUnnormalizedPosterior
 
-__all__ = ["CHECKS", "COVERAGE_IS_SAMPLES", "MAP_NUM_POSTERIOR_SAMPLES", "NEEDS", "diagnose",
-           "local_num_null", "skipped_checks"]  # fmt: skip
+__all__ = [
+    "CHECKS",
+    "COVERAGE_IS_SAMPLES",
+    "MAP_NUM_POSTERIOR_SAMPLES",
+    "diagnose",
+    "local_num_null",
+    "plan",
+    "shared_draws",
+]
+
+#: points per call when the shared draws are mapped from shared latents
+_LATENT_POINTS = 2**16
 
 
-def skipped_checks(posterior: Any, checks: Sequence[str]) -> dict[str, str]:
-    """The checks among ``checks`` that ``posterior`` cannot support, with the reason:
-    the capability it lacks (:data:`NEEDS`) and what it provides."""
-    post = as_posterior(posterior)
-    return {name: str(unsupported(post, NEEDS[name])) for name in checks
-            if name in NEEDS and not supports(post, NEEDS[name])}  # fmt: skip
-
-
-def _plan(
+def plan(
     post: Posterior, checks: Sequence[str] | None, inputs: Inputs
-) -> tuple[list[str], dict[str, str]]:
-    """The checks to run on ``post`` (``checks``, or its defaults) and those skipped, with
-    the reason."""
-    observations, prior = inputs.observations, inputs.prior
+) -> tuple[list[Check], dict[str, str]]:
+    """The checks to run on ``post`` (those named in ``checks``, or every check that
+    applies), in the order of the report, and those skipped with the reason; by default
+    L-C2ST runs only where L-C2ST-NF gives no result."""
     by_default = checks is None
-    unnormalized = isinstance(post, UnnormalizedPosterior)
-    if checks is None:
-        checks = [c for c in CHECKS if (observations is not None or c not in LOCAL)
-                  and (prior is not None or c != "support") and c not in UNNORMALIZED]
-        if unnormalized:  # r p has no mass outside the prior's support: no support check
-            checks = [c for c in checks if c != "support"] + list(UNNORMALIZED)
-    skipped = skipped_checks(post, checks)
-    for name in checks:
-        if unnormalized and name in (*SAMPLING, "lc2st_nf", "lc2st") and not supports(
-                post, "sample"):  # fmt: skip
-            skipped[name] = _NEEDS_SAMPLES.format(type(post).__name__)
-        elif not unnormalized and name in UNNORMALIZED:
-            skipped[name] = (f"needs a posterior known up to its normalizing constant (a "
-                             f"ratio or likelihood estimator with prior=), got "
-                             f"{type(post).__name__}")  # fmt: skip
-        elif name == "balance" and not is_ratio(post):
-            skipped[name] = ("needs a ratio estimator (sbi's NRE_A/B/C or BNRE, lampe's NRE); "
-                             "for a log-ratio callable f in cl.UnnormalizedPosterior(f, prior), "
-                             "name 'balance' in checks")  # fmt: skip
-            if not by_default:
-                del skipped[name]
-    if by_default and "kccsd" in checks and "score" in post.costly:
-        skipped["kccsd"] = (
-            f"left out by default: the score of this {type(post).__name__} differentiates an "
-            "ODE solve at every point (minutes at N = 1,000 on a CPU); pass checks with "
-            "'kccsd' to run it"
-        )
-    n, m = inputs.theta.shape[0], inputs.num_posterior_samples
-    if "joint_c2st" in checks and (n < 4 or m < 2):
-        skipped["joint_c2st"] = ("the joint classifier test needs N >= 4 pairs and "
-                                 f"num_posterior_samples >= 2, got N = {n} and {m}")  # fmt: skip
-    run = [c for c in checks if c not in skipped]
-    if inputs.reference_samples is not None and unnormalized and not supports(post, "sample"):
-        skipped["reference"] = _NEEDS_SAMPLES.format(type(post).__name__)
-    elif inputs.reference_samples is not None:
-        run.append("reference")
+    chosen = (
+        [c for c in REGISTRY if c.applies_by_default(post, inputs)]
+        if by_default
+        else [
+            c
+            for c in REGISTRY
+            if c.name in checks or (not c.selectable and c.applies_by_default(post, inputs))
+        ]
+    )
+    run, skipped = [], {}
+    for check in chosen:
+        reason = check.skip_reason(post, inputs, by_default)
+        if reason is not None:
+            skipped[check.name] = reason
+        else:
+            run.append(check)
+    if by_default:  # L-C2ST asks L-C2ST-NF's question from draws: only in its place
+        local = [c for c in run if c.local]
+        for later in local[1:]:
+            later = type(later)()
+            later.instead_of = local[0].name
+            run = [later if c.name == later.name else c for c in run]
     return run, skipped
-
-
-_NEEDS_SAMPLES = (
-    "needs posterior samples, and this {} is known only up to its normalizing constant "
-    "(scores only): KCCSD and the importance-sampled coverage check it without sampling; "
-    "for this check, pass sampler= (e.g. MCMC, batched over x)"
-)
-
-
-class UnnormalizedWithSampler(UnnormalizedPosterior):
-    """An unnormalized posterior with the user's sampler (MCMC, say) for the checks that
-    need samples; its scores stay those of ``inner``."""
-
-    capabilities = frozenset({"score", "sample"})
-
-    def __init__(self, inner: UnnormalizedPosterior, sampler: Any) -> None:
-        Posterior.__init__(self, inner.module)
-        self.prior, self._size, self._context = inner.prior, inner._size, inner._context
-        self.kind = inner.kind
-        self.sampler = sampler if isinstance(sampler, Posterior) else SamplePosterior(
-            sampler, num_dims=inner._size)  # fmt: skip
-        if "sample" not in self.sampler.capabilities:
-            raise ValueError(f"sampler must draw samples: a callable (x (N, *X), num_samples) "
-                             f"-> (S, N, D) or a posterior that samples, got {self.sampler!r}")
-
-    def sample(self, x: Tensor, num_posterior_samples: int) -> Tensor:
-        return self.sampler.sample(x, num_posterior_samples)
-
-
-def is_ratio(post: Posterior) -> bool:
-    """Whether ``post`` is the posterior of a ratio estimator (sbi's, lampe's, or declared
-    with ``kind="ratio"``)."""
-    return getattr(post, "kind", None) == "ratio"
 
 
 def _target(posterior: Any, prior: Any, theta: Tensor, x: Tensor) -> Posterior:
@@ -162,6 +115,102 @@ def _target(posterior: Any, prior: Any, theta: Tensor, x: Tensor) -> Posterior:
     if reading == "posterior":
         return as_posterior(posterior, kind="posterior" if found.default is None else None)
     return as_posterior(posterior, prior=prior, kind=reading if reading != "unnormalized" else None)
+
+
+def _latent_base(posteriors: Sequence[Posterior]) -> bool:
+    """Whether every posterior maps a standard-normal base (``to_latent`` and a
+    ``from_latent`` of its own) and computes ``log_prob`` cheaply."""
+    return all(
+        supports(p, "to_latent")
+        and density_draws(p)
+        and type(p).from_latent is not Posterior.from_latent
+        for p in posteriors
+    )
+
+
+def shared_draws(posteriors: Sequence[Posterior], inputs: Inputs) -> list[SharedDraws]:
+    """Each posterior in the draw cache the callbacks use
+    (:class:`~calib_lightning._draw_cache.SharedDraws`), holding its ``M`` draws per pair
+    at ``inputs.x`` (with their log-densities when cheap), which every sampling check
+    reads.
+
+    One posterior: its own sampler, in chunks within the memory budget. Several (a
+    comparison) that all map a standard-normal base: one set of latent draws
+    ``z ~ N(0, I)`` pushed through each (``from_latent``), so a flow and its recalibration
+    are compared on the same randomness (an identity fit gives the same draws);
+    otherwise each samples from the same seeded stream.
+    """
+    theta, x, m = inputs.theta, inputs.x, inputs.num_posterior_samples
+    room = max(MAX_SHARED_ELEMENTS, 2 * m * theta.shape[0] * (theta.shape[1] + 1))
+    held = [SharedDraws(post, max_elements=room) for post in posteriors]
+    if len(posteriors) > 1 and _latent_base(posteriors):
+        with seeded(inputs.seed, DRAWS_STREAM, devices=inputs.devices):
+            z = torch.randn(m, *theta.shape, dtype=theta.dtype, device=theta.device)
+        for cache in held:
+            cache.hold(x, *_mapped_draws(cache.posterior, z, x))
+        return held
+    for cache in held:
+        with seeded(inputs.seed, DRAWS_STREAM, devices=inputs.devices), torch.no_grad():
+            for _ in draw_chunks(cache, theta, x, m):  # the cache keeps what it draws
+                pass
+    return held
+
+
+def _mapped_draws(post: Posterior, z: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+    samples, log_prob = torch.empty_like(z), z.new_empty(z.shape[:2])
+    rows_per_call = max(1, _LATENT_POINTS // z.shape[0])
+    with torch.no_grad():
+        for rows in row_blocks(z.shape[1], rows_per_call):
+            drawn = post.from_latent(z[:, rows], x[rows]).to(z)
+            samples[:, rows] = drawn
+            log_prob[:, rows] = post.log_prob(drawn, x[rows]).to(z)
+    return samples, log_prob
+
+
+def run_checks(
+    posteriors: Sequence[Posterior],
+    plans: Sequence[Sequence[Check]],
+    inputs: Inputs,
+    skipped: Sequence[dict[str, str]],
+) -> list[Outcome]:
+    """Run ``plans[k]`` on ``posteriors[k]``, check by check, each check on every posterior
+    under the same seeded stream (common random numbers); ``skipped[k]``: checks already
+    known not to apply, with the reason."""
+    outcomes = [Outcome(skipped=dict(s)) for s in skipped]
+    caches: list[Any] = list(posteriors)
+    users = [k for k, p in enumerate(plans) if any(c.draws for c in p)]
+    if users:
+        start = time.perf_counter()
+        made = shared_draws([posteriors[k] for k in users], inputs)
+        seconds = (time.perf_counter() - start) / len(users)
+        for k, cache in zip(users, made, strict=True):
+            caches[k] = cache
+            outcomes[k].seconds["draws"] = seconds
+    for check in REGISTRY:
+        runs = [
+            (k, next(c for c in p if c.name == check.name))
+            for k, p in enumerate(plans)
+            if any(c.name == check.name for c in p)
+        ]
+        if not runs:
+            continue
+        on = [caches[k] if check.draws else posteriors[k] for k, _ in runs]
+        with seeded(inputs.seed, check.stream, 0, devices=inputs.devices):  # its own stream
+            common = check.common(inputs, on)
+        for (k, planned), posterior in zip(runs, on, strict=True):
+            if planned.instead_of in outcomes[k].results:
+                continue
+            start = time.perf_counter()
+            try:
+                with seeded(inputs.seed, check.stream, devices=inputs.devices):
+                    outcomes[k].results[check.name] = planned.run(
+                        posterior, inputs, common, outcomes[k]
+                    )
+            except UnsupportedError as err:  # found when the model ran: no score, no latents
+                outcomes[k].skipped[check.name] = str(err)
+                continue
+            outcomes[k].seconds[check.name] = time.perf_counter() - start
+    return outcomes
 
 
 def diagnose(
@@ -210,11 +259,12 @@ def diagnose(
             (MMD with its p-value, Fréchet distance, density and coverage of ``S_ref``
             posterior draws at each observation,
             :func:`~calib_lightning.functional.compare_to_reference`).
-        checks: a subset of :data:`CHECKS`; default every check that applies
+        checks: a subset of :data:`CHECKS` (``"interval_coverage"`` runs only when named);
+            default every check that applies
             (the local ones need ``observations``; ``"lc2st"`` only where L-C2ST-NF
             cannot run: it asks the same question from posterior draws, and trains its
             null anew on them at every call). A check the posterior cannot support
-            (:data:`NEEDS`: KCCSD needs the score, L-C2ST-NF the latents; a ``log_prob``
+            (a check's ``needs``: KCCSD needs the score, L-C2ST-NF the latents; a ``log_prob``
             without a gradient in ``theta`` gives no score, a base that is not normal no
             latents) is skipped and listed in the report's table with the
             reason (``Diagnosis.skipped``); for a samples-only posterior, and one whose
@@ -295,29 +345,35 @@ def diagnose(
     check_positive("num_posterior_samples", num_posterior_samples, integer=True)
     check_probability("level", level)
     if labels is not None and len(labels) != theta.shape[1]:
-        raise ValueError(f"labels must name the D = {theta.shape[1]} parameters, got "
-                         f"{len(labels)} labels")  # fmt: skip
+        raise ValueError(
+            f"labels must name the D = {theta.shape[1]} parameters, got {len(labels)} labels"
+        )
     select_parameters(theta.shape[1], parameters, labels)  # ValueError now, not at .figures
     if checks is not None:
         unknown = [c for c in checks if c not in CHECKS]
         if unknown:
             raise ValueError(f"checks must be among {list(CHECKS)}, got {unknown}")
-        if observations is None and any(c in LOCAL for c in checks):
-            raise ValueError(f"checks {[c for c in checks if c in LOCAL]} need observations, "
-                             "got observations=None")  # fmt: skip
-        if "support" in checks and prior is None:
-            raise ValueError("checks ['support'] need the prior, got prior=None")
+        local = [c.name for c in REGISTRY if c.name in checks and c.at_observations]
+        if observations is None and local:
+            raise ValueError(f"checks {local} need observations, got observations=None")
+        need_prior = [c.name for c in REGISTRY if c.name in checks and c.needs_prior]
+        if prior is None and need_prior:
+            raise ValueError(f"checks {need_prior} need the prior, got prior=None")
     post = _target(posterior, prior, theta, x)
     if sampler is not None:
         if not isinstance(post, UnnormalizedPosterior):
-            raise ValueError("sampler must be given only with a posterior known up to its "
-                             "constant (a ratio or likelihood estimator with prior=), got "
-                             f"{type(post).__name__}, which samples itself")  # fmt: skip
-        post = UnnormalizedWithSampler(post, sampler)
+            raise ValueError(
+                "sampler must be given only with a posterior known up to its "
+                "constant (a ratio or likelihood estimator with prior=), got "
+                f"{type(post).__name__}, which samples itself"
+            )
+        post = SampledUnnormalizedPosterior(post, sampler)
     if isinstance(post, UnnormalizedPosterior) and before is not None:
-        raise ValueError("before must be None for a posterior known up to its constant (a "
-                         "ratio or likelihood estimator): a comparison needs posterior samples, "
-                         f"got before={type(before).__name__}")  # fmt: skip
+        raise ValueError(
+            "before must be None for a posterior known up to its constant (a "
+            "ratio or likelihood estimator): a comparison needs posterior samples, "
+            f"got before={type(before).__name__}"
+        )
     # theta, x and the observations first: a wrong theta is named as theta, not as a
     # prior that does not fit it
     check_fits(post, theta, x, observations=observations)
@@ -325,61 +381,88 @@ def diagnose(
         check_prior(prior, theta)
     _check_before(before, theta, x, observations, num_posterior_samples, level)
     if reference_samples is not None and (
-        observations is None or reference_samples.ndim != 3
+        observations is None
+        or reference_samples.ndim != 3
         or reference_samples.shape[1:] != (observations.shape[0], theta.shape[1])
-    ):  # fmt: skip
+    ):
         raise ValueError(
             "reference_samples must have shape (S_ref, O, D) for the O observations and "
             f"D = {theta.shape[1]} parameters, got {tuple(reference_samples.shape)} with "
             f"observations={None if observations is None else tuple(observations.shape)}"
         )
-    prior_before = before if isinstance(before, Diagnosis) or before is None else as_posterior(
-        before)  # fmt: skip
-    devices = cuda_devices(post, prior_before if isinstance(prior_before, Posterior) else None,
-                           theta, x, observations)  # fmt: skip
-    inputs = Inputs(theta=theta.detach(), x=x.detach(), observations=observations,
-                    reference_samples=reference_samples, prior=prior, level=level, seed=seed,
-                    num_posterior_samples=num_posterior_samples, embedding=embedding,
-                    devices=devices)  # fmt: skip
+    prior_before = (
+        before if isinstance(before, Diagnosis) or before is None else as_posterior(before)
+    )
+    devices = cuda_devices(
+        post, prior_before if isinstance(prior_before, Posterior) else None, theta, x, observations
+    )
+    inputs = Inputs(
+        theta=theta.detach(),
+        x=x.detach(),
+        observations=observations,
+        reference_samples=reference_samples,
+        prior=prior,
+        level=level,
+        seed=seed,
+        num_posterior_samples=num_posterior_samples,
+        embedding=embedding,
+        devices=devices,
+    )
     regions = None
     if region is not None:
-        with seeded(seed, STREAMS["region"], devices=devices):
+        with seeded(seed, REGION_STREAM, devices=devices):
             regions = summarize_region(region, observations, reference_samples, theta.shape[1])
     posteriors, plans, skipped = [post], [], []
     if isinstance(prior_before, Posterior):
         posteriors.append(prior_before)
     for one in posteriors:  # the posterior before a fix: its own defaults too
-        names, why = _plan(one, checks, inputs)
-        # by default L-C2ST runs only in L-C2ST-NF's place (where the latents fail)
-        plans.append(make_checks(names, local_fallback=checks is None))
+        run, why = plan(one, checks, inputs)
+        plans.append(run)
         skipped.append(why)
     outcomes = run_checks(posteriors, plans, inputs, skipped)
     earlier = before if isinstance(before, Diagnosis) else None
     if len(outcomes) > 1:
         earlier = _diagnosis(outcomes[1], inputs, labels, parameters)
-    return _diagnosis(outcomes[0], inputs, labels, parameters, before=earlier, regions=regions,
-                      fixed=post)  # fmt: skip
+    return _diagnosis(
+        outcomes[0], inputs, labels, parameters, before=earlier, regions=regions, fixed=post
+    )
 
 
 def _diagnosis(
-    outcome: Outcome, inputs: Inputs, labels: Sequence[str] | None,
-    parameters: Sequence[int] | None, *, before: Diagnosis | None = None, regions: Any = None,
+    outcome: Outcome,
+    inputs: Inputs,
+    labels: Sequence[str] | None,
+    parameters: Sequence[int] | None,
+    *,
+    before: Diagnosis | None = None,
+    regions: Any = None,
     fixed: Any = None,
-) -> Diagnosis:  # fmt: skip
+) -> Diagnosis:
     return Diagnosis(
-        outcome.results, level=inputs.level, labels=labels, parameters=parameters,
-        seconds=outcome.seconds, num_pairs=inputs.theta.shape[0],
+        outcome.results,
+        level=inputs.level,
+        labels=labels,
+        parameters=parameters,
+        seconds=outcome.seconds,
+        num_pairs=inputs.theta.shape[0],
         num_posterior_samples=inputs.num_posterior_samples,
-        reference_samples=inputs.reference_samples, probability_maps=outcome.maps,
-        skipped=outcome.skipped, before=before, regions=regions,
+        reference_samples=inputs.reference_samples,
+        probability_maps=outcome.maps,
+        skipped=outcome.skipped,
+        before=before,
+        regions=regions,
         identity=bool(getattr(fixed, "is_identity", False)) if before is not None else False,
-    )  # fmt: skip
+    )
 
 
 def _check_before(
-    before: Any, theta: Tensor, x: Tensor, observations: Tensor | None,
-    num_posterior_samples: int, level: float,
-) -> None:  # fmt: skip
+    before: Any,
+    theta: Tensor,
+    x: Tensor,
+    observations: Tensor | None,
+    num_posterior_samples: int,
+    level: float,
+) -> None:
     """Raise a ``ValueError`` naming ``before`` if it cannot be compared with the
     posterior diagnosed on ``theta``, ``x``."""
     if before is None:

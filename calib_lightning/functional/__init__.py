@@ -41,6 +41,11 @@ from calib_lightning.functional.importance import (
     importance_coverage,
     importance_credibility,
 )
+from calib_lightning.functional.interval_coverage import (
+    IntervalCoverageResult,
+    interval_counts,
+    interval_coverage,
+)
 from calib_lightning.functional.joint_c2st import conformal_ranks, uniform_mean_test
 from calib_lightning.functional.kccsd import (
     KCCSDTest,
@@ -126,6 +131,7 @@ from calib_lightning.functional.tarp import (
 
 __all__ = [
     "ImportanceCoverageResult",
+    "IntervalCoverageResult",
     "KCCSDTest",
     "LatentCalibrationResult",
     "PosteriorDraws",
@@ -172,6 +178,8 @@ __all__ = [
     "holm_adjust",
     "importance_coverage",
     "importance_credibility",
+    "interval_counts",
+    "interval_coverage",
     "kccsd",
     "kccsd_matrix",
     "knn_distance",

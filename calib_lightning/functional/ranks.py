@@ -35,7 +35,6 @@ import torch
 from torch import Tensor
 
 from calib_lightning._checks import check_positive
-from calib_lightning.functional import _draw_problems
 from calib_lightning.functional._draw_problems import (
     check_draws,
     check_log_prob_theta,
@@ -70,9 +69,6 @@ __all__ = [
 
 
 #: what :func:`draw_problems` checks, in the order its messages list them
-LOG_PROB_THETA = _draw_problems.LOG_PROB_THETA
-SAMPLES = _draw_problems.SAMPLES
-LOG_PROB = _draw_problems.LOG_PROB
 
 
 MOMENT_DRAWS = 256

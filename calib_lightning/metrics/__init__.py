@@ -4,7 +4,7 @@ Each ``compute()`` returns a typed result (:class:`~calib_lightning.results.Resu
 :class:`KCCSDResult`, :class:`RankCalibrationResult`, :class:`TARPResult`,
 :class:`LC2STResult`, :class:`JointC2STResult`, :class:`FrechetDistanceResult`,
 :class:`DensityCoverageResult`, :class:`SupportResult`, :class:`ImportanceCoverageResult`,
-:class:`RatioBalanceResult`.
+:class:`RatioBalanceResult`, :class:`IntervalCoverageResult`.
 """
 
 from calib_lightning.functional.sbc import RankCalibrationResult
@@ -12,6 +12,7 @@ from calib_lightning.functional.tarp import TARPResult
 from calib_lightning.metrics._local_c2st import LC2STResult, ProbabilityMap
 from calib_lightning.metrics.balance import RatioBalance, RatioBalanceResult
 from calib_lightning.metrics.importance import ImportanceCoverage, ImportanceCoverageResult
+from calib_lightning.metrics.interval_coverage import IntervalCoverage, IntervalCoverageResult
 from calib_lightning.metrics.joint_c2st import JointC2ST, JointC2STResult
 from calib_lightning.metrics.kccsd import KCCSD, KCCSDResult
 from calib_lightning.metrics.latent import LatentCalibration, LatentCalibrationResult
@@ -37,6 +38,8 @@ __all__ = [
     "FrechetDistanceResult",
     "ImportanceCoverage",
     "ImportanceCoverageResult",
+    "IntervalCoverage",
+    "IntervalCoverageResult",
     "JointC2ST",
     "JointC2STResult",
     "KCCSDResult",

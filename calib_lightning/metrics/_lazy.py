@@ -24,15 +24,18 @@ __all__ = ["LazyDimension"]
 
 
 class LazyDimension(KeepShapes):
-    """A metric whose ``lazy_states`` (``histogram`` first, ``(D + 1, K)``) depend on ``D``.
+    """A metric whose ``lazy_states`` (``histogram`` first, ``(D + extra_rows, K)``) depend
+    on ``D``.
 
     Subclasses define ``lazy_states``, ``_zero_states(d, device)`` returning those states
     in that order (empty when ``d = 0``), and ``_dims()``, the ``D`` of the allocated
-    states (0 when empty); ``list_states`` are ``cat`` list states to shape when empty.
+    states (0 when empty); ``list_states`` are ``cat`` list states to shape when empty;
+    ``extra_rows`` the rows of ``histogram`` beyond one per parameter (the joint rank's).
     """
 
     lazy_states: ClassVar[tuple[str, ...]] = ("histogram",)
     list_states: ClassVar[tuple[str, ...]] = ()
+    extra_rows: ClassVar[int] = 1
     histogram: Tensor
 
     def _zero_states(self, d: int, device: torch.device | None = None) -> tuple[Tensor, ...]:
@@ -48,15 +51,15 @@ class LazyDimension(KeepShapes):
             zeros = self._zero_states(d, self.histogram.device)
             for name, value in zip(self.lazy_states, zeros, strict=True):
                 setattr(self, name, value)
-        elif self.histogram.shape[0] != d + 1 and not bool(self.histogram.any()):
+        elif self.histogram.shape[0] != d + self.extra_rows and not bool(self.histogram.any()):
             raise ValueError(  # no update yet: D came from the num_dims argument
                 f"num_dims must equal theta's D = {d}, got num_dims = "
-                f"{self.histogram.shape[0] - 1}"
+                f"{self.histogram.shape[0] - self.extra_rows}"
             )
-        elif self.histogram.shape[0] != d + 1:
+        elif self.histogram.shape[0] != d + self.extra_rows:
             raise ValueError(
-                f"theta must have D = {self.histogram.shape[0] - 1} columns as in earlier "
-                f"updates, got D = {d}"
+                f"theta must have D = {self.histogram.shape[0] - self.extra_rows} columns as "
+                f"in earlier updates, got D = {d}"
             )
 
     def _reduce_states(self, incoming_state: dict[str, Any]) -> None:

@@ -19,13 +19,17 @@ from typing import Any
 
 from torch import Tensor
 
-from calib_lightning.posteriors import _lampe, distributions, flows, sbi, vector_fields
+import calib_lightning.posteriors._lampe as lampe
+import calib_lightning.posteriors.distributions as distributions
+import calib_lightning.posteriors.flows as flows
+import calib_lightning.posteriors.sbi as sbi
+import calib_lightning.posteriors.vector_fields as vector_fields
 from calib_lightning.posteriors.base import Recognized
 
 __all__ = ["FAMILIES", "KINDS", "recognize", "resolve", "resolve_with_data"]
 
 #: the adapter modules, asked in this order (the specific before the generic callables)
-FAMILIES = (_lampe, vector_fields, sbi, flows, distributions)
+FAMILIES = (lampe, vector_fields, sbi, flows, distributions)
 
 #: what a caller may declare an estimator to be (``cl.as_posterior(obj, kind=...)``)
 KINDS = ("posterior", "likelihood", "ratio")

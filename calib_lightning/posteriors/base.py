@@ -28,7 +28,6 @@ __all__ = [
     "Posterior",
     "Recognized",
     "UnsupportedError",
-    "WrappedPosterior",
     "check_width",
     "density_draws",
     "supports",
@@ -336,37 +335,3 @@ class Posterior:
                 f"got {self!r} {why}"
             )
         return grad, value.detach()
-
-
-class WrappedPosterior(Posterior):
-    """A posterior built on another one (``inner``, any :func:`~calib_lightning.as_posterior`
-    input) whose model, dtype, device, shapes, capabilities and costs it keeps unless a
-    subclass says otherwise: the base of the recalibrated posteriors."""
-
-    def __init__(self, inner: Any) -> None:
-        from calib_lightning.posteriors import as_posterior  # the package imports this module
-
-        self.inner = as_posterior(inner)
-        super().__init__(self.inner.module)
-
-    @property
-    def capabilities(self) -> frozenset[str]:  # type: ignore[override]
-        return self.inner.capabilities
-
-    @property
-    def costly(self) -> frozenset[str]:  # type: ignore[override]
-        return self.inner.costly
-
-    @property
-    def dtype(self) -> torch.dtype | None:
-        return self.inner.dtype
-
-    @property
-    def device(self) -> torch.device | None:
-        return self.inner.device
-
-    def event_size(self) -> int | None:
-        return self.inner.event_size()
-
-    def context_shape(self) -> tuple[int, ...] | None:
-        return self.inner.context_shape()

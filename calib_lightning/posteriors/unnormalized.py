@@ -28,8 +28,9 @@ from torch.distributions import Transform, biject_to, constraints
 from calib_lightning._prior import not_a_prior, outside_support
 from calib_lightning.posteriors._dispatch import recognize, resolve
 from calib_lightning.posteriors.base import Posterior, unsupported
+from calib_lightning.posteriors.samples import SamplePosterior
 
-__all__ = ["UnnormalizedPosterior", "in_testing_space"]
+__all__ = ["SampledUnnormalizedPosterior", "UnnormalizedPosterior", "in_testing_space"]
 
 
 class UnnormalizedPosterior(Posterior):
@@ -224,6 +225,34 @@ class UnnormalizedPosterior(Posterior):
                 f"space, got {int(bad.sum())} rows outside it"
             )
         return u
+
+
+class SampledUnnormalizedPosterior(UnnormalizedPosterior):
+    """An :class:`UnnormalizedPosterior` with a sampler of the user's (MCMC, say) for the
+    checks that need samples; its scores stay those of ``inner``.
+
+    Arguments:
+        inner: the posterior known up to its constant.
+        sampler: a callable ``(x (N, *X), num_samples) -> (S, N, D)`` or a posterior that
+            samples.
+    """
+
+    capabilities = frozenset({"score", "sample"})
+
+    def __init__(self, inner: UnnormalizedPosterior, sampler: Any) -> None:
+        Posterior.__init__(self, inner.module)
+        self.prior, self._size, self._context = inner.prior, inner._size, inner._context
+        self.kind = inner.kind
+        self.sampler = sampler if isinstance(sampler, Posterior) else SamplePosterior(
+            sampler, num_dims=inner._size)  # fmt: skip
+        if "sample" not in self.sampler.capabilities:
+            raise ValueError(
+                f"sampler must draw samples: a callable (x (N, *X), num_samples) "
+                f"-> (S, N, D) or a posterior that samples, got {self.sampler!r}"
+            )
+
+    def sample(self, x: Tensor, num_posterior_samples: int) -> Tensor:
+        return self.sampler.sample(x, num_posterior_samples)
 
 
 class _Unconstrained(UnnormalizedPosterior):

@@ -113,9 +113,8 @@ def diagnose_table(dims, reps: dict, n, g) -> tuple[list[str], dict]:
                 theta, x = toy.sample(n, g)
                 report = cl.diagnose(post, theta, x)
                 for c in CHECKS:
-                    p[c].append(
-                        float(getattr(report.checks[c], cl.diagnosis._verdict.VERDICT_CHECKS[c]))
-                    )
+                    result = report.checks[c]
+                    p[c].append(float(getattr(result, type(result).verdict)))
                     seconds[c] += report.seconds[c] / count
                 p["overall"].append(report.overall_p_value)
             rates = [

@@ -76,7 +76,7 @@ elif check == "TARP":
     metric.update(flow, theta, x)
     p = float(metric.compute().p_value)
 else:
-    import calib_lightning.diagnosis._checks as run
+    import calib_lightning.diagnosis._run as run
     if elements is not None:  # diagnose's one sampling pass, in the chunks asked for
         inner = run.draw_chunks
         run.draw_chunks = lambda *a, **k: inner(*a, max_chunk_elements=elements)

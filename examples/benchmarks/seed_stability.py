@@ -52,7 +52,7 @@ from typing import Any
 import torch
 
 import calib_lightning as cl
-from calib_lightning.diagnosis._run import local_num_null
+from calib_lightning.diagnosis.checks import local_num_null
 from calib_lightning.functional.tarp import tarp
 from calib_lightning.metrics.joint_c2st import joint_c2st
 from calib_lightning.tasks import NPTGaussian
