@@ -28,13 +28,13 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_positive
+from calib_lightning._checks import NonFinitePairs, PairAudit, check_positive
 from calib_lightning.functional._draw_problems import (
     check_draws,
     check_log_prob_theta,
@@ -61,6 +61,7 @@ __all__ = [
     "draw_problems",
     "energy_ranks",
     "marginal_ranks",
+    "rank_chunks",
     "rank_draw_chunk",
     "rank_histogram",
     "sbc_ranks",
@@ -369,3 +370,87 @@ def statistic_ranks(
             raise_pairs(f"statistics[{name!r}] must not be NaN", bad, 0)
         columns.append(ranks)
     return torch.stack(columns, -1)
+
+
+#: one chunk of draws: ``(start, theta (n, D), log_prob_theta (n,) | None, samples (s, n, D),
+#: log_prob (s, n) | None, first_draw)``, as ``calib_lightning.evaluation.draw_chunks``
+#: yields them
+Chunk = tuple[int, Tensor, "Tensor | None", Tensor, "Tensor | None", int]
+
+
+def rank_chunks(
+    chunks: Iterable[Chunk],
+    num_pairs: int,
+    num_posterior_samples: int,
+    *,
+    generator: torch.Generator | None = None,
+    statistics: Sequence[Callable[[Tensor], Tensor]] = (),
+    names: Sequence[str] | None = None,
+) -> PosteriorDraws:
+    r"""The ranks and moments of ``M`` draws per pair, reduced chunk by chunk: the one rank
+    loop of the package (:class:`~calib_lightning.RankCalibration` feeds it the evaluation
+    layer's chunks, :func:`~calib_lightning.functional.rank_calibration` blocks of the
+    draws it is given).
+
+    Each chunk is reduced by :func:`rank_draw_chunk`; the sums of one block of pairs
+    (its chunks arrive together, ``first_draw = 0`` first) add up. The sharpness moments
+    use the first ``min(M, MOMENT_DRAWS)`` draws of each pair. A non-finite value is
+    counted over every pair before the error names them.
+
+    Arguments:
+        chunks: the chunks of the ``N`` pairs, in order.
+        num_pairs: ``N``.
+        num_posterior_samples: ``M >= 2``.
+        generator: for tie-breaking.
+        statistics: ``Q`` test quantities ``(..., D) -> (...)``; their ranks
+            (:func:`statistic_ranks`) follow the joint rank as the last ``Q`` columns.
+        names: their names, for error messages.
+
+    Returns:
+        :class:`PosteriorDraws` (``ranks`` of shape ``(N, D + 1 + Q)``).
+    """
+    if num_posterior_samples < 2:
+        raise ValueError(f"num_posterior_samples must be >= 2, got {num_posterior_samples}")
+    head = min(num_posterior_samples, MOMENT_DRAWS)
+    work = RankWorkspace()
+    blocks: list[list[Tensor]] = []
+    audit: tuple[PairAudit, NonFinitePairs] | None = None
+    for chunk in chunks:
+        start, theta, log_prob_theta, samples, log_prob, first_draw = chunk
+        if audit is None:
+            try:
+                sums = rank_draw_chunk(theta, log_prob_theta, samples, log_prob,
+                                       first_draw=first_draw, moment_draws=head, offset=start,
+                                       generator=generator, workspace=work)  # fmt: skip
+                if statistics:
+                    quantities = statistic_ranks(samples, theta, statistics, names=names,
+                                                 generator=generator)  # fmt: skip
+                    sums = RankSums(torch.cat([sums.below, quantities], -1), *sums[1:])
+            except NonFinitePairs as error:  # count over every pair, not this chunk's
+                audit = (PairAudit(num_pairs), error)
+        if audit is not None:
+            audit[0].add(start, _chunk_problems(chunk, statistics, names))
+            continue
+        if first_draw == 0:
+            blocks.append(list(sums))
+        else:
+            blocks[-1] = [a + b for a, b in zip(blocks[-1], sums, strict=True)]
+    if audit is not None:
+        raise audit[0].error() or audit[1]
+    ranks, total, total_sq = (torch.cat(parts) for parts in zip(*blocks, strict=True))
+    return PosteriorDraws(ranks, *draw_moments(total, total_sq, head))
+
+
+def _chunk_problems(
+    chunk: Chunk, statistics: Sequence[Callable[[Tensor], Tensor]], names: Sequence[str] | None
+) -> dict[str, dict[str, Tensor]]:
+    """The non-finite values of one chunk, per pair (its share of the audit)."""
+    _, theta, log_prob_theta, samples, log_prob, first_draw = chunk
+    problems = draw_problems(samples, log_prob, log_prob_theta if first_draw == 0 else None)
+    names = [str(q) for q in range(len(statistics))] if names is None else list(names)
+    for name, statistic in zip(names, statistics, strict=True):
+        values = torch.cat([statistic(theta)[None], statistic(samples)])
+        kinds = {"NaN": values.isnan().any(0).cpu()}
+        if bool(kinds["NaN"].any()):
+            problems[f"statistics[{name!r}] must not be NaN"] = kinds
+    return problems

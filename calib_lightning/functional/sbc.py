@@ -73,7 +73,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import NonFinitePairs, PairAudit, check_positive, check_probability
+from calib_lightning._checks import check_positive, check_probability
 from calib_lightning._chunks import pair_blocks
 from calib_lightning.functional._rank_results import RankCalibrationResult, RankSummary, Sharpness
 from calib_lightning.functional._tails import chi2_sf
@@ -87,10 +87,10 @@ from calib_lightning.functional.bands import (
 )
 from calib_lightning.functional.combine import COMBINATION_METHODS, combine_p_values
 from calib_lightning.functional.ranks import (
+    MOMENT_DRAWS,
     _check_counts,
-    draw_problems,
+    rank_chunks,
     rank_histogram,
-    sbc_ranks,
 )
 
 __all__ = [
@@ -381,40 +381,28 @@ def rank_calibration(
         raise ValueError(
             f"theta must have N >= 2 rows in shape (*, N, D), got {tuple(theta.shape)}"
         )
-    # by blocks of pairs (``(M, N, D)`` draws): the scratch copies stay bounded
-    blocks = pair_blocks(theta.shape[0], m * theta.shape[-1]) if theta.ndim == 2 else [...]
-    parts = []
-    for rows in blocks:
-        lp = None if log_prob_samples is None else log_prob_samples[:, rows]
-        lt = None if log_prob_theta is None else log_prob_theta[rows]
-        try:
-            ranks = sbc_ranks(samples[:, rows], lp, theta[rows], lt, generator=generator)
-        except NonFinitePairs as error:  # count over every pair, not this block's
-            if theta.ndim > 2:  # one block: already counted over every pair
-                raise
-            raise _audit(samples, log_prob_samples, log_prob_theta, blocks) or error from None
-        diff = (samples[:, rows] - theta[rows]).double()
-        parts.append((ranks, diff.mean(0), diff.var(0)))  # variance unbiased over M draws
-    ranks, mean_error, variance = (torch.cat(p, -2) for p in zip(*parts, strict=True))
+    # the pairs of every calibration set as one list, by blocks of pairs (``(M, n, D)``
+    # draws): the scratch copies stay bounded; the one rank loop of the package
+    lead, (n, d) = theta.shape[:-2], theta.shape[-2:]
+    flat_theta = theta.reshape(-1, d)
+    flat_samples = samples.reshape(m, -1, d)
+    flat_lp = None if log_prob_samples is None else log_prob_samples.reshape(m, -1)
+    flat_lt = None if log_prob_theta is None else log_prob_theta.reshape(-1)
+    chunks = (
+        (rows.start, flat_theta[rows], None if flat_lt is None else flat_lt[rows],
+         flat_samples[:, rows], None if flat_lp is None else flat_lp[:, rows], 0)
+        for rows in pair_blocks(flat_theta.shape[0], m * d)
+    )  # fmt: skip
+    draws = rank_chunks(chunks, flat_theta.shape[0], m, generator=generator)
+    ranks = draws.ranks.reshape(*lead, n, d + 1)
     summary = summarize_ranks(
         rank_histogram(ranks, m), level=level, num_bins=num_bins,
         num_ecdf_points=num_ecdf_points, global_method=global_method,
     )  # fmt: skip
     prior_variance = theta.double().var(-2)
-    sharp = sharpness((mean_error**2).mean(-2), variance.mean(-2), prior_variance, m)
+    mean_error = draws.mean_error.reshape(*lead, n, d)
+    variance = draws.variance.reshape(*lead, n, d)
+    sharp = sharpness((mean_error**2).mean(-2), variance.mean(-2), prior_variance,
+                      min(m, MOMENT_DRAWS))  # fmt: skip
     joint = "energy" if log_prob_samples is not None and log_prob_theta is not None else "distance"
     return RankCalibrationResult.from_summary(summary, sharp, joint_statistic=joint)
-
-
-def _audit(
-    samples: Tensor, log_prob_samples: Tensor | None, log_prob_theta: Tensor | None,
-    blocks: list[slice],
-) -> NonFinitePairs | None:  # fmt: skip
-    """The non-finite draws, draw and truth log-densities of ``(M, N, D)`` draws, counted
-    over all ``N`` pairs block by block."""
-    audit = PairAudit(samples.shape[-2])
-    for rows in blocks:
-        lp = None if log_prob_samples is None else log_prob_samples[:, rows]
-        lt = None if log_prob_theta is None else log_prob_theta[rows]
-        audit.add(rows.start, draw_problems(samples[:, rows], lp, lt))
-    return audit.error()

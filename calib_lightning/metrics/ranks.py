@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -22,10 +22,15 @@ from calib_lightning._moments import (
     moments,
     variance_from_moments,
 )
-from calib_lightning.evaluation import check_event_size
+from calib_lightning.evaluation import check_event_size, draw_chunks
 from calib_lightning.functional.bands import P_VALUE_FLOOR
 from calib_lightning.functional.combine import COMBINATION_METHODS, combine_p_values
-from calib_lightning.functional.ranks import MOMENT_DRAWS, rank_histogram
+from calib_lightning.functional.ranks import (
+    MOMENT_DRAWS,
+    PosteriorDraws,
+    rank_chunks,
+    rank_histogram,
+)
 from calib_lightning.functional.sbc import (
     RankCalibrationResult,
     sharpness,
@@ -33,7 +38,6 @@ from calib_lightning.functional.sbc import (
     summarize_ranks,
 )
 from calib_lightning.metrics._lazy import LazyDimension
-from calib_lightning.metrics._posterior_ranks import posterior_ranks
 from calib_lightning.posteriors import (
     Posterior,
     as_posterior,
@@ -43,6 +47,55 @@ from calib_lightning.posteriors import (
 )
 
 __all__ = ["RankCalibration", "RankCalibrationResult", "posterior_ranks"]
+
+
+def posterior_ranks(
+    posterior: Posterior | object,
+    theta: Tensor,
+    x: Tensor,
+    num_posterior_samples: int,
+    *,
+    max_chunk_elements: int | None = None,
+    generator: torch.Generator | None = None,
+    statistics: Sequence[Callable[[Tensor], Tensor]] = (),
+    names: Sequence[str] | None = None,
+    log_densities: bool | None = None,
+) -> PosteriorDraws:
+    r"""Draw ``M`` posterior samples per pair in chunks
+    (:func:`calib_lightning.evaluation.draw_chunks`: one chunk at a time, sized from the
+    memory budget or ``max_chunk_elements``) and reduce them to ranks and moments
+    (:func:`~calib_lightning.functional.ranks.rank_chunks`).
+
+    Arguments:
+        posterior: anything :func:`calib_lightning.as_posterior` accepts.
+        theta: true parameters ``(N, D)``.
+        x: observations ``(N, *X)``.
+        num_posterior_samples: ``M >= 2``.
+        max_chunk_elements: bound on ``samples_per_chunk * pairs_per_chunk * D``;
+            ``None``: chunks sized from the memory budget.
+        generator: for tie-breaking (sampling uses the posterior's own randomness).
+        statistics: ``Q`` test quantities ``(..., D) -> (...)``; their ranks
+            (:func:`~calib_lightning.functional.ranks.statistic_ranks`) follow the joint
+            rank as the last ``Q`` columns of ``ranks``.
+        names: their names, for error messages.
+        log_densities: rank jointly by the energy (``True``) or the distance rank
+            (``False``, no log-densities drawn); ``None``: the energy when the posterior
+            computes log-densities cheaply
+            (:func:`~calib_lightning.posteriors.density_draws`).
+
+    Returns:
+        :class:`~calib_lightning.functional.ranks.PosteriorDraws` (``ranks`` of shape
+        ``(N, D + 1 + Q)``).
+
+    Raises:
+        ValueError: for bad shapes, non-finite ``theta``/``x``, or non-finite posterior
+            samples/log-densities (naming how many pairs were affected).
+    """
+    chunks = draw_chunks(posterior, theta, x, num_posterior_samples,
+                         max_chunk_elements=max_chunk_elements,
+                         log_densities=log_densities)  # fmt: skip
+    return rank_chunks(chunks, theta.shape[0], num_posterior_samples, generator=generator,
+                       statistics=statistics, names=names)  # fmt: skip
 
 
 class RankCalibration(LazyDimension):
