@@ -17,7 +17,7 @@ from calib_lightning import (
     recalibration,
     tasks,
 )
-from calib_lightning._memory import get_memory_budget, set_memory_budget
+from calib_lightning.evaluation._memory import get_memory_budget, set_memory_budget
 from calib_lightning.losses import (
     BalancingLoss,
     CoverageLoss,

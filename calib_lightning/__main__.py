@@ -63,8 +63,10 @@ def _load_data(path: str) -> dict[str, torch.Tensor]:
     data = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(data, dict) or "theta" not in data or "x" not in data:
         kind = sorted(data) if isinstance(data, dict) else type(data).__name__
-        raise ValueError(f"--data must hold a dict with 'theta' and 'x' (and optionally "
-                         f"'observations'), got {kind}")  # fmt: skip
+        raise ValueError(
+            f"--data must hold a dict with 'theta' and 'x' (and optionally "
+            f"'observations'), got {kind}"
+        )
     return data
 
 
@@ -74,8 +76,13 @@ def _recalibrated(checkpoint: str, estimator: Any, theta: torch.Tensor, x: torch
     from calib_lightning.callbacks import RecalibrationCallback
 
     states = torch.load(checkpoint, map_location="cpu", weights_only=False).get("callbacks", {})
-    found = [state for key, state in states.items() if str(key).startswith("RecalibrationCallback")
-             and isinstance(state, dict) and state.get("recalibration")]  # fmt: skip
+    found = [
+        state
+        for key, state in states.items()
+        if str(key).startswith("RecalibrationCallback")
+        and isinstance(state, dict)
+        and state.get("recalibration")
+    ]
     if len(found) != 1:
         raise ValueError(
             "--recalibrated needs the checkpoint to hold one fitted RecalibrationCallback "
@@ -99,17 +106,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--checks", default=None, help="comma-separated subset of the checks")
     run.add_argument("--labels", default=None, help="comma-separated parameter names")
     run.add_argument("--level", type=float, default=0.05)
-    run.add_argument("--seed", type=int, default=0,
-                     help="seeds every check's randomness: one seed, the same report (default: 0)")
-    run.add_argument("--prior", default=None,
-                     help="'pkg.mod:NAME': the prior (or a function returning it); adds the "
-                     "support check")
-    run.add_argument("--kind", default=None, choices=("posterior", "likelihood", "ratio"),
-                     help="what the estimator estimates, where it cannot tell; with "
-                     "likelihood or ratio, --prior is its prior")
-    run.add_argument("--recalibrated", action="store_true",
-                     help="diagnose the RecalibrationCallback's posterior in the checkpoint, "
-                     "beside the estimator before it")
+    run.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds every check's randomness: one seed, the same report (default: 0)",
+    )
+    run.add_argument(
+        "--prior",
+        default=None,
+        help="'pkg.mod:NAME': the prior (or a function returning it); adds the support check",
+    )
+    run.add_argument(
+        "--kind",
+        default=None,
+        choices=("posterior", "likelihood", "ratio"),
+        help="what the estimator estimates, where it cannot tell; with "
+        "likelihood or ratio, --prior is its prior",
+    )
+    run.add_argument(
+        "--recalibrated",
+        action="store_true",
+        help="diagnose the RecalibrationCallback's posterior in the checkpoint, "
+        "beside the estimator before it",
+    )
     args = parser.parse_args(argv)
 
     from calib_lightning.callbacks._plumbing import find_estimator
@@ -131,13 +151,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         estimator = _recalibrated(args.checkpoint, estimator, data["theta"], data["x"])
     with torch.no_grad():
         diagnosis = diagnose(
-            estimator, data["theta"], data["x"],
+            estimator,
+            data["theta"],
+            data["x"],
             observations=data.get("observations"),
             checks=args.checks.split(",") if args.checks else None,
             labels=args.labels.split(",") if args.labels else None,
-            num_posterior_samples=args.num_posterior_samples, level=args.level,
-            seed=args.seed, before=before, prior=prior,
-        )  # fmt: skip
+            num_posterior_samples=args.num_posterior_samples,
+            level=args.level,
+            seed=args.seed,
+            before=before,
+            prior=prior,
+        )
     page = diagnosis.save(args.out)
     print(diagnosis.verdict[0].upper() + diagnosis.verdict[1:])
     print(diagnosis.table())

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_choice
+from calib_lightning._utils.validation import check_choice
 
 __all__ = [
     "DISTRIBUTION_KERNELS",

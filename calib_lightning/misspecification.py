@@ -29,7 +29,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from calib_lightning._checks import (
+from calib_lightning._utils.validation import (
     as_float,
     check_choice,
     check_finite,

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from calib_lightning._checks import check_positive
+from calib_lightning._utils.validation import check_positive
 
 __all__ = ["fork_is_safe", "run_distributed"]
 

@@ -12,7 +12,7 @@ import torch
 import zuko
 
 import calib_lightning as cl
-from calib_lightning import _memory
+from calib_lightning.evaluation import _memory
 from calib_lightning.tasks import GaussianToy
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -16,7 +16,7 @@ from nflows.transforms import MaskedAffineAutoregressiveTransform
 from torch.distributions import Independent, Normal
 
 import calib_lightning as cl
-from calib_lightning._checks import check_pairs, model_errors
+from calib_lightning._utils.validation import check_pairs, model_errors
 from calib_lightning.evaluation import check_event_size
 
 D, X, N = 3, 2, 24

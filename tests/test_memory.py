@@ -19,15 +19,15 @@ import zuko
 from torch.utils.data import DataLoader, TensorDataset
 
 import calib_lightning as cl
-from calib_lightning._memory import (
+from calib_lightning.callbacks import CalibrationCallback
+from calib_lightning.evaluation import base_scores, draws, latents, scores
+from calib_lightning.evaluation._memory import (
     PROBE_MARGIN,
     ChunkSizer,
     TensorPeak,
     draw_blocks,
     measure_peak,
 )
-from calib_lightning.callbacks import CalibrationCallback
-from calib_lightning.evaluation import base_scores, draws, latents, scores
 from calib_lightning.posteriors import Posterior
 from calib_lightning.tasks import GaussianToy
 

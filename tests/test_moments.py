@@ -1,4 +1,5 @@
-"""Centred moments (``calib_lightning._moments``): Chan et al.'s merge against two-pass numpy.
+"""Centred moments (``calib_lightning.functional._moments``): Chan et al.'s merge against
+two-pass numpy.
 
 Closed forms in float64 on random splits, points far from the origin, empty parts, the
 packed state as a torchmetrics reduction, and bad input.
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from calib_lightning._moments import (
+from calib_lightning.functional._moments import (
     merge_moments,
     moment_state_size,
     moments,

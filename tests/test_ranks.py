@@ -9,7 +9,6 @@ from scipy import stats
 from torch.distributions import Bernoulli, Independent, Normal
 
 import calib_lightning as cl
-from calib_lightning._moments import split_moments
 from calib_lightning.functional import (
     energy_ranks,
     marginal_ranks,
@@ -19,6 +18,7 @@ from calib_lightning.functional import (
     summarize_ranks,
     uniformity_test,
 )
+from calib_lightning.functional._moments import split_moments
 from calib_lightning.functional.ranks import rank_draw_chunk, statistic_ranks
 from calib_lightning.functional.sbc import statistic_tests
 from calib_lightning.metrics.ranks import posterior_ranks
@@ -104,7 +104,7 @@ def test_the_cpu_and_the_generic_path_count_alike(monkeypatch, dtype):
     ties, on draws with ties (a grid) in the marginals and the energies, across block
     boundaries (blocks of 5 draws here), with the same moments; a NaN draw is a tie in
     both, which the lazy check then finds."""
-    from calib_lightning.functional import _rank_counting as counting
+    from calib_lightning.functional import ranks as counting
 
     g = torch.Generator().manual_seed(21)
     samples = ((torch.randn(300, 40, 3, generator=g) * 2).round() / 2).to(dtype)

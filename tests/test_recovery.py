@@ -11,13 +11,13 @@ import math
 import pytest
 import torch
 
-from calib_lightning._moments import merge_moments, moments, variance_from_moments
 from calib_lightning.functional import (
     Recovery,
     calibrated_z_score_std,
     recovery,
     recovery_from_moments,
 )
+from calib_lightning.functional._moments import merge_moments, moments, variance_from_moments
 from calib_lightning.plots import plot_recovery, plot_z_score_contraction
 from calib_lightning.tasks import GaussianToy
 

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import calib_lightning as cl
 from calib_lightning.__main__ import main
-from calib_lightning._random import cuda_devices, derived_seed, seeded
+from calib_lightning._utils.random import cuda_devices, derived_seed, seeded
 from calib_lightning.callbacks import KCCSDCallback, RankCalibrationCallback, TARPCallback
 from calib_lightning.tasks import GaussianToy
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import calib_lightning as cl
-from calib_lightning._draw_cache import SharedDraws
 from calib_lightning.evaluation import draw_chunks, draws
+from calib_lightning.evaluation._draw_cache import SharedDraws
 from calib_lightning.functional import (
     compare_to_reference,
     distance_log_prob,

@@ -21,9 +21,9 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 import calib_lightning as cl
-from calib_lightning._draw_cache import SharedDraws, row_range
 from calib_lightning.callbacks import LC2STNFCallback, RankCalibrationCallback, TARPCallback
 from calib_lightning.evaluation import draw_chunks, draws
+from calib_lightning.evaluation._draw_cache import SharedDraws, row_range
 from calib_lightning.posteriors import Posterior
 from calib_lightning.tasks import GaussianToy
 

@@ -7,7 +7,7 @@ from scipy import stats
 from torchmetrics.utilities.data import dim_zero_cat
 
 import calib_lightning as cl
-from calib_lightning._distributed import canonical_order
+from calib_lightning._utils.distributed import canonical_order
 from calib_lightning.evaluation import draws
 from calib_lightning.functional import (
     expected_coverage,

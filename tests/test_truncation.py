@@ -287,7 +287,7 @@ def test_a_rejection_round_keeps_the_flow_within_the_memory_budget():
     took 24 GB and was killed. The row with no mass inside is given up."""
     import zuko
 
-    from calib_lightning._memory import TensorPeak
+    from calib_lightning.evaluation._memory import TensorPeak
 
     torch.manual_seed(0)
     flow = zuko.flows.NSF(2, 2, transforms=2, hidden_features=[64, 64])

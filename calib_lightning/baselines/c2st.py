@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_points, check_positive
+from calib_lightning._utils.validation import check_points, check_positive
 from calib_lightning.classifiers import make_ensemble
 
 __all__ = ["CONVERGED_MLP", "OracleC2ST", "oracle_c2st"]
@@ -218,9 +218,12 @@ def _sbibm_protocol(estimator: Tensor, reference: Tensor, num_folds: int, seed: 
         scores = []
         for train, held in folds.split(data):
             model = MLPClassifier(
-                activation="relu", hidden_layer_sizes=(10 * dim, 10 * dim), max_iter=10000,
-                solver="adam", random_state=seed,
-            )  # fmt: skip
+                activation="relu",
+                hidden_layer_sizes=(10 * dim, 10 * dim),
+                max_iter=10000,
+                solver="adam",
+                random_state=seed,
+            )
             model.fit(data[train], target[train])
             proba = torch.from_numpy(model.predict_proba(data[held])[:, 1]).double()
             truth = torch.from_numpy(target[held])

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import (
+from calib_lightning._utils.validation import (
     check_choice,
     check_finite,
     check_points,
@@ -200,8 +200,10 @@ def skce_matrix_samples(
     check_choice("distribution_kernel", distribution_kernel, ("mmd", None))
     check_points("theta", theta, min_rows=2)
     check_finite("samples", samples)
-    if samples.ndim != theta.ndim + 1 or samples.shape[:-2] != theta.shape[:-1] or (
-        samples.shape[-1] != theta.shape[-1]
+    if (
+        samples.ndim != theta.ndim + 1
+        or samples.shape[:-2] != theta.shape[:-1]
+        or (samples.shape[-1] != theta.shape[-1])
     ):
         raise ValueError(
             f"samples must have shape (*, n, S, D) matching theta {tuple(theta.shape)}, "
@@ -251,9 +253,7 @@ def skce_test(
     """
     check_positive("num_null", num_null, integer=True)
     if matrix.ndim < 2 or matrix.shape[-1] != matrix.shape[-2] or matrix.shape[-1] < 2:
-        raise ValueError(
-            f"matrix must have shape (*, n, n) with n >= 2, got {tuple(matrix.shape)}"
-        )
+        raise ValueError(f"matrix must have shape (*, n, n) with n >= 2, got {tuple(matrix.shape)}")
     check_finite("matrix", matrix)
     statistic = u_statistic(matrix)
     draws = wild_bootstrap(matrix, num_null, generator)

@@ -82,16 +82,16 @@ def _sink(logger: Logger, fallback_root: str | os.PathLike) -> FigureSink:
         writer = logger.experiment
         return FigureSink(
             "TensorBoardLogger",
-            lambda tag, fig, step, epoch: writer.add_figure(tag, fig, global_step=step,
-                                                            close=False),
+            lambda tag, fig, step, epoch: writer.add_figure(
+                tag, fig, global_step=step, close=False
+            ),
             lambda tag, values, step, epoch: writer.add_histogram(tag, values, global_step=step),
-        )  # fmt: skip
+        )
     if isinstance(logger, WandbLogger):
         return FigureSink(
             "WandbLogger",
-            lambda tag, fig, step, epoch: logger.log_image(key=tag, images=[_rgb(fig)],
-                                                           step=step),
-        )  # fmt: skip
+            lambda tag, fig, step, epoch: logger.log_image(key=tag, images=[_rgb(fig)], step=step),
+        )
     if isinstance(logger, MLFlowLogger):
         return FigureSink(
             "MLFlowLogger",

@@ -15,10 +15,14 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor, nn
 from torch.utils.data import DistributedSampler, Subset, TensorDataset
 
-from calib_lightning._checks import check_pairs
-from calib_lightning._draw_cache import SharedDraws, release_shared_draws, shared_draws_for
-from calib_lightning._fit_check import check_fits
-from calib_lightning._random import cuda_devices, seeded
+from calib_lightning._utils.random import cuda_devices, seeded
+from calib_lightning._utils.validation import check_pairs
+from calib_lightning.evaluation import (
+    SharedDraws,
+    check_fits,
+    release_shared_draws,
+    shared_draws_for,
+)
 from calib_lightning.posteriors import Posterior
 from calib_lightning.results import Result, expand_scalars
 
@@ -74,7 +78,7 @@ def seeded_check(
 ) -> contextlib.AbstractContextManager[int]:
     """The random state of one check: torch's (CPU and the module's CUDA device), numpy's
     and Python's global generators forked and seeded from ``seed``, the stage, the epoch,
-    the global step and the process rank (:func:`calib_lightning._random.seeded`)."""
+    the global step and the process rank (:func:`calib_lightning._utils.random.seeded`)."""
     words = (STAGES.index(stage), trainer.current_epoch, trainer.global_step, trainer.global_rank)
     return seeded(seed, *words, devices=cuda_devices(pl_module.device))
 
@@ -134,7 +138,7 @@ def local_batches(
     """Process ``rank``'s share of the pairs, on ``device`` and in the floating ``dtype``.
 
     With ``shared`` draws and tensors, the batches are made once per check for all callers
-    holding the same data (:meth:`~calib_lightning._draw_cache.SharedDraws.batches`), so
+    holding the same data (:meth:`~calib_lightning.evaluation.SharedDraws.batches`), so
     that their draws are shared.
 
     Tensors: rows ``rank, rank + world, ...`` in batches of ``batch_size`` (``None``: one
@@ -144,8 +148,17 @@ def local_batches(
 
     if shared is not None and dataloader is None:
         key = (theta, x, batch_size, rank, world, device, dtype)
-        make = functools.partial(local_batches, theta, x, None, batch_size, rank=rank,
-                                 world=world, device=device, dtype=dtype)  # fmt: skip
+        make = functools.partial(
+            local_batches,
+            theta,
+            x,
+            None,
+            batch_size,
+            rank=rank,
+            world=world,
+            device=device,
+            dtype=dtype,
+        )
         yield from shared.batches(key, make)
         return
 
@@ -238,10 +251,13 @@ def _holds(dataset: Any, theta: Tensor) -> bool:
 
 
 def share_draws(
-    trainer: Trainer, pl_module: LightningModule, estimator: Any, posterior: Posterior,
+    trainer: Trainer,
+    pl_module: LightningModule,
+    estimator: Any,
+    posterior: Posterior,
     tensors: bool,
 ) -> SharedDraws | None:
-    """The trainer's :class:`~calib_lightning._draw_cache.SharedDraws` for this check (one
+    """The trainer's :class:`~calib_lightning.evaluation.SharedDraws` for this check (one
     per stage, epoch, step, estimator and parameter values), or ``None`` when the callback's
     data are not ``tensors`` (a dataloader: nothing to share) or fewer than two calibration
     callbacks are attached."""
@@ -373,7 +389,7 @@ class SetupCheck(Callback):
         """Raise now if the calibration data do not fit the module's estimator.
 
         The first batch of this process's pairs (and the metric's ``observations``, if it
-        has some) go through :func:`~calib_lightning._fit_check.check_fits`: ``theta``'s
+        has some) go through :func:`~calib_lightning.evaluation.check_fits`: ``theta``'s
         width against ``D``, ``x``'s shape against the context, the observations' shape
         against ``x``; one ``log_prob`` at two pairs (a draw, with the random state forked,
         for a samples-only estimator), in eval mode. Its ``ValueError`` is the one the

@@ -25,9 +25,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_pairs
-from calib_lightning._event_size import check_event_size
+from calib_lightning._utils.validation import check_pairs
 from calib_lightning.callbacks._plumbing import SetupError
+from calib_lightning.evaluation import check_event_size
 from calib_lightning.posteriors import (
     CAPABILITIES,
     Posterior,

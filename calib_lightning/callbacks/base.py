@@ -28,7 +28,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from calib_lightning._checks import check_choice, check_positive, check_probability
+from calib_lightning._utils.validation import check_choice, check_positive, check_probability
 from calib_lightning.callbacks._figures import write_figures
 from calib_lightning.callbacks._history import CheckHistory
 from calib_lightning.callbacks._plumbing import (
@@ -178,8 +178,9 @@ class CalibrationCallback(CheckHistory, CostWarning, DrawSharing, SetupCheck):
                 f"metric must be a calib_lightning.{self.metric_type.__name__}, "
                 f"got {type(metric).__name__}"
             )
-        if not (callable(getattr(metric, "update", None)) and callable(
-            getattr(metric, "compute", None))):
+        if not (
+            callable(getattr(metric, "update", None)) and callable(getattr(metric, "compute", None))
+        ):
             raise ValueError(
                 "metric must have update(posterior, theta, x) and compute(), "
                 f"got {type(metric).__name__}"
@@ -231,8 +232,9 @@ class CalibrationCallback(CheckHistory, CostWarning, DrawSharing, SetupCheck):
             return {}
         title = f"{self.tag_name}: calibration over training"
         history = {k: self.history[k] for k in keys}
-        figure = plot_history(self.epochs, history, level=self.level, title=title,
-                              titles=self.history_titles)  # fmt: skip
+        figure = plot_history(
+            self.epochs, history, level=self.level, title=title, titles=self.history_titles
+        )
         return {"history": figure}
 
     def histograms(self, result: Result | dict[str, Tensor]) -> dict[str, Tensor]:
@@ -281,8 +283,11 @@ class CalibrationCallback(CheckHistory, CostWarning, DrawSharing, SetupCheck):
     def state_dict(self) -> dict[str, Any]:
         """The record of the checks (:class:`~._history.CheckHistory`), the metric's state
         and :meth:`extra_state`."""
-        return {**super().state_dict(), "metric": self.metric.state_dict(),
-                "extra": self.extra_state()}  # fmt: skip
+        return {
+            **super().state_dict(),
+            "metric": self.metric.state_dict(),
+            "extra": self.extra_state(),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
@@ -307,8 +312,14 @@ class CalibrationCallback(CheckHistory, CostWarning, DrawSharing, SetupCheck):
         except Exception as error:
             if self.on_error == "raise" or isinstance(error, SetupError):
                 raise
-            self._fail(trainer, pl_module, error, recorded=len(self.epochs) > checks,
-                       seconds=time.perf_counter() - start, stage=stage)  # fmt: skip
+            self._fail(
+                trainer,
+                pl_module,
+                error,
+                recorded=len(self.epochs) > checks,
+                seconds=time.perf_counter() - start,
+                stage=stage,
+            )
         finally:
             self.add_check_seconds(time.perf_counter() - start, stage)
 
@@ -329,8 +340,11 @@ class CalibrationCallback(CheckHistory, CostWarning, DrawSharing, SetupCheck):
             kind = f"ValueError ({kind})"
         reason = f"{kind}: {error}"
         self.errors.append((epoch, reason))
-        what = ("its figures failed after the scalars were logged" if recorded
-                else "failed and is recorded as NaN")  # fmt: skip
+        what = (
+            "its figures failed after the scalars were logged"
+            if recorded
+            else "failed and is recorded as NaN"
+        )
         warnings.warn(
             f"{type(self).__name__} ({self.tag_name}) check at epoch {epoch} {what}; "
             f"training goes on (on_error='raise' stops it). {reason}",
@@ -343,10 +357,13 @@ class CalibrationCallback(CheckHistory, CostWarning, DrawSharing, SetupCheck):
         keys = list(self.history) or list(self.history_keys)
         nan = torch.tensor(math.nan)
         pl_module.log_dict(
-            {f"{self.prefix}/{self.tag_name}/{k}": v
-             for k, v in logged_scalars(dict.fromkeys(keys, nan)).items()},
-            on_step=False, on_epoch=True,
-        )  # fmt: skip
+            {
+                f"{self.prefix}/{self.tag_name}/{k}": v
+                for k, v in logged_scalars(dict.fromkeys(keys, nan)).items()
+            },
+            on_step=False,
+            on_epoch=True,
+        )
         self._record(epoch, dict.fromkeys(keys, math.nan), stage)
         self.seconds.append(seconds)
 
@@ -359,9 +376,11 @@ class CalibrationCallback(CheckHistory, CostWarning, DrawSharing, SetupCheck):
             f"{self.prefix}/{self.tag_name}/{k}": v for k, v in logged_scalars(scalars).items()
         }
         pl_module.log_dict(
-            logged, on_step=False, on_epoch=True,
+            logged,
+            on_step=False,
+            on_epoch=True,
             sync_dist=True,  # equal on all ranks: mean is a no-op
-        )  # fmt: skip
+        )
         self._record(trainer.current_epoch, {k: float(v) for k, v in scalars.items()}, stage)
         self.last_result = to_cpu(result)
         self.last_extras = to_cpu(self.last_extras)
@@ -374,8 +393,11 @@ class CalibrationCallback(CheckHistory, CostWarning, DrawSharing, SetupCheck):
     ) -> tuple[Result | dict[str, Tensor], dict[str, Tensor]]:
         estimator = self._find_estimator(pl_module)
         posterior = callback_posterior(estimator, self.prior)
-        shared = None if isinstance(posterior, UnnormalizedPosterior) else share_draws(
-            trainer, pl_module, estimator, posterior, self.dataloader is None)  # nothing to draw
+        shared = (
+            None
+            if isinstance(posterior, UnnormalizedPosterior)
+            else share_draws(trainer, pl_module, estimator, posterior, self.dataloader is None)
+        )  # nothing to draw
         device = pl_module.device
         with eval_mode(pl_module, estimator), torch.inference_mode(False), torch.no_grad():
             self.metric.to(device)
@@ -406,9 +428,16 @@ class CalibrationCallback(CheckHistory, CostWarning, DrawSharing, SetupCheck):
     ) -> Iterator[tuple[Tensor, Tensor]]:
         """This process's share of the pairs, on the module's device and floating dtype."""
         return local_batches(
-            self.theta, self.x, self.dataloader, self.batch_size, rank=trainer.global_rank,
-            world=trainer.world_size, device=device, dtype=dtype, shared=shared,
-        )  # fmt: skip
+            self.theta,
+            self.x,
+            self.dataloader,
+            self.batch_size,
+            rank=trainer.global_rank,
+            world=trainer.world_size,
+            device=device,
+            dtype=dtype,
+            shared=shared,
+        )
 
     def _write_figures(self, trainer: Trainer, result: Result | dict[str, Tensor]) -> None:
         """Send the figures and histograms to every logger (:mod:`._figures`)."""

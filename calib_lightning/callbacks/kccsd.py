@@ -49,8 +49,9 @@ class KCCSDCallback(CalibrationCallback):
     name: ClassVar[str] = "kccsd"
     history_keys: ClassVar[tuple[str, ...]] = ("p_value", "statistic")
     history_titles: ClassVar[dict[str, str]] = {
-        "p_value": "KCCSD test (wild bootstrap)", "statistic": "KCCSD statistic Ĉ",
-    }  # fmt: skip
+        "p_value": "KCCSD test (wild bootstrap)",
+        "statistic": "KCCSD statistic Ĉ",
+    }
     metric_type: ClassVar[type] = KCCSD
     needs: ClassVar[tuple[str, ...]] = ("score",)
 

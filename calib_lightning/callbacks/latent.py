@@ -34,8 +34,10 @@ _RELABEL = (
     ("truth less probable than the posterior's own draws", "truth further out than claimed"),
     ("truth less probable than the draws", "truth further out than claimed"),
     ("Joint (energy)", "Joint (radius)"),
-    ("Marginal ranks, one curve per dimension",
-     "Marginal: Φ(z*_d), one curve per latent coordinate"),
+    (
+        "Marginal ranks, one curve per dimension",
+        "Marginal: Φ(z*_d), one curve per latent coordinate",
+    ),
 )
 MAX_COORDINATES = 6
 """Latent coordinates drawn by default: all up to this many, else the ones with the
@@ -158,11 +160,17 @@ class LatentCalibrationCallback(CalibrationCallback):
         if len(shown) < d:
             result = select_coordinates(result, shown)
             which = "chosen" if self.coordinates is not None else "smallest ECDF p-values"
-            extra = (("one curve per latent coordinate",
-                      f"{len(shown)} of {d} latent coordinates ({which})"),
-                     ("Latent histograms (",
-                      f"Latent histograms of {len(shown)} of {d} coordinates ({which}; "
-                      "judge by the global p-value) and the radius ("))  # fmt: skip
+            extra = (
+                (
+                    "one curve per latent coordinate",
+                    f"{len(shown)} of {d} latent coordinates ({which})",
+                ),
+                (
+                    "Latent histograms (",
+                    f"Latent histograms of {len(shown)} of {d} coordinates ({which}; "
+                    "judge by the global p-value) and the radius (",
+                ),
+            )
         names = [labels[i] for i in shown]
         figures["ecdf"] = _relabel(plot_rank_ecdf(result, labels=names), extra)
         figures["histograms"] = _relabel(plot_rank_histograms(result, labels=names), extra)

@@ -10,7 +10,7 @@ from lightning.pytorch import LightningModule, Trainer
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from calib_lightning._checks import check_positive
+from calib_lightning._utils.validation import check_positive
 from calib_lightning.baselines.c2st import oracle_c2st
 from calib_lightning.callbacks._plumbing import describe as _describe
 from calib_lightning.callbacks._plumbing import find_part
@@ -168,7 +168,9 @@ class LC2STNFCallback(CalibrationCallback):
             ("reference_samples", reference_samples, 3, "(S_ref, O, D)"),
         ):
             if value is not None and (
-                not isinstance(value, Tensor) or value.ndim != ndim or value.shape[-2] != num_obs
+                not isinstance(value, Tensor)
+                or value.ndim != ndim
+                or value.shape[-2] != num_obs
                 or num_dims not in (None, value.shape[-1])
             ):
                 raise ValueError(
@@ -180,8 +182,12 @@ class LC2STNFCallback(CalibrationCallback):
         self.truths, self.reference_samples, self.labels = truths, reference_samples, labels
         self.parameters = as_indices(parameters)
         if isinstance(theta, Tensor) and theta.ndim == 2:  # else the figure checks them
-            select_parameters(theta.shape[1], [0] if parameters is None else parameters, labels,
-                              max_count=MAX_MAP_PARAMETERS)  # fmt: skip
+            select_parameters(
+                theta.shape[1],
+                [0] if parameters is None else parameters,
+                labels,
+                max_count=MAX_MAP_PARAMETERS,
+            )
         self.map_num_posterior_samples, self.seed = map_num_posterior_samples, seed
         self.oracle_kwargs = dict(oracle_kwargs or {})
         self.misspecification = misspecification and self.x is not None
@@ -213,8 +219,9 @@ class LC2STNFCallback(CalibrationCallback):
         out: dict[str, Tensor] = {}
         if self.misspecification:
             if self._misspecification is None:  # observations and x never change
-                test = misspecification_test(self.metric.observations.cpu(), self.x.cpu(),
-                                             seed=self.seed)  # fmt: skip
+                test = misspecification_test(
+                    self.metric.observations.cpu(), self.x.cpu(), seed=self.seed
+                )
                 self._misspecification = test.p_value
             out["misspecification_p_value"] = self._misspecification
         if not draw_maps and self.reference_samples is None:
@@ -229,13 +236,17 @@ class LC2STNFCallback(CalibrationCallback):
                 reference = self.reference_samples.to(observations)
                 samples = draws(posterior, observations, reference.shape[0])  # (S_ref, O, D)
                 scores = compare_to_reference(
-                    samples, reference, vendi=False,
+                    samples,
+                    reference,
+                    vendi=False,
                     generator=torch.Generator().manual_seed(self.seed),
-                )  # fmt: skip
+                )
                 tag = {field: name for name, field in RENAMED_TAGS.items()}  # field -> tag
                 out.update({tag.get(k, k): getattr(scores, k) for k in scores.logged})  # (O,)
                 out["oracle_c2st"] = oracle_c2st(
-                    samples.transpose(0, 1), reference.transpose(0, 1), seed=self.seed,
+                    samples.transpose(0, 1),
+                    reference.transpose(0, 1),
+                    seed=self.seed,
                     **self.oracle_kwargs,
                 ).accuracy
         return out
@@ -256,9 +267,12 @@ class LC2STNFCallback(CalibrationCallback):
                 pp = (result.pp_grid, result.pp_ecdf[o], result.pp_band[:, o])
                 truth = None if self.truths is None else self.truths[o].cpu()
                 figures[f"probability_map/{o}"] = plot_probability_map(
-                    samples, probs, labels=self.labels, parameters=self.parameters,
-                    truth=truth, pp=pp,
+                    samples,
+                    probs,
+                    labels=self.labels,
+                    parameters=self.parameters,
+                    truth=truth,
+                    pp=pp,
                     title=f"observation {o}: L-C2ST-NF {format_p_value(result.p_value[o], 3)}",
-                )  # fmt: skip
+                )
         return figures
-

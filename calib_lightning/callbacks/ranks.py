@@ -172,8 +172,9 @@ class RankCalibrationCallback(CalibrationCallback):
     def scalars(self, result: RankCalibrationResult) -> dict[str, Tensor]:
         """The result's ``logged`` fields, per-parameter ones summarized unless
         ``per_parameter`` (:func:`parameter_scalars`)."""
-        return parameter_scalars(super().scalars(result), result,
-                                 per_parameter=self.per_parameter, level=self.level)  # fmt: skip
+        return parameter_scalars(
+            super().scalars(result), result, per_parameter=self.per_parameter, level=self.level
+        )
 
     def figures(self, result: RankCalibrationResult) -> dict[str, Figure]:
         figures = super().figures(result)
@@ -183,15 +184,19 @@ class RankCalibrationCallback(CalibrationCallback):
         figures["expected_coverage"] = plot_expected_coverage(result)
         if result.pair_theta is not None:  # the first pairs' posterior moments
             recovered = recovery_from_moments(
-                result.pair_mean, result.pair_variance, result.pair_theta,
+                result.pair_mean,
+                result.pair_variance,
+                result.pair_theta,
                 result.prior_variance,
                 num_posterior_samples=min(self.metric.num_posterior_samples, MOMENT_DRAWS),
-            )  # fmt: skip
+            )
             figures["recovery"] = plot_recovery(recovered, **chosen)
             figures["z_score_contraction"] = plot_z_score_contraction(
-                recovered, **chosen, level=self.level,
+                recovered,
+                **chosen,
+                level=self.level,
                 calibration_tests={"the rank tests combined": float(result.global_p_value)},
-            )  # fmt: skip
+            )
         return figures
 
     def histograms(self, result: RankCalibrationResult) -> dict[str, Tensor]:

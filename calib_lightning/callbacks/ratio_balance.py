@@ -56,8 +56,9 @@ class RatioBalanceCallback(CalibrationCallback):
     name: ClassVar[str] = "balance"
     history_keys: ClassVar[tuple[str, ...]] = ("p_value", "statistic")
     history_titles: ClassVar[dict[str, str]] = {
-        "p_value": "balance test (t, all pairs)", "statistic": "balance B̂",
-    }  # fmt: skip
+        "p_value": "balance test (t, all pairs)",
+        "statistic": "balance B̂",
+    }
     metric_type: ClassVar[type] = RatioBalance
 
     def __init__(

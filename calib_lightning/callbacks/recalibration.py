@@ -18,9 +18,9 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
-from calib_lightning._checks import check_pairs
-from calib_lightning._prior import check_prior
-from calib_lightning._random import seeded
+from calib_lightning._utils.prior import check_prior
+from calib_lightning._utils.random import seeded
+from calib_lightning._utils.validation import check_pairs
 from calib_lightning.callbacks._plumbing import eval_mode, find_estimator, selecting_monitors
 from calib_lightning.callbacks._scalars import with_deprecated_aliases
 from calib_lightning.posteriors import Posterior, as_posterior
@@ -133,16 +133,20 @@ class RecalibrationCallback(Callback):
         theta, x = self.theta.to(device, dtype), self.x.to(device)
         start = time.perf_counter()
         with eval_mode(pl_module, estimator), seeded(self.seed), torch.no_grad():
-            fixed = recalibrate(post, theta, x, self.method, seed=self.seed, prior=self.prior,
-                                **self.options)  # fmt: skip
+            fixed = recalibrate(
+                post, theta, x, self.method, seed=self.seed, prior=self.prior, **self.options
+            )
             seconds = time.perf_counter() - start
             mapped = fixed.inner if isinstance(fixed, TruncatedPosterior) else fixed
             scores = self._before_after(post, mapped, theta, x)
             if isinstance(mapped, RecalibratedPosterior):
                 selection = None if mapped.selection is None else mapped.selection.state()
-                self._state = {"method": mapped.method, "selection": selection,  # plain values
-                               "map": mapped.latent_map.state_dict(),
-                               "dim": theta.shape[1]}  # fmt: skip
+                self._state = {
+                    "method": mapped.method,
+                    "selection": selection,  # plain values
+                    "map": mapped.latent_map.state_dict(),
+                    "dim": theta.shape[1],
+                }
             if isinstance(fixed, TruncatedPosterior):
                 log_z = fixed.log_normalizer(x)
                 scores["support_mass_outside"] = float(1 - log_z.exp().mean())
@@ -163,8 +167,9 @@ class RecalibrationCallback(Callback):
         selection = getattr(fixed, "selection", None)
         if selection is None:
             z, log_prob = post.to_latent(theta, x), post.log_prob(theta, x)
-            selection = cross_fit_scores(z, log_prob, ("none", method), seed=self.seed,
-                                         band=self.options.get("band"))  # fmt: skip
+            selection = cross_fit_scores(
+                z, log_prob, ("none", method), seed=self.seed, band=self.options.get("band")
+            )
         out = {
             "latent_coverage_error_before": selection["none"]["latent_coverage_error"],
             "latent_coverage_error_after": selection[method]["latent_coverage_error"],
@@ -192,8 +197,9 @@ class RecalibrationCallback(Callback):
         post = as_posterior(estimator)
         if post.device is not None:
             latent_map = latent_map.to(post.device)
-        fixed = RecalibratedPosterior(post, latent_map, self._state["method"],
-                                      self._state["selection"])  # fmt: skip
+        fixed = RecalibratedPosterior(
+            post, latent_map, self._state["method"], self._state["selection"]
+        )
         return fixed if self.prior is None else TruncatedPosterior(fixed, self.prior)
 
     def state_dict(self) -> dict[str, Any]:

@@ -82,9 +82,12 @@ def summary_table(callbacks: Iterable[object], level: float | None = None) -> st
         first_epoch, last_epoch = epochs[0][0], epochs[0][-1]
         alphas = {c.level if level is None else level for c in callbacks}
         rows[0] = (
-            "check", "quantity", f"first (epoch {first_epoch})", f"last (epoch {last_epoch})",
+            "check",
+            "quantity",
+            f"first (epoch {first_epoch})",
+            f"last (epoch {last_epoch})",
             "H0: calibrated" + (f", level {alphas.pop():g}" if len(alphas) == 1 else ""),
-        )  # fmt: skip
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     align = ["<", "<", "^", "^", "<"]
     lines = [

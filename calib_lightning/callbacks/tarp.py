@@ -58,8 +58,9 @@ class TARPCallback(CalibrationCallback):
     name: ClassVar[str] = "tarp"
     history_keys: ClassVar[tuple[str, ...]] = ("p_value", "coverage_error")
     history_titles: ClassVar[dict[str, str]] = {
-        "p_value": "TARP test (Monte Carlo band)", "coverage_error": "TARP coverage error",
-    }  # fmt: skip
+        "p_value": "TARP test (Monte Carlo band)",
+        "coverage_error": "TARP coverage error",
+    }
     metric_type: ClassVar[type] = TARP
     needs: ClassVar[tuple[str, ...]] = ("sample",)
 

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_finite
-from calib_lightning._moments import std_or_one
+from calib_lightning._utils.validation import check_finite
+from calib_lightning.functional._moments import std_or_one
 
 __all__ = [
     "Features",

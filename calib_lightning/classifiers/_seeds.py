@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from calib_lightning._distributed import canonical_order
+from calib_lightning._utils.distributed import canonical_order
 
 __all__ = ["digest", "digest_words", "fingerprint", "generator", "stream_seed"]
 

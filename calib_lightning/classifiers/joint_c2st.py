@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_positive
+from calib_lightning._utils.validation import check_positive
 from calib_lightning.classifiers._make import Ensemble
 from calib_lightning.functional._tails import normal_two_sided_p_value
 from calib_lightning.functional.combine import combine_p_values
@@ -138,14 +138,22 @@ def joint_c2st_test(
     ensemble = classifier.num_members // (datasets * groups)
     sizes = torch.stack([folds.eq(k).sum(1) for k in range(num_folds)], 1)  # (R, K)
     train_size, held_size = int((num_pairs - sizes).min()), int(sizes.max())
-    train = torch.stack([(folds[r] != k).nonzero().flatten()[:train_size]
-                         for r in range(repeats) for k in range(num_folds)])  # (G, n_train)
+    train = torch.stack(
+        [
+            (folds[r] != k).nonzero().flatten()[:train_size]
+            for r in range(repeats)
+            for k in range(num_folds)
+        ]
+    )  # (G, n_train)
     # each fold's pairs, padded to one size by repeating its first pair (scores dropped)
-    held = torch.stack([
-        torch.cat([idx, idx[:1].expand(held_size - len(idx))])
-        for r in range(repeats) for k in range(num_folds)
-        for idx in [folds[r].eq(k).nonzero().flatten()]
-    ])  # fmt: skip  (G, n_held)
+    held = torch.stack(
+        [
+            torch.cat([idx, idx[:1].expand(held_size - len(idx))])
+            for r in range(repeats)
+            for k in range(num_folds)
+            for idx in [folds[r].eq(k).nonzero().flatten()]
+        ]
+    )  # fmt: skip  (G, n_held)
     train, held = train.to(theta.device), held.to(theta.device)
     joint_c2st_train(theta[:, train].flatten(0, 1), samples[:, 0][:, train].flatten(0, 1),
                      x[:, train].flatten(0, 1), classifier)  # fmt: skip

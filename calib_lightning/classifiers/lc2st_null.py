@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from calib_lightning._checks import check_matrix, check_positive
-from calib_lightning._distributed import canonical_order
+from calib_lightning._utils.distributed import canonical_order
+from calib_lightning._utils.validation import check_matrix, check_positive
 from calib_lightning.classifiers._make import (
     NUM_EVALUATION_POINTS,
     Ensemble,
@@ -169,8 +169,9 @@ class LC2STNFNull(nn.Module):
         )
         self.eval_points = points.to(x.device)
         self.classifier = self._ensemble(key)
-        lc2st_nf_null(x, dim, self.num_null, self.classifier, generator(self.seed, 4, *key),
-                      self.norm_feature)  # fmt: skip
+        lc2st_nf_null(
+            x, dim, self.num_null, self.classifier, generator(self.seed, 4, *key), self.norm_feature
+        )
         self.x_fingerprint = fingerprint(x).to(x.device)
         self.settings = self.settings_fingerprint().to(x.device)
         self._forget_statistics()

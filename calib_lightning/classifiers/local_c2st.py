@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_matrix, check_positive
+from calib_lightning._utils.validation import check_matrix, check_positive
 from calib_lightning.classifiers._make import Ensemble
 
 __all__ = [

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import torch.optim.adam as torch_adam
 from torch import Tensor, nn
 
-from calib_lightning._checks import check_positive, check_probability
+from calib_lightning._utils.validation import check_positive, check_probability
 from calib_lightning.classifiers._blocks import (
     Features,
     as_blocks,
@@ -65,10 +65,21 @@ class _Adam:
             self.steps = [torch.tensor(float(self.count - 1), device=p.device) for p in params]
             try:
                 torch_adam.adam(
-                    params, grads, moments, squares, [], self.steps, fused=True,
-                    amsgrad=False, beta1=beta1, beta2=beta2, lr=self.learning_rate,
-                    weight_decay=0.0, eps=self.eps, maximize=False,
-                )  # fmt: skip
+                    params,
+                    grads,
+                    moments,
+                    squares,
+                    [],
+                    self.steps,
+                    fused=True,
+                    amsgrad=False,
+                    beta1=beta1,
+                    beta2=beta2,
+                    lr=self.learning_rate,
+                    weight_decay=0.0,
+                    eps=self.eps,
+                    maximize=False,
+                )
                 return
             except (RuntimeError, NotImplementedError):  # no fused kernel for this device
                 self.fused = False

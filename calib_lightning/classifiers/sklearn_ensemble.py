@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_positive
+from calib_lightning._utils.validation import check_positive
 from calib_lightning.classifiers._blocks import Features, as_blocks, as_labels, standardize
 
 __all__ = ["SklearnEnsemble", "sbibm_mlp"]

@@ -24,25 +24,20 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_pairs, check_positive, check_probability
-from calib_lightning._chunks import row_blocks
-from calib_lightning._draw_cache import MAX_SHARED_ELEMENTS, SharedDraws
-from calib_lightning._fit_check import check_fits
-from calib_lightning._prior import check_prior
-from calib_lightning._random import cuda_devices, seeded
+from calib_lightning._utils.chunks import row_blocks
+from calib_lightning._utils.prior import check_prior
+from calib_lightning._utils.random import cuda_devices, seeded
+from calib_lightning._utils.validation import check_pairs, check_positive, check_probability
 from calib_lightning.diagnosis._check import Check, Inputs, Outcome
 from calib_lightning.diagnosis._regions import summarize_region
 from calib_lightning.diagnosis._report import Diagnosis
 from calib_lightning.diagnosis.checks import (
     CHECKS,
-    COVERAGE_IS_SAMPLES,
     DRAWS_STREAM,
-    MAP_NUM_POSTERIOR_SAMPLES,
     REGION_STREAM,
     REGISTRY,
-    local_num_null,
 )
-from calib_lightning.evaluation import draw_chunks
+from calib_lightning.evaluation import MAX_SHARED_ELEMENTS, SharedDraws, check_fits, draw_chunks
 from calib_lightning.plots._grid import select_parameters
 from calib_lightning.posteriors import (
     UnnormalizedPosterior,
@@ -55,15 +50,7 @@ from calib_lightning.posteriors._dispatch import resolve_with_data
 from calib_lightning.posteriors.base import Posterior, UnsupportedError
 from calib_lightning.posteriors.unnormalized import SampledUnnormalizedPosterior
 
-__all__ = [
-    "CHECKS",
-    "COVERAGE_IS_SAMPLES",
-    "MAP_NUM_POSTERIOR_SAMPLES",
-    "diagnose",
-    "local_num_null",
-    "plan",
-    "shared_draws",
-]
+__all__ = ["diagnose", "plan", "shared_draws"]
 
 #: points per call when the shared draws are mapped from shared latents
 _LATENT_POINTS = 2**16
@@ -130,7 +117,7 @@ def _latent_base(posteriors: Sequence[Posterior]) -> bool:
 
 def shared_draws(posteriors: Sequence[Posterior], inputs: Inputs) -> list[SharedDraws]:
     """Each posterior in the draw cache the callbacks use
-    (:class:`~calib_lightning._draw_cache.SharedDraws`), holding its ``M`` draws per pair
+    (:class:`~calib_lightning.evaluation.SharedDraws`), holding its ``M`` draws per pair
     at ``inputs.x`` (with their log-densities when cheap), which every sampling check
     reads.
 

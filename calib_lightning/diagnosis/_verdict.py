@@ -1,19 +1,12 @@
 r"""The plain-sentence verdict of a diagnosis: it says only what a test found.
 
 **Overall.** One p-value keeps the level: the Bonferroni (equal-weight Holm)
-combination :math:`\min(1, K \min_k p_k)` of the verdict p-values of the ``K`` checks
-that ran (KCCSD ``p_value``, ranks ``global_p_value``, TARP ``p_value``, the joint
-classifier test ``p_value``, L-C2ST-NF or L-C2ST ``global_p_value``): exact under any
-dependence, and it rejects whenever one check rejects at :math:`\alpha / K`, so its power
-at every failure mode is at least that of the best check at :math:`\alpha / K`. Weights
-that gave the rank check 0.86 of the level (issue 23) lost that guarantee where another
-check carries the power: on the NPT suite's mean shift (``D = 3``, ``N = 300``, shift
-0.08) KCCSD rejected 0.75 of 20 datasets and the weighted verdict 0.30; equal weights
-keep KCCSD's power at :math:`\alpha / 3` (``examples/benchmarks/results/power_curves.md``).
-At or above the level the sentence says "calibrated". The support check (draws outside
-the prior's support, given the prior) is exact, p-value 0 or 1, and takes no share: a
-draw outside sets the overall p-value to 0, none leaves the combination of the others
-unchanged.
+combination :math:`\min(1, K \min_k p_k)` of the verdict p-values of the ``K``
+registered checks that ran with ``in_overall`` (each check's verdict field): exact under
+any dependence, and it rejects whenever one check rejects at :math:`\alpha / K`. At or
+above the level the sentence says "calibrated". An exact check (the support check, a
+p-value of 0 or 1) takes no share: a rejection sets the overall p-value to 0. Why equal
+weights: ``docs/design.md``, "The overall verdict: equal weights".
 
 **Directions** (over-confident, under-confident, biased in a parameter) are named only
 when a test *of that direction* rejects: the one-sided t-tests of
@@ -72,8 +65,6 @@ from calib_lightning.plots._format import format_p_value
 
 __all__ = [
     "VERDICT_METHOD",
-    "Direction",
-    "ObservationList",
     "Verdict",
     "combine_verdicts",
     "overall_p_value",

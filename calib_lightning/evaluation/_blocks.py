@@ -33,8 +33,10 @@ def named_in_full(**inputs: Tensor) -> Iterator[None]:
         for value in inputs.values():
             n, tail = value.shape[0], "".join(f", {size}" for size in value.shape[1:])
             block = re.compile(rf"\((\d+){re.escape(tail)}\)")
-            message = block.sub(lambda m, n=n, tail=tail: f"({n}{tail})"
-                                if int(m.group(1)) <= n else m.group(0), message)  # fmt: skip
+            message = block.sub(
+                lambda m, n=n, tail=tail: f"({n}{tail})" if int(m.group(1)) <= n else m.group(0),
+                message,
+            )
         if error.args and message != str(error):
             error.args = (message, *error.args[1:])
         raise

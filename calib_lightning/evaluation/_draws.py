@@ -2,7 +2,7 @@ r"""Posterior draws and their log-densities, in chunks sized from the memory bud
 
 Part of the evaluation layer (:mod:`calib_lightning.evaluation`, which re-exports these
 names): draws without gradient, served from a
-:class:`~calib_lightning._draw_cache.SharedDraws` where it holds them, the chunked loop
+:class:`~calib_lightning.evaluation._draw_cache.SharedDraws` where it holds them, the chunked loop
 of the rank and TARP metrics (:func:`draw_chunks`), and reparameterized draws for the
 calibration losses.
 """
@@ -16,10 +16,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_finite, check_pairs, check_positive
-from calib_lightning._draw_cache import SharedDraws
-from calib_lightning._memory import ChunkSizer, assembled_draws, draw_blocks
+from calib_lightning._utils.validation import check_finite, check_pairs, check_positive
 from calib_lightning.evaluation._blocks import named_in_full as _named_in_full
+from calib_lightning.evaluation._draw_cache import SharedDraws
+from calib_lightning.evaluation._memory import ChunkSizer, assembled_draws, draw_blocks
 from calib_lightning.posteriors import DistributionPosterior, Posterior, as_posterior, check_width
 from calib_lightning.posteriors.base import density_draws, supports, unsupported
 from calib_lightning.posteriors.distributions import draws_and_log_prob
@@ -67,8 +67,7 @@ def draws(
     whole = chunk_size is not None or not supports(post, "log_prob")  # whole pairs a call
     sizer = ChunkSizer(x.device, fixed_units=None if chunk_size is None else chunk_size * s)
     with _named_in_full(x=x):
-        (samples,) = assembled_draws(lambda x_, take: (post.sample(x_, take),), x, s, sizer,
-                                     whole)  # fmt: skip
+        (samples,) = assembled_draws(lambda x_, take: (post.sample(x_, take),), x, s, sizer, whole)
     checked_samples(samples)
     return samples
 
@@ -81,8 +80,9 @@ def draws_and_log_probs(
     check_positive("num_posterior_samples", num_posterior_samples, integer=True)
     post = as_posterior(posterior)
     with _named_in_full(x=x):
-        samples, log_prob = assembled_draws(post.sample_and_log_prob, x, num_posterior_samples,
-                                            ChunkSizer(x.device), whole=False)  # fmt: skip
+        samples, log_prob = assembled_draws(
+            post.sample_and_log_prob, x, num_posterior_samples, ChunkSizer(x.device), whole=False
+        )
     checked_samples(samples, log_prob)
     return samples, log_prob
 
@@ -121,7 +121,7 @@ def draw_chunks(
     """Draw ``M`` samples per pair with their log-densities, in bounded chunks, no gradient.
 
     Chunks hold as many draws as the memory budget affords at the peak the first chunks
-    were measured to need (:mod:`calib_lightning._memory`); with ``max_chunk_elements``,
+    were measured to need (:mod:`calib_lightning.evaluation._memory`); with ``max_chunk_elements``,
     pairs are taken ``max(1, max_chunk_elements // (M D))`` at a time. Whole pairs go in
     one chunk when their draws fit it; the draws of one pair are split otherwise. For
     each block of pairs the truth's log-density comes from one ``log_prob`` call, the
@@ -158,21 +158,31 @@ def draw_chunks(
     with _named_in_full(theta=theta, x=x):
         if isinstance(post, SharedDraws):
             with torch.no_grad():
-                served = post.serve_chunks(theta, x, num_posterior_samples, max_chunk_elements,
-                                           functools.partial(_draw_fresh, post.posterior,
-                                                             kept_bytes=kept_bytes))  # fmt: skip
+                served = post.serve_chunks(
+                    theta,
+                    x,
+                    num_posterior_samples,
+                    max_chunk_elements,
+                    functools.partial(_draw_fresh, post.posterior, kept_bytes=kept_bytes),
+                )
                 if served is not None:
                     for chunk in served:
                         yield DrawChunk(*chunk)
                     return
             post = post.posterior
-        yield from _draw_fresh(post, theta, x, num_posterior_samples, max_chunk_elements, dense,
-                               kept_bytes)  # fmt: skip
+        yield from _draw_fresh(
+            post, theta, x, num_posterior_samples, max_chunk_elements, dense, kept_bytes
+        )
 
 
 def _draw_fresh(
-    post: Posterior, theta: Tensor, x: Tensor, num_posterior_samples: int,
-    max_chunk_elements: int | None, dense: bool | None = None, kept_bytes: int = 0,
+    post: Posterior,
+    theta: Tensor,
+    x: Tensor,
+    num_posterior_samples: int,
+    max_chunk_elements: int | None,
+    dense: bool | None = None,
+    kept_bytes: int = 0,
 ) -> Iterator[DrawChunk]:
     """:func:`draw_chunks` without sharing (``dense``: with log-densities; ``None``: when
     cheap)."""
@@ -188,8 +198,12 @@ def _draw_fresh(
             k = th.shape[0]
             if done == 0:
                 log_prob_theta = post.log_prob(th, xc) if dense else None
-            samples, log_prob = sizer.run(take * k, lambda xc=xc, take=take: (
-                post.sample_and_log_prob(xc, take) if dense else (post.sample(xc, take), None)))
+            samples, log_prob = sizer.run(
+                take * k,
+                lambda xc=xc, take=take: (
+                    post.sample_and_log_prob(xc, take) if dense else (post.sample(xc, take), None)
+                ),
+            )
             shape = (take, k) if log_prob is None else tuple(log_prob.shape)
             if samples.shape != (take, k, d) or shape != (take, k):
                 raise ValueError(
@@ -201,8 +215,9 @@ def _draw_fresh(
 
 
 def chunk_sizer(x: Tensor, width: int, max_chunk_elements: int | None) -> ChunkSizer:
-    """The :class:`~calib_lightning._memory.ChunkSizer` of a sampling loop at ``x``: from the
-    memory budget, or ``max_chunk_elements // width`` draws per call when given."""
+    """The :class:`~calib_lightning.evaluation._memory.ChunkSizer` of a sampling loop at
+    ``x``: from the memory budget, or ``max_chunk_elements // width`` draws per call when
+    given."""
     if max_chunk_elements is None:
         return ChunkSizer(x.device)
     check_positive("max_chunk_elements", max_chunk_elements, integer=True)

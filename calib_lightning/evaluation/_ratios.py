@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import as_float, model_dtype, model_errors
+from calib_lightning._utils.validation import as_float, model_dtype, model_errors
 from calib_lightning.posteriors import Posterior, UnnormalizedPosterior, recognize
 
 __all__ = ["log_ratio_function", "log_ratio_matrix"]
@@ -97,11 +97,15 @@ def log_ratio_matrix(
             try:
                 value = f(pair_theta, pair_x)
             except TypeError as error:
-                raise ValueError(_NOT_A_RATIO.format(
-                    what=f"{type(estimator).__name__}, which failed: {error}")) from error
+                raise ValueError(
+                    _NOT_A_RATIO.format(what=f"{type(estimator).__name__}, which failed: {error}")
+                ) from error
         if not isinstance(value, Tensor) or value.shape != (m * n,):
-            got = f"shape {tuple(value.shape)}" if isinstance(value, Tensor) else (
-                type(value).__name__)  # fmt: skip
+            got = (
+                f"shape {tuple(value.shape)}"
+                if isinstance(value, Tensor)
+                else (type(value).__name__)
+            )
             raise ValueError(
                 f"estimator must return log r of shape (M,) = ({m * n},) for theta (M, D) "
                 f"and x (M, *X), got {got}"

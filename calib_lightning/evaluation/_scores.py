@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import (
+from calib_lightning._utils.validation import (
     NonFinitePairs,
     check_finite,
     check_finite_pairs,
@@ -24,8 +24,8 @@ from calib_lightning._checks import (
     check_same_device_dtype,
     non_finite_kinds,
 )
-from calib_lightning._memory import LATENT_PROBE_UNITS, ChunkSizer, draw_blocks
 from calib_lightning.evaluation._blocks import named_in_full as _named_in_full
+from calib_lightning.evaluation._memory import LATENT_PROBE_UNITS, ChunkSizer, draw_blocks
 from calib_lightning.posteriors import Posterior, as_posterior
 from calib_lightning.posteriors.base import density_draws
 
@@ -69,12 +69,14 @@ def scores(
         if create_graph or n == 0:  # the graph is kept whole: one call
             score = post.score(theta, x, create_graph=create_graph)
         else:  # autograd through the model, by blocks of pairs
-            score = _by_pairs(lambda rows: post.score(theta[rows], x[rows]), n,
-                              ChunkSizer(x.device))  # fmt: skip
+            score = _by_pairs(
+                lambda rows: post.score(theta[rows], x[rows]), n, ChunkSizer(x.device)
+            )
         if n and density_draws(post):
             with torch.no_grad():
-                log_q = _by_pairs(lambda rows: post.log_prob(theta[rows], x[rows]), n,
-                                  ChunkSizer(x.device))  # fmt: skip
+                log_q = _by_pairs(
+                    lambda rows: post.log_prob(theta[rows], x[rows]), n, ChunkSizer(x.device)
+                )
             problems["posterior log_prob at theta must be finite"] = non_finite_kinds(log_q)
     problems["posterior score at theta must be finite"] = non_finite_kinds(score)
     problems = {what: kinds for what, kinds in problems.items() if kinds}
@@ -85,8 +87,10 @@ def scores(
 
 def _by_pairs(run: Callable[[slice], Tensor], n: int, sizer: ChunkSizer) -> Tensor:
     """``run(rows)`` on blocks of ``n`` pairs sized by ``sizer``, concatenated."""
-    parts = [sizer.run(rows.stop - rows.start, lambda rows=rows: run(rows))
-             for rows, _, _ in draw_blocks(n, 1, sizer)]  # fmt: skip
+    parts = [
+        sizer.run(rows.stop - rows.start, lambda rows=rows: run(rows))
+        for rows, _, _ in draw_blocks(n, 1, sizer)
+    ]
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -128,8 +132,10 @@ def _base_scores(
     n, (m, d) = x.shape[0], base_points.shape
     if create_graph:  # every evaluation's graph is kept: chunk_size base points at all pairs
         step = chunk_size or 16
-        parts = [post.score(base_points[s : s + step, None].expand(-1, n, d), x, create_graph=True)
-                 for s in range(0, m, step)]  # fmt: skip
+        parts = [
+            post.score(base_points[s : s + step, None].expand(-1, n, d), x, create_graph=True)
+            for s in range(0, m, step)
+        ]
         out = torch.cat(parts, 0).transpose(0, 1)
     else:
         sizer = ChunkSizer(x.device, fixed_units=None if chunk_size is None else chunk_size * n)
@@ -177,8 +183,11 @@ def latents(
             z = post.to_latent(theta, x)
     else:  # by blocks of pairs (ODE solves for vector fields: a small probe)
         with torch.no_grad(), _named_in_full(theta=theta, x=x):
-            z = _by_pairs(lambda rows: post.to_latent(theta[rows], x[rows]), theta.shape[0],
-                          ChunkSizer(x.device, probe_units=LATENT_PROBE_UNITS))  # fmt: skip
+            z = _by_pairs(
+                lambda rows: post.to_latent(theta[rows], x[rows]),
+                theta.shape[0],
+                ChunkSizer(x.device, probe_units=LATENT_PROBE_UNITS),
+            )
     check_finite("posterior latents", z)
     return z
 

@@ -2,14 +2,14 @@
 
 The checks of :mod:`calib_lightning.functional.ranks` (which re-exports
 :func:`draw_problems`): what must hold -> kind of non-finite value -> flags of the
-pairs, and the :class:`~calib_lightning._checks.NonFinitePairs` raised from them.
+pairs, and the :class:`~calib_lightning._utils.validation.NonFinitePairs` raised from them.
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
-from calib_lightning._checks import NonFinitePairs, non_finite_kinds
+from calib_lightning._utils.validation import NonFinitePairs, non_finite_kinds
 
 __all__ = [
     "LOG_PROB",
@@ -23,7 +23,7 @@ __all__ = [
 
 
 def raise_pairs(what: str, bad: Tensor, offset: int) -> None:
-    """Raise :class:`~calib_lightning._checks.NonFinitePairs` if any of the checked pairs
+    """Raise :class:`~calib_lightning._utils.validation.NonFinitePairs` if any of the checked pairs
     are ``bad`` (flags ``(n,)``, the first one row ``offset``)."""
     if bool(bad.any()):
         raise NonFinitePairs({what: {"NaN": bad.cpu()}}, offset)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_positive
+from calib_lightning._utils.validation import check_positive
 
 __all__ = ["uniform_multinomial"]
 
@@ -64,8 +64,7 @@ def _multinomial_by_indices(
     step = max(1, (1 << 22) // max(largest, 1))
     for start in range(0, num_null, step):
         stop = min(start + step, num_null)
-        index = torch.randint(0, cells, (flat.shape[0], stop - start, largest),
-                              generator=generator)
+        index = torch.randint(0, cells, (flat.shape[0], stop - start, largest), generator=generator)
         weights = used[:, None, :].expand(-1, stop - start, -1)
         out[:, start:stop].scatter_add_(-1, index, weights)
     return out.reshape(*total.shape, num_null, cells)

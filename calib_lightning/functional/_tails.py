@@ -27,18 +27,14 @@ import torch
 from scipy import special
 from torch import Tensor
 
+from calib_lightning.functional.bands import P_VALUE_FLOOR
+
 __all__ = [
-    "P_VALUE_FLOOR",
     "chi2_sf",
     "floor_p_value",
     "normal_two_sided_p_value",
     "student_t_cdf",
 ]
-
-#: Smallest p-value an analytic test reports: the smallest normal float64, about
-#: ``2.2e-308``. A tail probability that underflows below it is reported as this value,
-#: an upper bound on the exact p-value (so still a valid p-value), never as exactly 0.
-P_VALUE_FLOOR: float = float(torch.finfo(torch.float64).tiny)
 
 
 def floor_p_value(p_value: Tensor) -> Tensor:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_matrix, check_points, check_positive
-from calib_lightning._moments import moments, std_from_moments
+from calib_lightning._utils.validation import check_matrix, check_points, check_positive
+from calib_lightning.functional._moments import moments, std_from_moments
 
 __all__ = [
     "NUM_REFERENCES",
@@ -101,12 +101,15 @@ def tarp_references(
     check_positive("num_pairs", num_pairs, integer=True)
     check_positive("num_references", num_references, integer=True)
     if low.ndim != 1 or low.shape != high.shape:
-        raise ValueError(f"low and high must be tensors of shape (D,), got {tuple(low.shape)} "
-                         f"and {tuple(high.shape)}")  # fmt: skip
+        raise ValueError(
+            f"low and high must be tensors of shape (D,), got {tuple(low.shape)} "
+            f"and {tuple(high.shape)}"
+        )
     # pair-major draws: the references of pair i do not depend on how many pairs are drawn
     # with it (a metric updated in batches draws the same as in one call)
-    u = torch.rand(num_pairs, num_references, low.shape[0], generator=generator,
-                   dtype=torch.float64).transpose(0, 1)  # fmt: skip
+    u = torch.rand(
+        num_pairs, num_references, low.shape[0], generator=generator, dtype=torch.float64
+    ).transpose(0, 1)
     low64, high64 = low.detach().double().cpu(), high.detach().double().cpu()
     return (low64 + (high64 - low64) * u).to(dtype=low.dtype, device=low.device)
 

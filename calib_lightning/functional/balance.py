@@ -63,8 +63,7 @@ __all__ = ["RatioBalanceResult", "balance_from_sums", "balance_sums", "ratio_bal
 #: what :func:`balance_sums` returns along its last axis, in order: pairs, batches,
 #: N * B-hat + N (so that a sum over batches is N * B-hat + N overall), N^2 * se^2,
 #: the sums of the joint and of the (per-batch mean) marginal classifier outputs
-SUMS = ("num_pairs", "num_batches", "sum_balance", "sum_variance", "sum_joint",
-        "sum_marginal")  # fmt: skip
+SUMS = ("num_pairs", "num_batches", "sum_balance", "sum_variance", "sum_joint", "sum_marginal")
 
 #: the fewest pairs :func:`balance_from_sums` tests on
 MIN_PAIRS = 10
@@ -97,8 +96,7 @@ class RatioBalanceResult(Result):
         num_pairs: pairs used, ``(*)``.
     """
 
-    logged = ("statistic", "p_value", "standard_error", "lower", "upper", "joint",
-              "marginal")  # fmt: skip
+    logged = ("statistic", "p_value", "standard_error", "lower", "upper", "joint", "marginal")
     verdict = "p_value"
 
     statistic: Tensor
@@ -132,10 +130,17 @@ def balance_sums(log_ratio: Tensor) -> Tensor:
     off = ~torch.eye(n, dtype=torch.bool, device=d.device)
     second = (residual**2).masked_fill(~off, 0.0).sum((-2, -1)) / (n * (n - 1))
     variance = psi.var(-1) / n + second / (n * (n - 1))
-    return torch.stack([
-        torch.full_like(balance, n), torch.ones_like(balance), n * (balance + 1),
-        n**2 * variance, joint.sum(-1), rows.sum(-1),
-    ], -1)  # fmt: skip
+    return torch.stack(
+        [
+            torch.full_like(balance, n),
+            torch.ones_like(balance),
+            n * (balance + 1),
+            n**2 * variance,
+            joint.sum(-1),
+            rows.sum(-1),
+        ],
+        -1,
+    )
 
 
 def balance_from_sums(sums: Tensor, confidence: float = 0.95) -> RatioBalanceResult:
@@ -147,9 +152,7 @@ def balance_from_sums(sums: Tensor, confidence: float = 0.95) -> RatioBalanceRes
         raise ValueError(f"sums must have shape (*, {len(SUMS)}), got {tuple(sums.shape)}")
     n, batches, total, variance, joint, marginal = sums.double().unbind(-1)
     if bool((n < MIN_PAIRS).any()):
-        raise ValueError(
-            f"the balance test needs at least {MIN_PAIRS} pairs, got {int(n.min())}"
-        )
+        raise ValueError(f"the balance test needs at least {MIN_PAIRS} pairs, got {int(n.min())}")
     b = total / n - 1
     se = variance.clamp_min(0.0).sqrt() / n
     df = (n - batches).clamp_min(1).cpu().numpy()
@@ -159,10 +162,15 @@ def balance_from_sums(sums: Tensor, confidence: float = 0.95) -> RatioBalanceRes
     half = torch.as_tensor(stats.t.ppf(0.5 + confidence / 2, df)).to(b) * se
     dtype = sums.dtype if sums.is_floating_point() else torch.float64
     return RatioBalanceResult(
-        statistic=b.to(dtype), standard_error=se.to(dtype), p_value=p.to(dtype),
-        lower=(b - half).to(dtype), upper=(b + half).to(dtype),
-        joint=(joint / n).to(dtype), marginal=(marginal / n).to(dtype), num_pairs=n.long(),
-    )  # fmt: skip
+        statistic=b.to(dtype),
+        standard_error=se.to(dtype),
+        p_value=p.to(dtype),
+        lower=(b - half).to(dtype),
+        upper=(b + half).to(dtype),
+        joint=(joint / n).to(dtype),
+        marginal=(marginal / n).to(dtype),
+        num_pairs=n.long(),
+    )
 
 
 def ratio_balance(log_ratio: Tensor, confidence: float = 0.95) -> RatioBalanceResult:
@@ -194,12 +202,20 @@ def ratio_balance(log_ratio: Tensor, confidence: float = 0.95) -> RatioBalanceRe
 
 
 def _check_matrix(log_ratio: Tensor) -> None:
-    if not isinstance(log_ratio, Tensor) or not log_ratio.is_floating_point() or (
-        log_ratio.ndim < 2 or log_ratio.shape[-1] != log_ratio.shape[-2]
-        or log_ratio.shape[-1] < 2
+    if (
+        not isinstance(log_ratio, Tensor)
+        or not log_ratio.is_floating_point()
+        or (
+            log_ratio.ndim < 2
+            or log_ratio.shape[-1] != log_ratio.shape[-2]
+            or log_ratio.shape[-1] < 2
+        )
     ):
-        got = (f"{log_ratio.dtype} tensor of shape {tuple(log_ratio.shape)}"
-               if isinstance(log_ratio, Tensor) else type(log_ratio).__name__)  # fmt: skip
+        got = (
+            f"{log_ratio.dtype} tensor of shape {tuple(log_ratio.shape)}"
+            if isinstance(log_ratio, Tensor)
+            else type(log_ratio).__name__
+        )
         raise ValueError(
             f"log_ratio must be a floating tensor of shape (*, N, N) with N >= 2, got {got}"
         )

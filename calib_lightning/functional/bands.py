@@ -45,8 +45,7 @@ from scipy import special, stats
 from threadpoolctl import threadpool_limits
 from torch import Tensor
 
-from calib_lightning._checks import check_finite, check_positive, check_probability
-from calib_lightning.functional._tails import P_VALUE_FLOOR
+from calib_lightning._utils.validation import check_finite, check_positive, check_probability
 from calib_lightning.functional.ranks import _check_counts
 
 __all__ = [
@@ -58,6 +57,11 @@ __all__ = [
     "rank_ecdf",
     "simultaneous_band",
 ]
+
+#: Smallest p-value an analytic test reports: the smallest normal float64, about
+#: ``2.2e-308``. A tail probability that underflows below it is reported as this value,
+#: an upper bound on the exact p-value (so still a valid p-value), never as exactly 0.
+P_VALUE_FLOOR: float = float(torch.finfo(torch.float64).tiny)
 
 _CANDIDATES = 32  # band levels tried per pass of the recursion
 _PRECISION = 1e-3  # relative width of the final bracket on gamma
@@ -180,8 +184,10 @@ def band_coverage(levels: Tensor, lower: Tensor, upper: Tensor, num_ranks: int) 
     check_positive("num_ranks", num_ranks, integer=True)
     z = _check_levels(levels)
     if lower.shape[-1:] != z.shape or upper.shape != lower.shape:
-        raise ValueError(f"lower and upper must both have shape (*, K) with K = {z.numel()}, "
-                         f"got {tuple(lower.shape)} and {tuple(upper.shape)}")  # fmt: skip
+        raise ValueError(
+            f"lower and upper must both have shape (*, K) with K = {z.numel()}, "
+            f"got {tuple(lower.shape)} and {tuple(upper.shape)}"
+        )
     n = num_ranks
     shape = lower.shape[:-1]
     low = lower.reshape(-1, lower.shape[-1]).clamp(0, n).numpy()

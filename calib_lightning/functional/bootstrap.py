@@ -18,8 +18,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_positive
-from calib_lightning._chunks import row_blocks
+from calib_lightning._utils.chunks import row_blocks
+from calib_lightning._utils.validation import check_positive
 from calib_lightning.functional.combine import monte_carlo_p_value
 
 __all__ = [

@@ -51,7 +51,7 @@ import math
 import torch
 from torch import Tensor
 
-from calib_lightning.functional._tails import P_VALUE_FLOOR
+from calib_lightning.functional.bands import P_VALUE_FLOOR
 
 __all__ = ["COMBINATION_METHODS", "combine_p_values", "holm_adjust", "monte_carlo_p_value"]
 
@@ -158,8 +158,10 @@ def _shares(weights: Tensor, valid: Tensor, dim: int) -> Tensor:
     """``weights`` ``(K,)`` normalized over the valid tests, the shape of ``valid``."""
     weights = torch.as_tensor(weights)
     if weights.shape != valid.shape[-1:] or not bool((weights > 0).all()):
-        raise ValueError(f"weights must be {valid.shape[-1]} positive numbers, one per test "
-                         f"along dim={dim}, got {weights.tolist()}")  # fmt: skip
+        raise ValueError(
+            f"weights must be {valid.shape[-1]} positive numbers, one per test "
+            f"along dim={dim}, got {weights.tolist()}"
+        )
     dtype = torch.promote_types(weights.dtype, torch.float64)
     share = torch.where(valid, weights.to(dtype=dtype, device=valid.device), 0.0)
     return share / share.sum(-1, keepdim=True).clamp_min(torch.finfo(dtype).tiny)

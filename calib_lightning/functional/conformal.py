@@ -57,7 +57,7 @@ import math
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_probability
+from calib_lightning._utils.validation import check_probability
 
 __all__ = [
     "conformal_coverage_error",
@@ -253,8 +253,9 @@ def credibility(
             f"{tuple(log_prob_samples.shape)} and {tuple(log_prob_theta.shape)}"
         )
     extra = log_prob_theta.ndim - (log_prob_samples.ndim - 1)
-    draws = log_prob_samples.reshape(log_prob_samples.shape[:1] + (1,) * extra
-                                     + log_prob_samples.shape[1:])  # fmt: skip
+    draws = log_prob_samples.reshape(
+        log_prob_samples.shape[:1] + (1,) * extra + log_prob_samples.shape[1:]
+    )
     above = (draws > log_prob_theta).sum(0).to(log_prob_theta.dtype)
     if noise is not None:
         if noise.shape != log_prob_theta.shape:

@@ -45,7 +45,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_positive
+from calib_lightning._utils.validation import check_positive
 from calib_lightning.functional.bands import ecdf_test
 from calib_lightning.functional.combine import combine_p_values
 from calib_lightning.functional.sbc import uniformity_test
@@ -86,8 +86,13 @@ class ImportanceCoverageResult(Result):
     """
 
     logged: ClassVar[tuple[str, ...]] = (
-        "global_p_value", "p_value", "ecdf_p_value", "coverage_error", "ess_min", "ess_median",
-    )  # fmt: skip
+        "global_p_value",
+        "p_value",
+        "ecdf_p_value",
+        "coverage_error",
+        "ess_min",
+        "ess_median",
+    )
     verdict: ClassVar[str | None] = "global_p_value"
     global_p_value: Tensor
     p_value: Tensor
@@ -150,8 +155,10 @@ def importance_credibility(
             f"{tuple(log_target.shape)} and {tuple(log_proposal.shape)}"
         )
     n = log_target.shape[1]
-    for name, value in (("log_target_theta", log_target_theta),
-                        ("log_proposal_theta", log_proposal_theta)):  # fmt: skip
+    for name, value in (
+        ("log_target_theta", log_target_theta),
+        ("log_proposal_theta", log_proposal_theta),
+    ):
         if value.shape != (n,):
             raise ValueError(f"{name} must have shape (N,) = ({n},), got {tuple(value.shape)}")
     if bool(torch.isnan(log_target).any() | torch.isnan(log_target_theta).any()):
@@ -250,8 +257,17 @@ def importance_coverage(
         nan = torch.tensor(math.nan, dtype=torch.float64)
         global_p, p_value, ecdf_p_value, error = nan, nan.clone(), nan.clone(), nan.clone()
     return ImportanceCoverageResult(
-        global_p_value=global_p, p_value=p_value, ecdf_p_value=ecdf_p_value.double(),
-        coverage_error=error, levels=levels, coverage=coverage, credibility=c,
-        effective_sample_size=ess, ess_min=ess.min(), ess_median=median,
-        num_pairs=torch.tensor(n), num_bins=torch.tensor(num_bins), cannot_judge=reason,
-    )  # fmt: skip
+        global_p_value=global_p,
+        p_value=p_value,
+        ecdf_p_value=ecdf_p_value.double(),
+        coverage_error=error,
+        levels=levels,
+        coverage=coverage,
+        credibility=c,
+        effective_sample_size=ess,
+        ess_min=ess.min(),
+        ess_median=median,
+        num_pairs=torch.tensor(n),
+        num_bins=torch.tensor(num_bins),
+        cannot_judge=reason,
+    )

@@ -78,7 +78,6 @@ __all__ = [
 ]
 
 
-
 def conformal_ranks(
     score: Tensor, drawn_scores: Tensor, generator: torch.Generator | None = None
 ) -> Tensor:
@@ -175,8 +174,11 @@ def averaged_ranks(
     query = scores.transpose(-1, -2).contiguous()
     below = torch.searchsorted(ordered, query).double()  # strictly below each value
     ties = torch.searchsorted(ordered, query, right=True).double() - below  # itself included
-    jitter = torch.rand(below.shape[:-3] + below.shape[-2:-1], generator=generator,
-                        dtype=torch.float64).to(below.device).unsqueeze(-2)  # one per pair
+    jitter = (
+        torch.rand(below.shape[:-3] + below.shape[-2:-1], generator=generator, dtype=torch.float64)
+        .to(below.device)
+        .unsqueeze(-2)
+    )  # one per pair
     per_repeat = (below[..., 0] + jitter * ties[..., 0]) / values  # (*, R, n)
     below, ties = below.mean(-3), ties.mean(-3)  # (*, n, M + 1): averaged over repetitions
     middle = below + ties / 2

@@ -32,7 +32,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import (
+from calib_lightning._utils.validation import (
     check_choice,
     check_finite,
     check_matrix,
@@ -40,12 +40,10 @@ from calib_lightning._checks import (
     check_positive,
     check_same_device_dtype,
 )
-from calib_lightning._moments import moments, split_moments, std_from_moments
+from calib_lightning.functional._moments import moments, split_moments, std_from_moments
 from calib_lightning.functional.bootstrap import (
     SymmetricBlocks,
     bootstrap_p_value,
-    rademacher,
-    u_statistic,
     wild_bootstrap,
 )
 from calib_lightning.kernels import (
@@ -60,17 +58,7 @@ from calib_lightning.kernels import (
     stein_kernel_terms,
 )
 
-__all__ = [
-    "KCCSDTest",
-    "base_points_from_moments",
-    "bootstrap_p_value",
-    "gaussian_base_points",
-    "kccsd",
-    "kccsd_matrix",
-    "rademacher",
-    "u_statistic",
-    "wild_bootstrap",
-]
+__all__ = ["KCCSDTest", "base_points_from_moments", "gaussian_base_points", "kccsd", "kccsd_matrix"]
 
 _MEDIAN_POINTS = 512  # the median of 130k pairwise distances is plenty
 
@@ -105,7 +93,7 @@ def base_points_from_moments(
 ) -> Tensor:
     r"""Base points :math:`z_k = \bar\theta + s_\theta \varepsilon_k`,
     :math:`\varepsilon_k \sim N(0, I)`, from a diagonal moment state ``(1 + 2 D,)`` of the
-    calibration parameters (:mod:`calib_lightning._moments`); zero deviations (also of
+    calibration parameters (:mod:`calib_lightning.functional._moments`); zero deviations (also of
     a single point) become 1.
 
     The normal draws are made in ``dtype`` (on the CPU, with ``generator``).

@@ -65,10 +65,9 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_finite, check_points, check_positive
-from calib_lightning.functional._rank_results import RankSummary
+from calib_lightning._utils.validation import check_finite, check_points, check_positive
 from calib_lightning.functional.ranks import rank_histogram
-from calib_lightning.functional.sbc import summarize_ranks
+from calib_lightning.functional.sbc import RankSummary, summarize_ranks
 
 __all__ = [
     "DEFAULT_NUM_CELLS",
@@ -196,9 +195,12 @@ def latent_summary(
         :class:`LatentCalibrationResult`.
     """
     summary = summarize_ranks(
-        histogram, level=level, num_bins=num_bins, num_ecdf_points=num_ecdf_points,
+        histogram,
+        level=level,
+        num_bins=num_bins,
+        num_ecdf_points=num_ecdf_points,
         global_method=global_method,
-    )  # fmt: skip
+    )
     d = histogram.shape[-2] - 1
     if sums.shape != (*histogram.shape[:-2], 2, d):
         raise ValueError(
@@ -251,6 +253,10 @@ def latent_calibration(
     """
     check_points("z", z, min_rows=2)
     return latent_summary(
-        latent_histogram(z, num_cells), latent_sums(z), level=level, num_bins=num_bins,
-        num_ecdf_points=num_ecdf_points, global_method=global_method,
-    )  # fmt: skip
+        latent_histogram(z, num_cells),
+        latent_sums(z),
+        level=level,
+        num_bins=num_bins,
+        num_ecdf_points=num_ecdf_points,
+        global_method=global_method,
+    )

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_probability
+from calib_lightning._utils.validation import check_probability
 from calib_lightning.functional.combine import monte_carlo_p_value
 
 __all__ = ["lc2st_p_value", "lc2st_statistic", "pp_band", "pp_ecdf"]

@@ -37,8 +37,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_points, check_positive
-from calib_lightning._chunks import row_blocks
+from calib_lightning._utils.chunks import row_blocks
+from calib_lightning._utils.validation import check_points, check_positive
 from calib_lightning.functional.combine import monte_carlo_p_value
 
 __all__ = [

@@ -57,7 +57,7 @@ import torch
 from scipy import special
 from torch import Tensor
 
-from calib_lightning._checks import check_finite
+from calib_lightning._utils.validation import check_finite
 
 __all__ = ["chi_quantile", "latent_ball_levels", "radial_knots", "radial_map"]
 

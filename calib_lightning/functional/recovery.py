@@ -26,14 +26,14 @@ E\,\mathrm{Var}[\theta \mid x]`.
 
 :func:`recovery` takes posterior draws; :func:`recovery_from_moments` takes per-pair
 means and variances, so a metric that accumulates draws in chunks (e.g. with
-:mod:`calib_lightning._moments`) need not keep them. With ``S`` draws per pair the
+:mod:`calib_lightning.functional._moments`) need not keep them. With ``S`` draws per pair the
 estimated mean and standard deviation carry Monte Carlo error, which inflates the
 z-scores: for a Gaussian posterior :math:`z = \sqrt{1 + 1/S}\; t_{S-1}` exactly, so a
 calibrated posterior has ``z_score_std`` :math:`\approx` :func:`calibrated_z_score_std`
 ``(S)`` (1.015 at ``S = 100``, 1.19 at ``S = 10``), not 1.
 
 Everything is computed in float64 after centring (means relative to an anchor, as in
-:mod:`calib_lightning._moments`), so float32 parameters near :math:`10^6` with a
+:mod:`calib_lightning.functional._moments`), so float32 parameters near :math:`10^6` with a
 posterior standard deviation of 1 keep their z-scores and :math:`R^2`.
 
 References:
@@ -53,9 +53,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_finite, check_positive
-from calib_lightning._chunks import pair_blocks
-from calib_lightning._moments import moments, variance_from_moments
+from calib_lightning._utils.chunks import pair_blocks
+from calib_lightning._utils.validation import check_finite, check_positive
+from calib_lightning.functional._moments import moments, variance_from_moments
 from calib_lightning.results import Result
 
 __all__ = ["Recovery", "calibrated_z_score_std", "recovery", "recovery_from_moments"]
@@ -261,7 +261,7 @@ def recovery(samples: Tensor, theta: Tensor, prior_variance: Tensor | None = Non
     r"""Recovery, z-scores and contraction from ``S`` posterior draws per pair.
 
     The per-pair mean and unbiased variance of the draws, computed in float64 relative
-    to the first draw (:func:`calib_lightning._moments.moments`), then
+    to the first draw (:func:`calib_lightning.functional._moments.moments`), then
     :func:`recovery_from_moments`. With ``S`` draws a calibrated posterior has
     ``z_score_std`` near :func:`calibrated_z_score_std` ``(S)`` rather than 1.
 

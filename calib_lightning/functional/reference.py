@@ -15,7 +15,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_finite
+from calib_lightning._utils.validation import check_finite
 from calib_lightning.functional.samples import density_coverage, frechet_distance, mmd, vendi_score
 from calib_lightning.kernels import median_bandwidth
 from calib_lightning.results import Result
@@ -38,8 +38,12 @@ class ReferenceComparison(Result):
     """
 
     logged: ClassVar[tuple[str, ...]] = (
-        "mmd", "mmd_p_value", "frechet_distance", "density", "coverage",
-    )  # fmt: skip
+        "mmd",
+        "mmd_p_value",
+        "frechet_distance",
+        "density",
+        "coverage",
+    )
 
     mmd: Tensor
     mmd_p_value: Tensor

@@ -22,9 +22,9 @@ import math
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_points, check_positive, check_same_device_dtype
-from calib_lightning._chunks import row_blocks
-from calib_lightning._moments import moments, variance_from_moments
+from calib_lightning._utils.chunks import row_blocks
+from calib_lightning._utils.validation import check_points, check_positive, check_same_device_dtype
+from calib_lightning.functional._moments import moments, variance_from_moments
 from calib_lightning.functional.combine import monte_carlo_p_value
 from calib_lightning.kernels import exponentiated, median_bandwidth, sq_distances
 
@@ -163,7 +163,7 @@ def mmd(
 # -- Frechet distance -----------------------------------------------------------------
 def gaussian_moments(points: Tensor) -> tuple[Tensor, Tensor]:
     """Mean ``(*, D)`` and unbiased covariance ``(*, D, D)`` of ``points`` ``(*, n, D)``,
-    in float64, from centred moments (:mod:`calib_lightning._moments`)."""
+    in float64, from centred moments (:mod:`calib_lightning.functional._moments`)."""
     check_points("points", points, min_rows=2)
     return variance_from_moments(moments(points, covariance=True), covariance=True)
 
@@ -235,8 +235,9 @@ def frechet_distance(samples: Tensor, reference: Tensor) -> Tensor:
         distributions." J. Multivariate Analysis 12, 1982.
     """
     _check_sets(samples, reference, min_rows=2)
-    distance = frechet_distance_from_moments(*gaussian_moments(samples),
-                                             *gaussian_moments(reference))
+    distance = frechet_distance_from_moments(
+        *gaussian_moments(samples), *gaussian_moments(reference)
+    )
     return distance.to(samples.dtype)
 
 

@@ -71,17 +71,20 @@ References:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import (
+from calib_lightning._utils.chunks import pair_blocks
+from calib_lightning._utils.validation import (
     check_choice,
     check_finite,
     check_matrix,
+    check_points,
     check_positive,
     check_probability,
 )
-from calib_lightning._chunks import pair_blocks
 from calib_lightning.functional._multinomial import uniform_multinomial
 from calib_lightning.functional._tarp_coordinates import (
     NUM_REFERENCES,
@@ -91,35 +94,203 @@ from calib_lightning.functional._tarp_coordinates import (
     tarp_fit_scale,
     tarp_references,
 )
-from calib_lightning.functional._tarp_curve import (
-    DISTANCES,
-    TARPResult,
-    _distance,
-    _ks_coverage_error,
-    expected_coverage,
-    tarp_counts,
-    tarp_ranks,
-    tarp_test,
-)
 from calib_lightning.functional.combine import monte_carlo_p_value
+from calib_lightning.functional.ranks import _check_counts, rank_histogram
+from calib_lightning.results import Result
 
 __all__ = [
     "DISTANCES",
-    "NUM_REFERENCES",
     "TARPResult",
     "expected_coverage",
-    "pooled_values",
     "tarp",
-    "tarp_box",
     "tarp_counts",
-    "tarp_fit_scale",
     "tarp_permutation_test",
     "tarp_rank_table",
     "tarp_ranks",
-    "tarp_references",
     "tarp_test",
-    "uniform_multinomial",
 ]
+
+
+DISTANCES = ("l2", "l1")
+
+
+@dataclass(eq=False)
+class TARPResult(Result):
+    """The TARP test and its curve (:func:`tarp_test`, ``TARP.compute()``).
+
+    ``*`` is the leading batch shape of the rank histogram, ``A = num_bins + 1``.
+
+    Attributes:
+        statistic: ``(*)`` sup deviation of the coverage curve from the diagonal.
+        p_value: ``(*)`` Monte Carlo p-value (the verdict), at least ``1 / (B + 1)``.
+        coverage_error: ``(*)`` signed area of the upper half (``c > 1/2``) of the curve
+            (the ATC): negative = over-confident, positive = under-confident.
+        band: ``(*)`` half-width of the simultaneous band (``1 - level`` null quantile).
+        level: ``()`` test level of the band.
+        credibility: ``(A,)`` credibility levels from 0 to 1.
+        coverage: ``(*, A)`` expected coverage at each credibility level.
+        num_pairs: ``(*)`` calibration pairs counted.
+        p_value_error: ``(*)`` Monte Carlo standard error of ``p_value``: the binomial error
+            of ``B`` null draws, with (from :func:`tarp_permutation_test`) the jackknife
+            spread over the references mapped through the null distribution; what another
+            seed could move the p-value by. ``None`` where not estimated.
+    """
+
+    verdict = "p_value"
+    logged = ("p_value", "coverage_error", "statistic", "num_pairs")
+
+    statistic: Tensor
+    p_value: Tensor
+    coverage_error: Tensor
+    band: Tensor
+    level: Tensor
+    credibility: Tensor
+    coverage: Tensor
+    num_pairs: Tensor
+    p_value_error: Tensor | None = None
+
+
+def _distance(diff: Tensor, distance: str) -> Tensor:
+    return diff.pow(2).sum(-1) if distance == "l2" else diff.abs().sum(-1)
+
+
+def tarp_ranks(
+    samples: Tensor,
+    theta: Tensor,
+    references: Tensor,
+    *,
+    scale: Tensor | None = None,
+    distance: str = "l2",
+) -> Tensor:
+    r"""TARP ranks :math:`r_i = \#\{k : d(\theta_{ik}, \theta^r_i) < d(\theta^*_i, \theta^r_i)\}`.
+
+    Arguments:
+        samples: posterior samples ``(S, *, N, D)`` (the layout of ``Posterior.sample``).
+        theta: true parameters ``(*, N, D)``.
+        references: reference points ``(*, N, D)``.
+        scale: per-dimension scale ``(D,)`` or ``(*, D)``; distances are computed on
+            ``theta / scale``. ``None``: unscaled.
+        distance: ``"l2"`` (Euclidean) or ``"l1"``.
+
+    Returns:
+        ``(*, N)`` int64 ranks in ``{0, ..., S}``.
+    """
+    check_choice("distance", distance, DISTANCES)
+    check_points("theta", theta)
+    if samples.ndim != theta.ndim + 1 or samples.shape[1:] != theta.shape:
+        raise ValueError(
+            f"samples must have shape (S, {', '.join(map(str, theta.shape))}) like theta "
+            f"with a leading sample axis, got {tuple(samples.shape)}"
+        )
+    if references.shape != theta.shape:
+        raise ValueError(
+            f"references must have the shape of theta {tuple(theta.shape)}, "
+            f"got {tuple(references.shape)}"
+        )
+    blocks = pair_blocks(theta.shape[0], samples.shape[0] * theta.shape[-1])
+    if theta.ndim == 2 and len(blocks) > 1:  # by blocks of pairs: bounded scratch
+        return torch.cat(
+            [
+                tarp_ranks(
+                    samples[:, rows], theta[rows], references[rows], scale=scale, distance=distance
+                )
+                for rows in blocks
+            ]
+        )
+    inverse = 1.0 if scale is None else 1.0 / scale.unsqueeze(-2)
+    d_true = _distance((theta - references) * inverse, distance)
+    d_samples = _distance((samples - references) * inverse, distance)
+    return (d_samples < d_true).sum(0)
+
+
+def tarp_counts(ranks: Tensor, num_posterior_samples: int) -> Tensor:
+    """Histogram of ranks ``(*, N)`` over ``{0, ..., S}``: ``(*, S + 1)`` int64 counts."""
+    return rank_histogram(ranks.unsqueeze(-1), num_posterior_samples).squeeze(-2)
+
+
+def _midpoints(cells: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    return (torch.arange(cells, dtype=dtype, device=device) + 0.5) / cells
+
+
+def expected_coverage(counts: Tensor, credibility: Tensor) -> Tensor:
+    r"""Expected coverage :math:`\mathrm{ECP}(c) = \frac{1}{N} \#\{i : c_i \le c\}`.
+
+    Arguments:
+        counts: rank histogram ``(*, S + 1)``.
+        credibility: credibility levels ``c``, ``(A,)`` in :math:`[0, 1]`.
+
+    Returns:
+        ``(*, A)`` in float64.
+    """
+    check_finite("credibility", credibility)
+    counts = counts.double()
+    cells = counts.shape[-1]
+    cdf = torch.cat([torch.zeros_like(counts[..., :1]), counts.cumsum(-1)], -1)
+    cdf = cdf / counts.sum(-1, keepdim=True).clamp_min(1.0)
+    mids = _midpoints(cells, torch.float64, counts.device)
+    index = torch.searchsorted(mids, credibility.double().to(counts.device), right=True)
+    return cdf[..., index]
+
+
+def _ks_coverage_error(counts: Tensor) -> tuple[Tensor, Tensor]:
+    """Exact sup-deviation of the ECP step function from the diagonal, and the signed
+    area of its upper half (``coverage_error``)."""
+    counts = counts.double()
+    cells = counts.shape[-1]
+    total = counts.sum(-1, keepdim=True).clamp_min(1.0)
+    upper = counts.cumsum(-1) / total  # ECP just after each jump
+    lower = upper - counts / total  # ECP just before it
+    mids = _midpoints(cells, torch.float64, counts.device)
+    statistic = torch.maximum((upper - mids).amax(-1), (mids - lower).amax(-1))
+    error = (counts * (1.0 - mids.clamp_min(0.5))).sum(-1) / total.squeeze(-1) - 0.375
+    return statistic, error
+
+
+def tarp_test(
+    counts: Tensor,
+    *,
+    num_null: int = 1000,
+    level: float = 0.05,
+    num_bins: int = 100,
+    generator: torch.Generator | None = None,
+) -> TARPResult:
+    r"""Monte Carlo test of uniform ranks, coverage error and the curve from a rank histogram.
+
+    Arguments:
+        counts: rank histogram ``(*, S + 1)`` (:func:`tarp_counts`).
+        num_null: ``B`` null histograms drawn per test.
+        level: the band is the ``1 - level`` quantile of the null statistics.
+        num_bins: the curve is returned on ``num_bins + 1`` credibility levels in [0, 1].
+        generator: random generator for the null draws.
+
+    Returns:
+        :class:`TARPResult`.
+    """
+    check_positive("num_null", num_null, integer=True)
+    check_positive("num_bins", num_bins, integer=True)
+    check_probability("level", level)
+    if counts.ndim < 1 or counts.shape[-1] < 2:
+        raise ValueError(
+            f"counts must have shape (*, S + 1) with S >= 1, got {tuple(counts.shape)}"
+        )
+    _check_counts("counts", counts, unit="calibration pair")
+    total = counts.sum(-1)
+    statistic, error = _ks_coverage_error(counts)
+    null = uniform_multinomial(total.cpu(), counts.shape[-1], num_null, generator)
+    null_statistic = _ks_coverage_error(null)[0].to(counts.device)
+    p_value = monte_carlo_p_value(statistic, null_statistic, tolerance=1e-12, dtype=torch.float64)
+    credibility = torch.linspace(0.0, 1.0, num_bins + 1, dtype=torch.float64, device=counts.device)
+    return TARPResult(
+        statistic=statistic,
+        p_value=p_value,
+        coverage_error=error,
+        band=torch.quantile(null_statistic, 1.0 - level, dim=-1),
+        level=torch.tensor(level, dtype=torch.float64),
+        credibility=credibility,
+        coverage=expected_coverage(counts, credibility),
+        num_pairs=total,
+    )
+
 
 #: null draws of the permutation test per block (bounded scratch: block x N x R ranks)
 _NULL_BLOCK_NUMBERS = 2**21
@@ -160,8 +331,7 @@ def tarp_rank_table(
     if samples.ndim != 3 or samples.shape[1:] != theta.shape:
         raise ValueError(f"samples must have shape (S, {n}, {d}), got {tuple(samples.shape)}")
     if references.ndim != 3 or references.shape[1:] != theta.shape:
-        raise ValueError(f"references must have shape (R, {n}, {d}), got "
-                         f"{tuple(references.shape)}")  # fmt: skip
+        raise ValueError(f"references must have shape (R, {n}, {d}), got {tuple(references.shape)}")
     k = s + 1 if positions is None else positions
     if not 1 <= k <= s + 1:
         raise ValueError(f"positions must lie in [1, S + 1 = {s + 1}], got {positions}")
@@ -222,19 +392,24 @@ def tarp_permutation_test(
     check_positive("num_bins", num_bins, integer=True)
     check_probability("level", level)
     if table.ndim < 3 or table.shape[-3] < 1 or table.is_floating_point():
-        raise ValueError(f"table must be integer ranks of shape (*, N, K, R) with N >= 1, got "
-                         f"{tuple(table.shape)} {table.dtype}")  # fmt: skip
+        raise ValueError(
+            f"table must be integer ranks of shape (*, N, K, R) with N >= 1, got "
+            f"{tuple(table.shape)} {table.dtype}"
+        )
     lead, (n, k, num_refs) = table.shape[:-3], table.shape[-3:]
     cells = num_posterior_samples + 1
     if table.numel() and (int(table.min()) < 0 or int(table.max()) >= cells):
-        raise ValueError(f"table must hold ranks in [0, {num_posterior_samples}], got "
-                         f"[{int(table.min())}, {int(table.max())}]")  # fmt: skip
+        raise ValueError(
+            f"table must hold ranks in [0, {num_posterior_samples}], got "
+            f"[{int(table.min())}, {int(table.max())}]"
+        )
     device = table.device
     table = table.cpu().long().reshape(-1, n, k, num_refs)  # (T, N, K, R)
     sets = table.shape[0]
     offsets = (torch.arange(sets) * cells).view(sets, 1, 1)
-    by_reference = (table[:, :, 0] + (offsets.view(sets, 1) * num_refs + torch.arange(num_refs)
-                                      * cells).unsqueeze(1))  # (T, N, R): one histogram each
+    by_reference = table[:, :, 0] + (
+        offsets.view(sets, 1) * num_refs + torch.arange(num_refs) * cells
+    ).unsqueeze(1)  # (T, N, R): one histogram each
     by_reference = torch.bincount(by_reference.flatten(), minlength=sets * num_refs * cells)
     by_reference = by_reference.view(sets, num_refs, cells)
     counts = by_reference.sum(1)  # (T, S + 1)
@@ -267,7 +442,7 @@ def tarp_permutation_test(
         coverage=shaped(expected_coverage(counts, credibility)),
         num_pairs=torch.full(lead, n, device=device),
         p_value_error=shaped(p_error),
-    )  # fmt: skip
+    )
 
 
 def _p_value_error(
@@ -283,8 +458,9 @@ def _p_value_error(
     if num_refs < 2:
         return binomial
     left_out = _ks_coverage_error(counts.unsqueeze(1) - by_reference)[0]  # (T, R)
-    spread = ((num_refs - 1) / num_refs * (left_out - left_out.mean(1, keepdim=True))
-              .square().sum(1)).sqrt()  # fmt: skip
+    spread = (
+        (num_refs - 1) / num_refs * (left_out - left_out.mean(1, keepdim=True)).square().sum(1)
+    ).sqrt()
     low = monte_carlo_p_value(statistic - spread, null, dtype=torch.float64)
     high = monte_carlo_p_value(statistic + spread, null, dtype=torch.float64)
     return (binomial.square() + ((low - high) / 2).square()).sqrt()
@@ -354,10 +530,18 @@ def tarp(
         if references.shape == theta.shape:
             references = references.unsqueeze(0)
         if references.ndim != 3 or references.shape[1:] != theta.shape:
-            raise ValueError(f"references must have shape (R, {n}, {d}) or ({n}, {d}) like "
-                             f"theta, got {tuple(references.shape)}")  # fmt: skip
+            raise ValueError(
+                f"references must have shape (R, {n}, {d}) or ({n}, {d}) like "
+                f"theta, got {tuple(references.shape)}"
+            )
         check_finite("references", references)
     scale = tarp_fit_scale(values) if scale is None else check_scale(scale, d)
     table = tarp_rank_table(samples, theta, references, scale=scale, distance=distance)
-    return tarp_permutation_test(table, samples.shape[0], num_null=num_null, level=level,
-                                 num_bins=num_bins, generator=generator)  # fmt: skip
+    return tarp_permutation_test(
+        table,
+        samples.shape[0],
+        num_null=num_null,
+        level=level,
+        num_bins=num_bins,
+        generator=generator,
+    )

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.distributions import Distribution
 
 from calib_lightning import evaluation
-from calib_lightning._checks import check_finite, check_pairs, check_shape
+from calib_lightning._utils.validation import check_finite, check_pairs, check_shape
 from calib_lightning.posteriors import Posterior
 
 __all__ = ["BalancingLoss"]
@@ -80,8 +80,9 @@ class BalancingLoss(nn.Module):
         check_pairs(theta, x, min_rows=2)
         shuffled = theta.roll(1, dims=0)
         if log_prob is None:
-            both = evaluation.log_prob_and_latent(posterior, torch.cat([theta, shuffled]),
-                                                  torch.cat([x, x]))[0]  # fmt: skip
+            both = evaluation.log_prob_and_latent(
+                posterior, torch.cat([theta, shuffled]), torch.cat([x, x])
+            )[0]
             log_prob, log_q_marginal = both.chunk(2)
         else:
             check_shape("log_prob", log_prob, theta.shape[:1])
@@ -91,4 +92,3 @@ class BalancingLoss(nn.Module):
         joint = torch.sigmoid(log_prob - log_prior[: len(theta)]).mean()
         marginal = torch.sigmoid(log_q_marginal - log_prior[len(theta) :]).mean()
         return (joint + marginal - 1.0).pow(2)
-

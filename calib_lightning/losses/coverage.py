@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from calib_lightning import evaluation
-from calib_lightning._checks import check_finite, check_pairs, check_positive, check_shape
+from calib_lightning._utils.validation import check_finite, check_pairs, check_positive, check_shape
 from calib_lightning.posteriors import Posterior
 
 __all__ = ["CoverageLoss"]

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from calib_lightning import evaluation
-from calib_lightning._checks import (
+from calib_lightning._utils.validation import (
     check_choice,
     check_finite,
     check_pairs,
@@ -37,7 +37,7 @@ from calib_lightning._checks import (
     check_positive,
     check_shape,
 )
-from calib_lightning._moments import std_or_one
+from calib_lightning.functional._moments import std_or_one
 from calib_lightning.functional.kccsd import gaussian_base_points
 from calib_lightning.kernels import (
     KERNELS,
@@ -349,13 +349,22 @@ class KCCSDLoss(nn.Module):
         condition = self._condition(posterior, theta, x)
         if self.space == "parameter":
             return _kccsd_loss(
-                points, score, self.kernel, self.bandwidth, condition, self.estimator,
+                points,
+                score,
+                self.kernel,
+                self.bandwidth,
+                condition,
+                self.estimator,
                 self.normalize,
-            )  # fmt: skip
+            )
         return latent_kccsd_loss(
-            points, kernel=self.kernel, bandwidth=self.bandwidth, condition=condition,
-            estimator=self.estimator, normalize=self.normalize,
-        )  # fmt: skip
+            points,
+            kernel=self.kernel,
+            bandwidth=self.bandwidth,
+            condition=condition,
+            estimator=self.estimator,
+            normalize=self.normalize,
+        )
 
     def _condition(self, posterior: Posterior | object, theta: Tensor, x: Tensor) -> Tensor | None:
         if self.condition is None:

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from calib_lightning import evaluation
-from calib_lightning._checks import check_finite, check_pairs, check_shape
+from calib_lightning._utils.validation import check_finite, check_pairs, check_shape
 from calib_lightning.posteriors import Posterior
 
 __all__ = ["LatentCoverageLoss", "latent_coverage_levels", "latent_coverage_loss"]
@@ -130,6 +130,4 @@ class LatentCoverageLoss(nn.Module):
             latent = evaluation.latents(posterior, theta, x, create_graph=True)
         else:
             check_shape("latent", latent, theta.shape, f"the shape of theta {tuple(theta.shape)}")
-        return latent_coverage_loss(
-            latent, conservative=self.conservative, marginal=self.marginal
-        )
+        return latent_coverage_loss(latent, conservative=self.conservative, marginal=self.marginal)

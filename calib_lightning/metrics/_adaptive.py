@@ -68,8 +68,9 @@ def adaptive_blocks(
 
     def log_mixture(t: Tensor, gauss: MultivariateNormal) -> Tensor:
         log_q = gauss.log_prob(t)
-        return torch.logaddexp(math.log(PRIOR_SHARE) + target.log_prior(t).to(log_q),
-                               math.log1p(-PRIOR_SHARE) + log_q)  # fmt: skip
+        return torch.logaddexp(
+            math.log(PRIOR_SHARE) + target.log_prior(t).to(log_q), math.log1p(-PRIOR_SHARE) + log_q
+        )
 
     def draw(size: int, gauss: MultivariateNormal) -> Tensor:
         fitted = gauss.sample((size,))  # (size, n, D)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torchmetrics.utilities.distributed import gather_all_tensors
 
-from calib_lightning._distributed import max_over_processes, shape_empty_list_states
+from calib_lightning._utils.distributed import max_over_processes, shape_empty_list_states
 from calib_lightning.metrics._shapes import KeepShapes
 
 __all__ = ["LazyDimension"]

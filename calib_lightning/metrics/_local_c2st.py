@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_matrix, check_positive, check_probability
+from calib_lightning._utils.validation import check_matrix, check_positive, check_probability
 from calib_lightning.classifiers import make_ensemble
 from calib_lightning.classifiers._make import NUM_EVALUATION_POINTS, local_test_kwargs
 from calib_lightning.classifiers._seeds import digest_words, generator, stream_seed

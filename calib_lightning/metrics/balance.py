@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from calib_lightning._checks import check_pairs, check_positive, check_probability
+from calib_lightning._utils.validation import check_pairs, check_positive, check_probability
 from calib_lightning.evaluation import log_ratio_matrix
 from calib_lightning.functional.balance import (
     SUMS,
@@ -17,7 +17,7 @@ from calib_lightning.functional.balance import (
     balance_sums,
 )
 
-__all__ = ["RatioBalance", "RatioBalanceResult"]
+__all__ = ["RatioBalance"]
 
 
 class RatioBalance(Metric):
@@ -83,14 +83,14 @@ class RatioBalance(Metric):
         check_probability("confidence", confidence)
         check_positive("max_pairs_per_call", max_pairs_per_call, integer=True)
         self.confidence, self.max_pairs_per_call = confidence, max_pairs_per_call
-        self.add_state("sums", default=torch.zeros(len(SUMS), dtype=torch.float64),
-                       dist_reduce_fx="sum")  # fmt: skip
+        self.add_state(
+            "sums", default=torch.zeros(len(SUMS), dtype=torch.float64), dist_reduce_fx="sum"
+        )
 
     def update(self, estimator: Any, theta: Tensor, x: Tensor) -> None:
         """Add the pairs ``theta (N, D)``, ``x (N, *X)``, ``N >= 2``, all pairs among them."""
         theta, x = check_pairs(theta, x, min_rows=2)
-        matrix = log_ratio_matrix(estimator, theta, x,
-                                  max_pairs_per_call=self.max_pairs_per_call)  # fmt: skip
+        matrix = log_ratio_matrix(estimator, theta, x, max_pairs_per_call=self.max_pairs_per_call)
         self.sums += balance_sums(matrix.double()).to(self.sums)
 
     def compute(self) -> RatioBalanceResult:

@@ -10,9 +10,9 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
-from calib_lightning._checks import check_pairs, check_positive
-from calib_lightning._chunks import row_blocks
-from calib_lightning._distributed import shape_empty_list_states
+from calib_lightning._utils.chunks import row_blocks
+from calib_lightning._utils.distributed import shape_empty_list_states
+from calib_lightning._utils.validation import check_pairs, check_positive
 from calib_lightning.evaluation import draw_chunks
 from calib_lightning.functional.importance import (
     MIN_EFFECTIVE_SAMPLE_SIZE,
@@ -23,7 +23,7 @@ from calib_lightning.functional.importance import (
 from calib_lightning.metrics._adaptive import adaptive_blocks
 from calib_lightning.posteriors import UnnormalizedPosterior, as_posterior
 
-__all__ = ["ImportanceCoverage", "ImportanceCoverageResult"]
+__all__ = ["ImportanceCoverage"]
 
 _PRIOR_CHUNK_ELEMENTS = 2**21  # numbers of prior draws per block of pairs
 

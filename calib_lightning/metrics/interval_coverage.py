@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_pairs, check_positive
+from calib_lightning._utils.validation import check_pairs, check_positive
 from calib_lightning.evaluation import check_event_size, draws
 from calib_lightning.functional.interval_coverage import (
     INTERVAL_LEVELS,
@@ -20,7 +20,7 @@ from calib_lightning.functional.ranks import marginal_ranks
 from calib_lightning.metrics._lazy import LazyDimension
 from calib_lightning.posteriors import Posterior
 
-__all__ = ["IntervalCoverage", "IntervalCoverageResult"]
+__all__ = ["IntervalCoverage"]
 
 
 class IntervalCoverage(LazyDimension):

@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 from torchmetrics.utilities.data import dim_zero_cat
 
-from calib_lightning._checks import check_pairs, check_positive
-from calib_lightning._distributed import canonical_order, room_for_rows
+from calib_lightning._utils.distributed import canonical_order, room_for_rows
+from calib_lightning._utils.validation import check_pairs, check_positive
 from calib_lightning.classifiers import make_ensemble
 from calib_lightning.classifiers._seeds import digest_words, generator, stream_seed
 from calib_lightning.classifiers.joint_c2st import joint_c2st_folds, joint_c2st_test

@@ -11,17 +11,17 @@ from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
 from calib_lightning import evaluation
-from calib_lightning._checks import (
-    check_choice,
-    check_matrix,
-    check_pairs,
-    check_positive,
-)
-from calib_lightning._distributed import (
+from calib_lightning._utils.distributed import (
     canonical_order,
     gather_rows,
     room_for_rows,
     shape_empty_list_states,
+)
+from calib_lightning._utils.validation import (
+    check_choice,
+    check_matrix,
+    check_pairs,
+    check_positive,
 )
 from calib_lightning.functional.kccsd import gaussian_base_points, kccsd
 from calib_lightning.kernels import DISTRIBUTION_KERNELS, KERNELS
@@ -60,8 +60,12 @@ class KCCSDResult(Result):
     """
 
     logged: ClassVar[tuple[str, ...]] = (
-        "statistic", "p_value", "bandwidth", "distribution_bandwidth", "num_pairs",
-    )  # fmt: skip
+        "statistic",
+        "p_value",
+        "bandwidth",
+        "distribution_bandwidth",
+        "num_pairs",
+    )
     verdict: ClassVar[str | None] = "p_value"
 
     statistic: Tensor
@@ -176,8 +180,10 @@ class KCCSD(Metric):
         super().__init__(**kwargs)
         check_choice("kernel", kernel, KERNELS)
         check_choice("distribution_kernel", distribution_kernel, (*DISTRIBUTION_KERNELS, None))
-        for name, value in (("bandwidth", bandwidth), ("distribution_bandwidth",
-                                                         distribution_bandwidth)):
+        for name, value in (
+            ("bandwidth", bandwidth),
+            ("distribution_bandwidth", distribution_bandwidth),
+        ):
             if value is not None:
                 check_positive(name, value)
         check_positive("num_null", num_null, integer=True)
@@ -245,18 +251,24 @@ class KCCSD(Metric):
                 )
             base = self.base_points.to(device=theta.device, dtype=theta.dtype)
         score, base_scores = evaluation.pair_and_base_scores(
-            posterior, theta, x, base,
+            posterior,
+            theta,
+            x,
+            base,
             create_graph=bool(self._forward_grad),
             chunk_size=self.score_chunk_size,
-        )  # fmt: skip
+        )
         if self._forward_grad is not None:
             if self.distribution_kernel is not None and not fitted:
                 # the batch's own test: base points fitted to the batch, not stored
                 batch_base = self._base_points_for(theta.detach())
                 base_scores = evaluation.base_scores(
-                    posterior, x, batch_base,
-                    create_graph=bool(self._forward_grad), chunk_size=self.score_chunk_size,
-                )  # fmt: skip
+                    posterior,
+                    x,
+                    batch_base,
+                    create_graph=bool(self._forward_grad),
+                    chunk_size=self.score_chunk_size,
+                )
                 self._last_batch = (theta, score, base_scores, batch_base)
             else:
                 self._last_batch = (theta, score, base_scores, None)
@@ -327,18 +339,25 @@ class KCCSD(Metric):
         if base is not None:
             base = base.to(device=theta.device, dtype=theta.dtype)
         out = kccsd(
-            theta, score, base_scores, base,
-            kernel=self.kernel, bandwidth=self.bandwidth,
+            theta,
+            score,
+            base_scores,
+            base,
+            kernel=self.kernel,
+            bandwidth=self.bandwidth,
             distribution_kernel=self.distribution_kernel,
             distribution_bandwidth=self.distribution_bandwidth,
             num_null=self.num_null,
             generator=torch.Generator().manual_seed(self.seed + 1),
             block_size=self.block_size,
-        )  # fmt: skip
+        )
         p = out.p_value.detach().double()
-        return KCCSDResult(**out._asdict(), num_pairs=torch.tensor(n, device=theta.device),
-                           p_value_error=(p * (1 - p) / self.num_null).sqrt(),
-                           space=self._space)  # fmt: skip
+        return KCCSDResult(
+            **out._asdict(),
+            num_pairs=torch.tensor(n, device=theta.device),
+            p_value_error=(p * (1 - p) / self.num_null).sqrt(),
+            space=self._space,
+        )
 
     def _pending_pairs(self) -> tuple[Tensor, Tensor, Tensor] | None:
         """``(theta, score, base_scores)`` of the pairs updated before the base points were
@@ -354,8 +373,7 @@ class KCCSD(Metric):
             evaluation.base_scores(posterior, x, base, chunk_size=self.score_chunk_size)
             for posterior, x in self._pending
         ]
-        base_scores = (torch.cat(local) if local
-                       else theta.new_zeros(0, *base.shape))  # fmt: skip
+        base_scores = torch.cat(local) if local else theta.new_zeros(0, *base.shape)
         if _synced(self.pending_theta):  # gathered: gather these in the same rank order
             base_scores = gather_rows(base_scores.to(theta), self.process_group)
         return theta, _rows(self.pending_score), base_scores.to(theta)

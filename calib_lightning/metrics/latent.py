@@ -7,7 +7,12 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_choice, check_pairs, check_positive, check_probability
+from calib_lightning._utils.validation import (
+    check_choice,
+    check_pairs,
+    check_positive,
+    check_probability,
+)
 from calib_lightning.evaluation import check_event_size, latents
 from calib_lightning.functional.combine import COMBINATION_METHODS
 from calib_lightning.functional.latent import (
@@ -20,7 +25,7 @@ from calib_lightning.functional.latent import (
 from calib_lightning.metrics._lazy import LazyDimension
 from calib_lightning.posteriors import Posterior
 
-__all__ = ["LatentCalibration", "LatentCalibrationResult"]
+__all__ = ["LatentCalibration"]
 
 
 class LatentCalibration(LazyDimension):
@@ -127,8 +132,9 @@ class LatentCalibration(LazyDimension):
         if num_bins is not None:
             check_positive("num_bins", num_bins, integer=True)
             if not 2 <= num_bins <= num_cells:
-                raise ValueError(f"num_bins must lie in 2..num_cells = 2..{num_cells}, "
-                                 f"got {num_bins}")  # fmt: skip
+                raise ValueError(
+                    f"num_bins must lie in 2..num_cells = 2..{num_cells}, got {num_bins}"
+                )
         if num_ecdf_points is not None:
             check_positive("num_ecdf_points", num_ecdf_points, integer=True)
         check_choice("global_method", global_method, COMBINATION_METHODS)
@@ -175,10 +181,13 @@ class LatentCalibration(LazyDimension):
         n = int(self.histogram[0].sum()) if self.histogram.numel() else 0
         if n < 2:
             raise ValueError(
-                f"LatentCalibration.compute() needs at least N >= 2 calibration pairs, "
-                f"got N = {n}"
+                f"LatentCalibration.compute() needs at least N >= 2 calibration pairs, got N = {n}"
             )
         return latent_summary(
-            self.histogram, self.latent_sums, level=self.level, num_bins=self.num_bins,
-            num_ecdf_points=self.num_ecdf_points, global_method=self.global_method,
-        )  # fmt: skip
+            self.histogram,
+            self.latent_sums,
+            level=self.level,
+            num_bins=self.num_bins,
+            num_ecdf_points=self.num_ecdf_points,
+            global_method=self.global_method,
+        )

@@ -37,8 +37,8 @@ import torch
 from torch import Tensor
 from torchmetrics.utilities.data import dim_zero_cat
 
-from calib_lightning._checks import check_pairs, check_positive
-from calib_lightning._distributed import canonical_order, room_for_rows
+from calib_lightning._utils.distributed import canonical_order, room_for_rows
+from calib_lightning._utils.validation import check_pairs, check_positive
 from calib_lightning.classifiers import (
     LC2STNFNull,
     latent_features,
@@ -56,7 +56,7 @@ from calib_lightning.metrics._local_c2st import (
 )
 from calib_lightning.posteriors import Posterior
 
-__all__ = ["LC2ST", "LC2STNF", "LC2STResult", "ProbabilityMap"]
+__all__ = ["LC2ST", "LC2STNF"]
 
 
 class LC2STNF(LocalC2ST):

@@ -10,19 +10,19 @@ import torch
 from torch import Tensor
 from torchmetrics.utilities.data import dim_zero_cat
 
-from calib_lightning._checks import (
+from calib_lightning._utils.validation import (
     check_choice,
     check_pairs,
     check_positive,
     check_probability,
 )
-from calib_lightning._moments import (
+from calib_lightning.evaluation import check_event_size, draw_chunks
+from calib_lightning.functional._moments import (
     merge_moments,
     moment_state_size,
     moments,
     variance_from_moments,
 )
-from calib_lightning.evaluation import check_event_size, draw_chunks
 from calib_lightning.functional.bands import P_VALUE_FLOOR
 from calib_lightning.functional.combine import COMBINATION_METHODS, combine_p_values
 from calib_lightning.functional.ranks import (
@@ -46,7 +46,7 @@ from calib_lightning.posteriors import (
     unsupported,
 )
 
-__all__ = ["RankCalibration", "RankCalibrationResult", "posterior_ranks"]
+__all__ = ["RankCalibration", "posterior_ranks"]
 
 
 def posterior_ranks(
@@ -91,11 +91,22 @@ def posterior_ranks(
         ValueError: for bad shapes, non-finite ``theta``/``x``, or non-finite posterior
             samples/log-densities (naming how many pairs were affected).
     """
-    chunks = draw_chunks(posterior, theta, x, num_posterior_samples,
-                         max_chunk_elements=max_chunk_elements,
-                         log_densities=log_densities)  # fmt: skip
-    return rank_chunks(chunks, theta.shape[0], num_posterior_samples, generator=generator,
-                       statistics=statistics, names=names)  # fmt: skip
+    chunks = draw_chunks(
+        posterior,
+        theta,
+        x,
+        num_posterior_samples,
+        max_chunk_elements=max_chunk_elements,
+        log_densities=log_densities,
+    )
+    return rank_chunks(
+        chunks,
+        theta.shape[0],
+        num_posterior_samples,
+        generator=generator,
+        statistics=statistics,
+        names=names,
+    )
 
 
 class RankCalibration(LazyDimension):
@@ -145,9 +156,10 @@ class RankCalibration(LazyDimension):
     States (many small updates equal one big update, and DDP equals one process):
     ``histogram`` ``(D + 1, M + 1)`` int64 rank counts and ``posterior_sums`` ``(2, D)``
     float64 sums of the per-pair posterior variance and squared mean error, both
-    sum-reduced; ``theta_moments`` ``(1 + 2 D,)``, the count, mean and centred sum of
-    squares of :math:`\theta` (:mod:`calib_lightning._moments`), merged with Chan et
-    al.'s formula so the prior variance stays exact far from the origin (e.g.
+    sum-reduced; ``theta_moments`` ``(1 + 3 D,)``, the count, an anchor, the mean about it
+    and the centred sum of squares of :math:`\theta`
+    (:mod:`calib_lightning.functional._moments`), merged with Chan et al.'s formula so the
+    prior variance stays exact far from the origin (e.g.
     :math:`\theta = 10^9 + 0.01 z`). Memory is constant in the number of updates;
     ``update`` needs one chunk of draws, sized so that sampling it peaks near the memory
     budget (:func:`calib_lightning.set_memory_budget`, 256 MiB by default), and scratch
@@ -244,8 +256,10 @@ class RankCalibration(LazyDimension):
         self.joint = joint
         if isinstance(max_pairs, bool) or not isinstance(max_pairs, int) or max_pairs < 0:
             raise ValueError(f"max_pairs must be a non-negative integer, got {max_pairs!r}")
-        if statistics is not None and not (isinstance(statistics, Mapping) and all(
-                isinstance(k, str) and callable(f) for k, f in statistics.items())):  # fmt: skip
+        if statistics is not None and not (
+            isinstance(statistics, Mapping)
+            and all(isinstance(k, str) and callable(f) for k, f in statistics.items())
+        ):
             raise ValueError(
                 "statistics must be a dict name -> callable theta (..., N, D) -> (..., N), "
                 f"got {statistics!r}"
@@ -271,7 +285,7 @@ class RankCalibration(LazyDimension):
     def _zero_states(
         self, d: int, device: torch.device | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Zero ``histogram`` ``(D + 1, M + 1)``, ``theta_moments`` ``(1 + 2 D,)`` and
+        """Zero ``histogram`` ``(D + 1, M + 1)``, ``theta_moments`` ``(1 + 3 D,)`` and
         ``posterior_sums`` ``(2, D)``; empty (count 0 only) if ``D = 0``."""
         rows = d + 1 if d else 0
         histogram = torch.zeros(
@@ -302,11 +316,15 @@ class RankCalibration(LazyDimension):
         check_event_size(post, theta, x)  # theta against the posterior first
         self._allocate(theta.shape[1])
         draws = posterior_ranks(
-            post, theta, x, self.num_posterior_samples,
+            post,
+            theta,
+            x,
+            self.num_posterior_samples,
             max_chunk_elements=self.max_chunk_elements,
-            statistics=list(self.statistics.values()), names=list(self.statistics),
+            statistics=list(self.statistics.values()),
+            names=list(self.statistics),
             log_densities=joint == "energy",
-        )  # fmt: skip
+        )
         hist = rank_histogram(draws.ranks, self.num_posterior_samples)
         d = theta.shape[1]
         self.histogram += hist[: d + 1].to(self.histogram.device)
@@ -343,9 +361,12 @@ class RankCalibration(LazyDimension):
                 f"RankCalibration.compute() needs at least N >= 2 calibration pairs, got N = {n}"
             )
         summary = summarize_ranks(
-            self.histogram, level=self.level, num_bins=self.num_bins,
-            num_ecdf_points=self.num_ecdf_points, global_method=self.global_method,
-        )  # fmt: skip
+            self.histogram,
+            level=self.level,
+            num_bins=self.num_bins,
+            num_ecdf_points=self.num_ecdf_points,
+            global_method=self.global_method,
+        )
         variance, error_sq = self.posterior_sums
         prior_variance = variance_from_moments(self.theta_moments)[1]
         draws = min(self.num_posterior_samples, MOMENT_DRAWS)
@@ -366,15 +387,25 @@ class RankCalibration(LazyDimension):
     def _with_statistics(self, summary: Any) -> tuple[Any, dict[str, Any]]:
         """The summary with the test quantities' tests in ``global_p_value``, and their fields."""
         p_values, ecdf_p_values, ecdf = statistic_tests(
-            self.statistic_histogram, num_bins=self.num_bins,
+            self.statistic_histogram,
+            num_bins=self.num_bins,
             num_ecdf_points=self.num_ecdf_points,
-        )  # fmt: skip
-        every = torch.cat([summary.marginal_p_values, summary.p_value[None],
-                           summary.ecdf_p_values.to(p_values), p_values, ecdf_p_values])
+        )
+        every = torch.cat(
+            [
+                summary.marginal_p_values,
+                summary.p_value[None],
+                summary.ecdf_p_values.to(p_values),
+                p_values,
+                ecdf_p_values,
+            ]
+        )
         combined = combine_p_values(every, method=self.global_method).clamp_min(P_VALUE_FLOOR)
         fields = {
-            "statistic_names": tuple(self.statistics), "statistic_p_values": p_values,
-            "statistic_ecdf_p_values": ecdf_p_values, "statistic_ecdf": ecdf,
+            "statistic_names": tuple(self.statistics),
+            "statistic_p_values": p_values,
+            "statistic_ecdf_p_values": ecdf_p_values,
+            "statistic_ecdf": ecdf,
             "statistic_histogram": self.statistic_histogram,
-        }  # fmt: skip
+        }
         return dataclasses.replace(summary, global_p_value=combined), fields

@@ -19,8 +19,8 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from calib_lightning._checks import check_points, check_positive
-from calib_lightning._moments import (
+from calib_lightning._utils.validation import check_points, check_positive
+from calib_lightning.functional._moments import (
     merge_moments,
     moment_state_size,
     moments,
@@ -73,7 +73,7 @@ class FrechetDistance(Metric):
     :func:`~calib_lightning.functional.frechet_distance_from_moments`. States are
     float64, ``O(D^2)`` per comparison whatever the number of points: the centred
     moments of each set (count, mean and
-    :math:`\sum (x - \bar x)(x - \bar x)^\top`, see :mod:`calib_lightning._moments`),
+    :math:`\sum (x - \bar x)(x - \bar x)^\top`, see :mod:`calib_lightning.functional._moments`),
     merged across batches and processes with Chan et al.'s formula: exact for points
     far from the origin, and DDP equals one process up to float rounding.
 
@@ -151,8 +151,9 @@ class FrechetDistance(Metric):
 
     def compute(self) -> FrechetDistanceResult:
         """``frechet_distance`` of shape ``batch_shape``."""
-        distance = frechet_distance_from_moments(*self._moments("samples"),
-                                                 *self._moments("reference"))
+        distance = frechet_distance_from_moments(
+            *self._moments("samples"), *self._moments("reference")
+        )
         return FrechetDistanceResult(frechet_distance=distance)
 
     def reset(self) -> None:
@@ -223,8 +224,9 @@ class DensityCoverage(Metric):
                 f"reference, got shape {tuple(samples.shape)}"
             )
         reference = self.reference.to(samples.dtype)
-        self.counts += ball_counts(samples.detach(), reference, self.sq_radii.to(samples.dtype),
-                                   self.block_size).to(self.counts.device)
+        self.counts += ball_counts(
+            samples.detach(), reference, self.sq_radii.to(samples.dtype), self.block_size
+        ).to(self.counts.device)
         self.num_samples += samples.shape[-2]
 
     def compute(self) -> DensityCoverageResult:

@@ -10,14 +10,14 @@ from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 from torchmetrics.utilities.distributed import gather_all_tensors
 
-from calib_lightning._checks import check_pairs, check_positive
-from calib_lightning._distributed import shape_empty_list_states
-from calib_lightning._prior import check_prior, outside_support
+from calib_lightning._utils.distributed import shape_empty_list_states
+from calib_lightning._utils.prior import check_prior, outside_support
+from calib_lightning._utils.validation import check_pairs, check_positive
 from calib_lightning.evaluation import check_event_size, draws
 from calib_lightning.functional.support import SupportResult
 from calib_lightning.posteriors import Posterior
 
-__all__ = ["PriorSupport", "SupportResult"]
+__all__ = ["PriorSupport"]
 
 
 class PriorSupport(Metric):
@@ -80,9 +80,11 @@ class PriorSupport(Metric):
         """The share of all draws outside, the exact p-value and the share per pair."""
         if int(self.num_draws) == 0:
             raise ValueError("PriorSupport.compute() needs at least one update, got none")
-        pairs = sum(int(block.shape[0]) for block in self.leakage) if isinstance(
-            self.leakage, list
-        ) else int(self.leakage.shape[0])
+        pairs = (
+            sum(int(block.shape[0]) for block in self.leakage)
+            if isinstance(self.leakage, list)
+            else int(self.leakage.shape[0])
+        )
         if pairs < 2:
             raise ValueError(
                 f"PriorSupport.compute() needs at least N >= 2 calibration pairs, got N = {pairs}"

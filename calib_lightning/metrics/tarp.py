@@ -13,17 +13,17 @@ from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 from torchmetrics.utilities.distributed import gather_all_tensors
 
-from calib_lightning._checks import (
+from calib_lightning._utils.chunks import row_blocks
+from calib_lightning._utils.distributed import (
+    canonical_order,
+    room_for_rows,
+    shape_empty_list_states,
+)
+from calib_lightning._utils.validation import (
     check_choice,
     check_pairs,
     check_positive,
     check_probability,
-)
-from calib_lightning._chunks import row_blocks
-from calib_lightning._distributed import (
-    canonical_order,
-    room_for_rows,
-    shape_empty_list_states,
 )
 from calib_lightning.evaluation import check_event_size, checked_samples, draws
 from calib_lightning.functional._tarp_coordinates import check_scale
@@ -40,7 +40,7 @@ from calib_lightning.functional.tarp import (
 )
 from calib_lightning.posteriors import Posterior
 
-__all__ = ["MAX_POSITIONS", "TARP", "TARPResult"]
+__all__ = ["MAX_POSITIONS", "TARP"]
 
 #: values per pair the metric keeps ranks of (the truth and the first draws): the
 #: permutation test is exact over any such subgroup, and memory stays
@@ -183,8 +183,12 @@ class TARP(Metric):
         low = high = empty
         if reference_bounds is not None:
             low, high = (torch.as_tensor(b).detach().clone() for b in reference_bounds)
-            if (low.ndim != 1 or low.shape != high.shape or not bool((high >= low).all())
-                    or not bool(torch.isfinite(high - low).all())):  # fmt: skip
+            if (
+                low.ndim != 1
+                or low.shape != high.shape
+                or not bool((high >= low).all())
+                or not bool(torch.isfinite(high - low).all())
+            ):
                 raise ValueError(
                     "reference_bounds must be (low, high), two finite tensors of shape (D,) "
                     f"with low <= high, got {low.tolist()} and {high.tolist()}"
@@ -228,12 +232,22 @@ class TARP(Metric):
     def _table(self, samples: Tensor, theta: Tensor, generator: torch.Generator) -> Tensor:
         """Rank table ``(N, K, R)`` of ``theta (N, D)`` and ``samples (S, N, D)`` under
         ``R`` fresh references per pair from ``generator``."""
-        references = tarp_references(self.low.to(theta.dtype), self.high.to(theta.dtype),
-                                     theta.shape[0], self.num_references, generator)  # fmt: skip
+        references = tarp_references(
+            self.low.to(theta.dtype),
+            self.high.to(theta.dtype),
+            theta.shape[0],
+            self.num_references,
+            generator,
+        )
         scale = self.scale.to(dtype=theta.dtype, device=theta.device)
-        return tarp_rank_table(samples.to(theta.dtype), theta, references.to(theta.device),
-                               scale=scale, distance=self.distance,
-                               positions=self.positions).to(torch.int32)  # fmt: skip
+        return tarp_rank_table(
+            samples.to(theta.dtype),
+            theta,
+            references.to(theta.device),
+            scale=scale,
+            distance=self.distance,
+            positions=self.positions,
+        ).to(torch.int32)
 
     def _process_generator(self) -> torch.Generator:
         if self._generator is None:
@@ -248,8 +262,11 @@ class TARP(Metric):
         check_pairs(theta, x)
         check_event_size(posterior, theta, x)
         n, d = theta.shape
-        known = [(name, getattr(self, name).shape[0]) for name in ("scale", "low")
-                 if getattr(self, name).numel()]  # fmt: skip
+        known = [
+            (name, getattr(self, name).shape[0])
+            for name in ("scale", "low")
+            if getattr(self, name).numel()
+        ]
         if self.pending_theta:
             known.append(("earlier updates", self.pending_theta[0].shape[1]))
         for name, dim in known:
@@ -274,8 +291,9 @@ class TARP(Metric):
                 self.pending_theta.append(theta[rows].detach())
                 self.pending_samples.append(samples.detach().to(theta.dtype).transpose(0, 1))
             else:
-                self.tables.append(self._table(samples, theta[rows].detach(),
-                                               self._process_generator()))  # fmt: skip
+                self.tables.append(
+                    self._table(samples, theta[rows].detach(), self._process_generator())
+                )
 
     def reset(self) -> None:
         super().reset()
@@ -286,9 +304,10 @@ class TARP(Metric):
         # a process without pairs must gather (0, ...) tensors of the right dtype;
         # torchmetrics has no public hook before its gather, so this override stays
         shape_empty_list_states(
-            self, ("tables", "pending_theta", "pending_samples"),
+            self,
+            ("tables", "pending_theta", "pending_samples"),
             process_group or self.process_group,
-        )  # fmt: skip
+        )
         super()._sync_dist(dist_sync_fn, process_group)
 
     def _pending_table(self) -> Tensor | None:
@@ -331,10 +350,13 @@ class TARP(Metric):
             raise ValueError("TARP.compute() needs at least one update with N >= 1 pairs, got none")
         table = table[canonical_order(table.flatten(1).double())]  # DDP = one process
         return tarp_permutation_test(
-            table, self.num_posterior_samples, num_null=self.num_null, level=self.level,
-            num_bins=self.num_bins, generator=torch.Generator().manual_seed(
-                _null_seed(self.seed, table[:, 0])),
-        )  # fmt: skip
+            table,
+            self.num_posterior_samples,
+            num_null=self.num_null,
+            level=self.level,
+            num_bins=self.num_bins,
+            generator=torch.Generator().manual_seed(_null_seed(self.seed, table[:, 0])),
+        )
 
 
 def _null_seed(seed: int, ranks: Tensor) -> int:

@@ -55,8 +55,9 @@ def as_indices(parameters: Sequence[int] | None) -> list[int] | None:
     if isinstance(parameters, (str, bytes)) or not hasattr(parameters, "__iter__"):
         raise ValueError(f"parameters must be a list of indices or None, got {parameters!r}")
     chosen = list(parameters)
-    if not chosen or any(isinstance(i, bool) or not isinstance(i, (int, np.integer))
-                         for i in chosen):  # fmt: skip
+    if not chosen or any(
+        isinstance(i, bool) or not isinstance(i, (int, np.integer)) for i in chosen
+    ):
         raise ValueError(f"parameters must be a non-empty list of integer indices, got {chosen}")
     return [int(i) for i in chosen]
 
@@ -93,8 +94,7 @@ def select_parameters(
     chosen = [int(i) % d for i in chosen]
     if max_count is not None and len(chosen) > max_count:
         raise ValueError(
-            f"parameters must hold at most {max_count} indices for this figure, got "
-            f"{len(chosen)}"
+            f"parameters must hold at most {max_count} indices for this figure, got {len(chosen)}"
         )
     return chosen, [names[i] for i in chosen]
 
@@ -152,7 +152,12 @@ def panel_grid(
 
 
 def outer_labels(
-    axes: list[Axes], max_columns: int, xlabel: str, ylabel: str, *, fontsize: float = 8.0,
+    axes: list[Axes],
+    max_columns: int,
+    xlabel: str,
+    ylabel: str,
+    *,
+    fontsize: float = 8.0,
     locate: bool = True,
 ) -> None:
     """Axis labels on the left column and the bottom panel of each column only, for the

@@ -74,11 +74,25 @@ def plot_conformal_region(
     shown = draws[:num_shown].double().cpu().numpy()
     if reference is not None:
         ref = reference.double().cpu().numpy()
-        ax.scatter(ref[:num_shown, i], ref[:num_shown, j], s=3, c=_REFERENCE, alpha=0.35,
-                   label="reference", rasterized=True)  # fmt: skip
+        ax.scatter(
+            ref[:num_shown, i],
+            ref[:num_shown, j],
+            s=3,
+            c=_REFERENCE,
+            alpha=0.35,
+            label="reference",
+            rasterized=True,
+        )
     if d == 2:
-        ax.scatter(shown[:, 0], shown[:, 1], s=2, c="0.2", alpha=0.25, rasterized=True,
-                   label="posterior draws")  # fmt: skip
+        ax.scatter(
+            shown[:, 0],
+            shown[:, 1],
+            s=2,
+            c="0.2",
+            alpha=0.25,
+            rasterized=True,
+            label="posterior draws",
+        )
         every = draws.double().cpu().numpy()
         points = np.concatenate([every] + ([] if reference is None else [ref[:, :2]]))
         low, high = np.quantile(points, 0.002, 0), np.quantile(points, 0.998, 0)
@@ -90,19 +104,40 @@ def plot_conformal_region(
         cred = region.credibility(theta, x_o).reshape(grid_size, grid_size).double().cpu()
         for value, color, style in ((level_hat, _CALIBRATED, "-"), (level, _NOMINAL, "--")):
             if value < 1:
-                ax.contour(axes[0], axes[1], cred.numpy(), levels=[value], colors=color,
-                           linestyles=style, linewidths=1.6)  # fmt: skip
+                ax.contour(
+                    axes[0],
+                    axes[1],
+                    cred.numpy(),
+                    levels=[value],
+                    colors=color,
+                    linestyles=style,
+                    linewidths=1.6,
+                )
     else:
         cred = region.credibility(draws[:num_shown, None], x_o)[:, 0].double().cpu().numpy()
         inside = cred < level_hat
-        ax.scatter(shown[~inside, i], shown[~inside, j], s=3, c="0.2", alpha=0.3,
-                   label="draws outside")  # fmt: skip
-        ax.scatter(shown[inside, i], shown[inside, j], s=4, c=_CALIBRATED, alpha=0.6,
-                   label=f"calibrated ({level_hat:.3f} HPD): draws inside")  # fmt: skip
+        ax.scatter(
+            shown[~inside, i], shown[~inside, j], s=3, c="0.2", alpha=0.3, label="draws outside"
+        )
+        ax.scatter(
+            shown[inside, i],
+            shown[inside, j],
+            s=4,
+            c=_CALIBRATED,
+            alpha=0.6,
+            label=f"calibrated ({level_hat:.3f} HPD): draws inside",
+        )
         nominal = cred < level
-        ax.scatter(shown[nominal, i], shown[nominal, j], s=14, facecolors="none",
-                   edgecolors=_NOMINAL, linewidths=0.5, alpha=0.6,
-                   label=f"nominal ({level:.2f} HPD): draws inside")  # fmt: skip
+        ax.scatter(
+            shown[nominal, i],
+            shown[nominal, j],
+            s=14,
+            facecolors="none",
+            edgecolors=_NOMINAL,
+            linewidths=0.5,
+            alpha=0.6,
+            label=f"nominal ({level:.2f} HPD): draws inside",
+        )
     if bounds is not None:
         ax.set_xlim(*bounds[0])
         ax.set_ylim(*bounds[1])

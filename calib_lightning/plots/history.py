@@ -18,11 +18,11 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, MaxNLocator
 
-from calib_lightning._checks import check_probability
+from calib_lightning._utils.validation import check_probability
 from calib_lightning.functional.bands import P_VALUE_FLOOR
 from calib_lightning.plots._grid import MAX_COLUMNS, panel_grid  # wraps many scalars into rows
 
-__all__ = ["CALIBRATED", "HISTORY_FLOOR", "MAX_COLUMNS", "axis_floor", "plot_history"]
+__all__ = ["CALIBRATED", "HISTORY_FLOOR", "axis_floor", "plot_history"]
 
 #: the value of a scalar (by the first part of its key) for a calibrated estimator, and
 #: how its reference line is labelled; scalars not listed get no line
@@ -70,8 +70,7 @@ def _labelled(floored: list[tuple[int, float]], room: int) -> list[tuple[int, fl
     return [floored[i] for i in sorted(keep)]
 
 
-def _p_value_panel(ax: Axes, epochs: list[int], values: list[float],
-                   level: float | None) -> bool:
+def _p_value_panel(ax: Axes, epochs: list[int], values: list[float], level: float | None) -> bool:
     """Log axis from 1 down to the run's smallest p-value, at most to :func:`axis_floor`;
     values below the floor as downward triangles on it (they are smaller than drawn),
     each value written below it. Returns whether any value is below the floor."""
@@ -89,10 +88,17 @@ def _p_value_panel(ax: Axes, epochs: list[int], values: list[float],
     ax.yaxis.set_major_locator(LogLocator(numticks=6))
     if level is not None:
         ax.axhline(level, color="tab:red", ls="--", lw=1)
-        ax.annotate(f"level {level:g}", (0.02, level), xycoords=("axes fraction", "data"),
-                    xytext=(0, 2), textcoords="offset points", va="bottom", fontsize=7,
-                    color="tab:red", bbox={"facecolor": "white", "alpha": 0.7, "lw": 0,
-                                           "pad": 0.5})  # fmt: skip
+        ax.annotate(
+            f"level {level:g}",
+            (0.02, level),
+            xycoords=("axes fraction", "data"),
+            xytext=(0, 2),
+            textcoords="offset points",
+            va="bottom",
+            fontsize=7,
+            color="tab:red",
+            bbox={"facecolor": "white", "alpha": 0.7, "lw": 0, "pad": 0.5},
+        )
     ax.plot(epochs, drawn, marker="o", ms=3, color="tab:blue")
     if level is not None:  # checks at which the test rejects
         rejected = [(e, v) for e, v in zip(epochs, drawn, strict=True) if v < level]
@@ -100,18 +106,33 @@ def _p_value_panel(ax: Axes, epochs: list[int], values: list[float],
             ax.plot(*zip(*rejected, strict=True), ls="none", marker="o", ms=4, color="tab:red")
     if floored:
         ax.axhline(floor, color="0.5", ls="-.", lw=0.8)
-        ax.plot([e for e, _ in floored], [floor] * len(floored), ls="none", marker="v", ms=6,
-                color="tab:red")  # fmt: skip
+        ax.plot(
+            [e for e, _ in floored],
+            [floor] * len(floored),
+            ls="none",
+            marker="v",
+            ms=6,
+            color="tab:red",
+        )
         room = max(2, int(ax.get_position().width * ax.figure.get_figwidth() / 0.13))
         for epoch, value in _labelled(floored, room):
-            ax.annotate(_short(value), (epoch, floor), xytext=(0, -5),
-                        textcoords="offset points", rotation=90, ha="center", va="top",
-                        fontsize=6, color="tab:red")  # fmt: skip
+            ax.annotate(
+                _short(value),
+                (epoch, floor),
+                xytext=(0, -5),
+                textcoords="offset points",
+                rotation=90,
+                ha="center",
+                va="top",
+                fontsize=6,
+                color="tab:red",
+            )
     return bool(floored)
 
 
-def _scalar_panel(ax: Axes, name: str, epochs: list[int], values: list[float],
-                  reference: tuple[float, str] | None) -> None:  # fmt: skip
+def _scalar_panel(
+    ax: Axes, name: str, epochs: list[int], values: list[float], reference: tuple[float, str] | None
+) -> None:
     if reference is not None:
         ax.axhline(reference[0], color="0.35", ls=":", lw=1.2, label=reference[1])
     ax.plot(epochs, values, marker="o", ms=3, color="tab:blue")
@@ -123,9 +144,16 @@ def _scalar_panel(ax: Axes, name: str, epochs: list[int], values: list[float],
     if reference is not None:  # named beside the line, on the side with more room
         value, label = reference
         above = (value - ax.get_ylim()[0]) < 0.5 * (ax.get_ylim()[1] - ax.get_ylim()[0])
-        ax.annotate(label, (0.02, value), xycoords=("axes fraction", "data"),
-                    xytext=(0, 3 if above else -3), textcoords="offset points",
-                    va="bottom" if above else "top", fontsize="small", color="0.3")  # fmt: skip
+        ax.annotate(
+            label,
+            (0.02, value),
+            xycoords=("axes fraction", "data"),
+            xytext=(0, 3 if above else -3),
+            textcoords="offset points",
+            va="bottom" if above else "top",
+            fontsize="small",
+            color="0.3",
+        )
 
 
 def plot_history(
@@ -199,8 +227,13 @@ def plot_history(
             )
     lines = {**CALIBRATED, **(references or {})}
     titles = titles or {}
-    fig, axes = panel_grid(len(history), panel_size, max_columns=MAX_COLUMNS, min_width=0.0,
-                           extra_height=0.3 if title is not None else 0.0)  # fmt: skip
+    fig, axes = panel_grid(
+        len(history),
+        panel_size,
+        max_columns=MAX_COLUMNS,
+        min_width=0.0,
+        extra_height=0.3 if title is not None else 0.0,
+    )
     floored = False
     for ax, (name, values) in zip(axes, history.items(), strict=True):
         values = [float(v) for v in values]
@@ -216,8 +249,16 @@ def plot_history(
             ax.set_title(panel_title.strip("\n"), fontsize=9)
         if epochs and all(math.isnan(v) for v in values):  # nothing drawn: say why
             ax.set_xlim(min(epochs) - 0.5, max(epochs) + 0.5)
-            ax.text(0.5, 0.3, "no value at any check\n(failed, or could not judge)",
-                    transform=ax.transAxes, ha="center", va="center", fontsize=8, color="0.3")
+            ax.text(
+                0.5,
+                0.3,
+                "no value at any check\n(failed, or could not judge)",
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="0.3",
+            )
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("epoch")
         ax.set_ylabel(name)
@@ -226,6 +267,10 @@ def plot_history(
         fig.suptitle(title)
     if floored:
         floor = axis_floor(level)
-        fig.supxlabel(f"▼ a p-value below {floor:g}: drawn on the dash-dotted line at "
-                      f"{floor:g}, its value written beneath", fontsize=8, color="0.25")
+        fig.supxlabel(
+            f"▼ a p-value below {floor:g}: drawn on the dash-dotted line at "
+            f"{floor:g}, its value written beneath",
+            fontsize=8,
+            color="0.25",
+        )
     return fig

@@ -21,7 +21,7 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-from calib_lightning._checks import check_probability
+from calib_lightning._utils.validation import check_probability
 from calib_lightning.functional.bands import simultaneous_band
 from calib_lightning.functional.importance import ImportanceCoverageResult
 from calib_lightning.plots.ranks import plot_expected_coverage
@@ -62,19 +62,25 @@ def plot_importance_coverage(
     lower, upper, _ = simultaneous_band(levels, int(result.num_pairs), level)
     error = result.coverage_error.detach().cpu()
     summary = SimpleNamespace(
-        levels=levels, coverage=result.coverage.detach().cpu().double(),
-        simultaneous_band=torch.stack([lower, upper]), coverage_error=error,
-        level=torch.tensor(level), joint_statistic="energy",
-    )  # fmt: skip
+        levels=levels,
+        coverage=result.coverage.detach().cpu().double(),
+        simultaneous_band=torch.stack([lower, upper]),
+        coverage_error=error,
+        level=torch.tensor(level),
+        joint_statistic="energy",
+    )
     figure = plot_expected_coverage(summary, figsize=figsize)  # type: ignore[arg-type]
-    ess = (f"ESS median {float(result.ess_median):.0f}, min {float(result.ess_min):.0f}, "
-           f"{int(result.num_pairs)} pairs")  # fmt: skip
+    ess = (
+        f"ESS median {float(result.ess_median):.0f}, min {float(result.ess_min):.0f}, "
+        f"{int(result.num_pairs)} pairs"
+    )
     judged = result.cannot_judge is None
     for text in figure.findobj(Text):
         value = text.get_text()
         if value.startswith("Expected coverage ("):
-            verdict = value.split("\n", 1)[1] if judged else (
-                "cannot judge: the ESS is below min_ess")  # fmt: skip
+            verdict = (
+                value.split("\n", 1)[1] if judged else ("cannot judge: the ESS is below min_ess")
+            )
             value = f"Expected coverage (importance sampling)\n{verdict}\n{ess}"
         elif not judged and "signed area +nan" in value:
             value = value.replace("signed area +nan", "not judged")

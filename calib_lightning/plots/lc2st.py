@@ -40,7 +40,7 @@ from matplotlib.patches import Patch, Rectangle
 from scipy import stats
 from torch import Tensor
 
-from calib_lightning._checks import check_positive
+from calib_lightning._utils.validation import check_positive
 from calib_lightning.plots._format import format_p_value
 from calib_lightning.plots._grid import MAX_COLUMNS, select_parameters
 
@@ -145,8 +145,10 @@ def plot_pp(
             f"got {picks}"
         )
     if adjusted_p_values is not None and len(adjusted_p_values) != num_obs:
-        raise ValueError(f"adjusted_p_values must have one entry per observation ({num_obs}), "
-                         f"got {len(adjusted_p_values)}")  # fmt: skip
+        raise ValueError(
+            f"adjusted_p_values must have one entry per observation ({num_obs}), "
+            f"got {len(adjusted_p_values)}"
+        )
     if names is not None and len(names) != len(picks):
         raise ValueError(
             f"names must have one entry per observation ({len(picks)}), got {len(names)}"
@@ -172,11 +174,16 @@ def plot_pp(
     if global_p_value is not None and num_obs > 1:  # one observation: its p is the verdict
         global_p = float(global_p_value)
         verdict = "rejected" if global_p < level else "not rejected"
-        panels = ("one observation's test alone" if adjusted_p_values is None else
-                  f"judged by its {correction}-adjusted p-value")  # fmt: skip
-        title += (f"\nall observations together: global {test} "
-                  f"{format_p_value(global_p, 3)}, {verdict} (the verdict; each panel is "
-                  f"{panels})")
+        panels = (
+            "one observation's test alone"
+            if adjusted_p_values is None
+            else f"judged by its {correction}-adjusted p-value"
+        )
+        title += (
+            f"\nall observations together: global {test} "
+            f"{format_p_value(global_p, 3)}, {verdict} (the verdict; each panel is "
+            f"{panels})"
+        )
     # wrap to the figure's width (about 0.075 inch per character at 10 pt)
     width = max(30, int(fig.get_figwidth() / 0.075))
     fig.suptitle("\n".join(textwrap.fill(line, width) for line in title.split("\n")), fontsize=10)
@@ -212,9 +219,15 @@ def _hpd_contours(ax: Axes, points: np.ndarray, low: np.ndarray, high: np.ndarra
     levels = np.quantile(kde(points.T), [1 - m for m in HPD_MASSES[::-1]])  # ascending
     if not np.all(np.diff(levels) > 0):
         return False
-    ax.contour(mesh_x, mesh_y, density, levels=levels, colors=_CONTOUR_COLOR,
-               linestyles=[_CONTOUR_STYLES[m] for m in HPD_MASSES[::-1]],
-               linewidths=0.9)  # fmt: skip
+    ax.contour(
+        mesh_x,
+        mesh_y,
+        density,
+        levels=levels,
+        colors=_CONTOUR_COLOR,
+        linestyles=[_CONTOUR_STYLES[m] for m in HPD_MASSES[::-1]],
+        linewidths=0.9,
+    )
     return True
 
 
@@ -304,10 +317,15 @@ def plot_probability_map(
         low, high = np.minimum(low, truth - margin), np.maximum(high, truth + margin)
     edges = [np.linspace(low[i], high[i] + 1e-12, bins + 1) for i in range(dim)]
     panels = {  # (i, j) -> (counts, bin means) of the 1-D (i == j) and 2-D histograms
-        (i, j): _bin_means(d_values, [edges[j], edges[i]] if i != j else [edges[i]],
-                           theta[:, [j, i]] if i != j else theta[:, [i]], min_count)
-        for i in range(dim) for j in range(i + 1)
-    }  # fmt: skip
+        (i, j): _bin_means(
+            d_values,
+            [edges[j], edges[i]] if i != j else [edges[i]],
+            theta[:, [j, i]] if i != j else theta[:, [i]],
+            min_count,
+        )
+        for i in range(dim)
+        for j in range(i + 1)
+    }
     half = float(color_range)  # fixed: the same colours at every check and in the report
     norm, cmap = Normalize(0.5 - half, 0.5 + half), colormaps[_CMAP]
 
@@ -327,22 +345,54 @@ def plot_probability_map(
                 density = counts / max(counts.sum(), 1) / width
                 colors = [cmap(norm(m)) if np.isfinite(m) else _EMPTY_COLOR for m in means]
                 hatches = ["" if np.isfinite(m) else _HATCH for m in means]
-                ax.bar(edges[i][:-1], density, width=width, align="edge", color=colors,
-                       edgecolor="0.4", lw=0.3, hatch=hatches)  # fmt: skip
+                ax.bar(
+                    edges[i][:-1],
+                    density,
+                    width=width,
+                    align="edge",
+                    color=colors,
+                    edgecolor="0.4",
+                    lw=0.3,
+                    hatch=hatches,
+                )
                 ax.set_xlim(edges[i][0], edges[i][-1])
                 ax.set_yticks([])
             else:
-                ax.add_patch(Rectangle((0, 0), 1, 1, transform=ax.transAxes, zorder=0,
-                                       facecolor=_EMPTY_COLOR, edgecolor=_HATCH_COLOR,
-                                       hatch=_HATCH, lw=0))  # fmt: skip
-                ax.pcolormesh(edges[j], edges[i], np.ma.masked_invalid(means.T), cmap=cmap,
-                              norm=norm, zorder=1)  # fmt: skip
+                ax.add_patch(
+                    Rectangle(
+                        (0, 0),
+                        1,
+                        1,
+                        transform=ax.transAxes,
+                        zorder=0,
+                        facecolor=_EMPTY_COLOR,
+                        edgecolor=_HATCH_COLOR,
+                        hatch=_HATCH,
+                        lw=0,
+                    )
+                )
+                ax.pcolormesh(
+                    edges[j],
+                    edges[i],
+                    np.ma.masked_invalid(means.T),
+                    cmap=cmap,
+                    norm=norm,
+                    zorder=1,
+                )
                 contoured |= _hpd_contours(ax, theta[:, [j, i]], low[[j, i]], high[[j, i]])
                 ax.set_ylabel(labels[i] if j == 0 else "")
                 if truth is not None:
                     ax.axhline(truth[i], **_CROSSHAIR)
-                    ax.plot(truth[j], truth[i], marker="*", ms=9, color="k", mec="white",
-                            mew=0.6, zorder=4)  # fmt: skip
+                    ax.plot(
+                        truth[j],
+                        truth[i],
+                        marker="*",
+                        ms=9,
+                        color="k",
+                        mec="white",
+                        mew=0.6,
+                        zorder=4,
+                    )
             if truth is not None:
                 ax.axvline(truth[j], **_CROSSHAIR)
             ax.set_xlabel(labels[j] if i == dim - 1 else "")
@@ -352,8 +402,13 @@ def plot_probability_map(
         _pp_axes(axes[0, side - 1], grid, ecdf, band, "PP-plot")
         axes[0, side - 1].set_axis_on()
         axes[0, side - 1].legend(loc="best", fontsize=6, framealpha=0.8)
-    bar = fig.colorbar(ScalarMappable(norm, cmap), ax=axes, shrink=0.8, aspect=30,
-                       extend="neither" if half >= 0.5 else "both")  # fmt: skip
+    bar = fig.colorbar(
+        ScalarMappable(norm, cmap),
+        ax=axes,
+        shrink=0.8,
+        aspect=30,
+        extend="neither" if half >= 0.5 else "both",
+    )
     bar.set_ticks(np.linspace(0.5 - half, 0.5 + half, 5))
     bar.set_ticklabels(
         [
@@ -365,8 +420,9 @@ def plot_probability_map(
         ],
         fontsize=7,
     )
-    bar.set_label("mean classifier output in the bin, d(θ, x_o) = P(true posterior | θ, x_o)",
-                  fontsize=8)  # fmt: skip
+    bar.set_label(
+        "mean classifier output in the bin, d(θ, x_o) = P(true posterior | θ, x_o)", fontsize=8
+    )
     _map_legend(fig, min_count, contoured, truth is not None)
     heading = title or "Where the estimator puts too much (red) or too little (blue) mass"
     if dim < num_dims:
@@ -379,15 +435,38 @@ def _map_legend(fig: Figure, min_count: int, contoured: bool, truth: bool) -> No
     """The legend under a probability map: white, hatched, contours, crosshair."""
     handles = [
         Patch(facecolor="white", edgecolor="0.4", lw=0.5, label="d ≈ 0.5: consistent"),
-        Patch(facecolor=_EMPTY_COLOR, edgecolor=_HATCH_COLOR, hatch=_HATCH, lw=0,
-              label=f"fewer than {min_count} draws: no posterior mass, not tested"),
-    ]  # fmt: skip
+        Patch(
+            facecolor=_EMPTY_COLOR,
+            edgecolor=_HATCH_COLOR,
+            hatch=_HATCH,
+            lw=0,
+            label=f"fewer than {min_count} draws: no posterior mass, not tested",
+        ),
+    ]
     if contoured:
-        handles += [Line2D([], [], color=_CONTOUR_COLOR, ls=_CONTOUR_STYLES[m], lw=0.9,
-                           label=f"{m:.0%} HPD region of the draws") for m in HPD_MASSES]
+        handles += [
+            Line2D(
+                [],
+                [],
+                color=_CONTOUR_COLOR,
+                ls=_CONTOUR_STYLES[m],
+                lw=0.9,
+                label=f"{m:.0%} HPD region of the draws",
+            )
+            for m in HPD_MASSES
+        ]
     if truth:
-        handles.append(Line2D([], [], marker="*", ms=9, color="k", mec="white", mew=0.6,
-                              **{k: v for k, v in _CROSSHAIR.items() if k != "color"},
-                              label="true parameter (generated x_o)"))  # fmt: skip
-    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7,
-               frameon=False)  # fmt: skip
+        handles.append(
+            Line2D(
+                [],
+                [],
+                marker="*",
+                ms=9,
+                color="k",
+                mec="white",
+                mew=0.6,
+                **{k: v for k, v in _CROSSHAIR.items() if k != "color"},
+                label="true parameter (generated x_o)",
+            )
+        )
+    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)

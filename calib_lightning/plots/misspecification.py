@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from matplotlib.figure import Figure
 
-from calib_lightning._checks import check_positive, check_probability
+from calib_lightning._utils.validation import check_positive, check_probability
 from calib_lightning.plots._format import format_p_value
 
 if TYPE_CHECKING:
@@ -100,13 +100,20 @@ def plot_misspecification(
 
     fig = Figure(figsize=figsize)
     ax = fig.add_subplot(1, 1, 1)
-    ax.hist(plotted, bins=bins, color="0.75", edgecolor="0.55", lw=0.5,
-            label=f"simulations (n = {calibration.size})")  # fmt: skip
+    ax.hist(
+        plotted,
+        bins=bins,
+        color="0.75",
+        edgecolor="0.55",
+        lw=0.5,
+        label=f"simulations (n = {calibration.size})",
+    )
     right = high * 1.4 if log else high + 0.08 * (high - low)  # room for a line at the top
     threshold = _rejection_threshold(calibration, level)
     if threshold is not None and threshold < right:
-        ax.axvspan(threshold, right, color="tab:red", alpha=0.1, lw=0,
-                   label=f"conformal p < {level:g}")  # fmt: skip
+        ax.axvspan(
+            threshold, right, color="tab:red", alpha=0.1, lw=0, label=f"conformal p < {level:g}"
+        )
     order = np.argsort(p_value, kind="stable")  # the most suspicious observations first
     for rank, o in enumerate(order):
         position = max(score[o], low) if log else score[o]
@@ -122,8 +129,7 @@ def plot_misspecification(
     ax.set_xlim(low / 1.15 if log else low - 0.04 * (high - low), right)
     heading = None
     if getattr(result, "global_p_value", None) is not None and score.size > 1:
-        heading = format_p_value(float(result.global_p_value),
-                                 name="combined conformal p")  # fmt: skip
+        heading = format_p_value(float(result.global_p_value), name="combined conformal p")
     ax.set_xlabel("score: distance to k-th nearest simulation" + (" (log)" if log else ""))
     ax.set_ylabel("simulations")
     ax.legend(loc="upper right", fontsize=7, title=heading, title_fontsize=8, framealpha=0.9)

@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 from scipy import stats
 from torch import Tensor
 
-from calib_lightning._checks import check_positive
+from calib_lightning._utils.validation import check_positive
 from calib_lightning.functional.sbc import RankSummary, _binned_counts
 from calib_lightning.plots._format import format_p_value
 from calib_lightning.plots._grid import (
@@ -143,16 +143,22 @@ def plot_rank_histograms(
     low, high = stats.binom.ppf(level / 2, n, prob), stats.binom.ppf(1 - level / 2, n, prob)
     left = (edges[:-1] / m1).numpy()
     width = ((edges[1:] - edges[:-1]) / m1).numpy()
-    fig, axes = panel_grid(len(chosen) + 1, panel_size, max_columns=max_columns,
-                           min_width=7.0, extra_height=1.3)  # fmt: skip
+    fig, axes = panel_grid(
+        len(chosen) + 1, panel_size, max_columns=max_columns, min_width=7.0, extra_height=1.3
+    )
     expected = n * prob  # bins may differ by one rank value: plot observed / expected
     rows = [*counts[chosen].numpy(), counts[d].numpy()]
     p_values = [*marginal_p[chosen].tolist(), float(p)]
     joint = _joint(result)
-    for ax, name, row, pv in zip(axes, [*names, f"joint ({joint})"], rows, p_values,
-                                 strict=True):  # fmt: skip
-        ax.fill_between([*left, 1.0], [*(low / expected), 1], [*(high / expected), 1],
-                        step="post", color=_BAND_COLOR, lw=0)  # fmt: skip
+    for ax, name, row, pv in zip(axes, [*names, f"joint ({joint})"], rows, p_values, strict=True):
+        ax.fill_between(
+            [*left, 1.0],
+            [*(low / expected), 1],
+            [*(high / expected), 1],
+            step="post",
+            color=_BAND_COLOR,
+            lw=0,
+        )
         outside = (row < low) | (row > high)
         colors = ["tab:red" if o else "tab:blue" for o in outside]
         ax.bar(left, row / expected, width=width, align="edge", color=colors, alpha=0.8, lw=0)
@@ -160,8 +166,9 @@ def plot_rank_histograms(
         ax.set_title(f"{name}  chi-square {format_p_value(pv)}", fontsize=9)
         ax.set_xlim(0, 1)
         ax.set_ylim(bottom=0)
-    outer_labels(axes, max_columns, "rank of the truth / (M + 1)",
-                 "observed / expected", locate=False)  # fmt: skip
+    outer_labels(
+        axes, max_columns, "rank of the truth / (M + 1)", "observed / expected", locate=False
+    )
     heading_and_note(
         fig,
         f"Rank histograms ({b} bins, N = {n}{shown}): flat at 1 = calibrated; "
@@ -170,11 +177,13 @@ def plot_rank_histograms(
         f"{1 - float(test_level):.0%}; red bars lie outside",
         "Per dimension: ∪-shape = posterior too narrow (over-confident); ∩-shape = too "
         "wide (under-confident); mass piled left = posterior too high, right = too low.\n"
-        + ("Joint (energy): mass on the right = truth less probable than the posterior's "
-         "own draws (over-confident or biased); on the left = under-confident."
-         if joint == "energy" else
-         "Joint (distance): mass on the right = truth farther from the centre than the "
-         "posterior's own draws (over-confident or biased); on the left = under-confident."),
+        + (
+            "Joint (energy): mass on the right = truth less probable than the posterior's "
+            "own draws (over-confident or biased); on the left = under-confident."
+            if joint == "energy"
+            else "Joint (distance): mass on the right = truth farther from the centre than the "
+            "posterior's own draws (over-confident or biased); on the left = under-confident."
+        ),
     )
     return fig
 
@@ -221,9 +230,14 @@ def plot_rank_ecdf(
         The figure.
     """
     t, ecdf, simultaneous, pointwise, test_level, ecdf_p = _get(
-        result, "levels", "ecdf", "simultaneous_band", "pointwise_band", "level",
+        result,
+        "levels",
+        "ecdf",
+        "simultaneous_band",
+        "pointwise_band",
+        "level",
         "ecdf_p_values",
-    )  # fmt: skip
+    )
     if ecdf.ndim != 2:
         raise ValueError(f"result.ecdf must be (D + 1, K), got {tuple(ecdf.shape)}")
     d = ecdf.shape[0] - 1
@@ -244,8 +258,14 @@ def plot_rank_ecdf(
     axes = fig.subplots(1, 2, sharey=True)
     level = round(100 * (1 - float(test_level)))
     for ax in axes:
-        ax.fill_between(tt, [0, *simultaneous[0].numpy(), 0], [0, *simultaneous[1].numpy(), 0],
-                        color=_BAND_COLOR, lw=0, label=f"{level}% simultaneous band")  # fmt: skip
+        ax.fill_between(
+            tt,
+            [0, *simultaneous[0].numpy(), 0],
+            [0, *simultaneous[1].numpy(), 0],
+            color=_BAND_COLOR,
+            lw=0,
+            label=f"{level}% simultaneous band",
+        )
         for bound in pointwise.numpy():
             ax.plot(tt, [0, *bound, 0], color=_POINTWISE_COLOR, ls="--", lw=0.8)
         ax.plot([], [], color=_POINTWISE_COLOR, ls="--", lw=0.8, label=f"{level}% pointwise")
@@ -256,56 +276,95 @@ def plot_rank_ecdf(
     if others:
         inside = int((~_outside(dev[others], simultaneous.numpy())).sum())
         for k, i in enumerate(others):
-            axes[0].plot(tt, [0, *dev[i], 0], color="0.55", lw=0.6, alpha=0.6, zorder=1.5,
-                         label=(f"{len(others)} other dimensions, {inside} inside the band"
-                                if k == 0 else None))  # fmt: skip
+            axes[0].plot(
+                tt,
+                [0, *dev[i], 0],
+                color="0.55",
+                lw=0.6,
+                alpha=0.6,
+                zorder=1.5,
+                label=(
+                    f"{len(others)} other dimensions, {inside} inside the band" if k == 0 else None
+                ),
+            )
     for k, (i, name) in enumerate(zip(chosen, names, strict=True)):
-        axes[0].plot(tt, [0, *dev[i], 0], color=f"C{k}", lw=1.3, zorder=3,
-                     label=f"{name}: ECDF band {format_p_value(ecdf_p[i])}")  # fmt: skip
-    axes[1].plot(tt, [0, *dev[d], 0], color="k", lw=1.5,
-                 label=f"joint ({_joint(result)}): ECDF band {format_p_value(ecdf_p[d])}")
+        axes[0].plot(
+            tt,
+            [0, *dev[i], 0],
+            color=f"C{k}",
+            lw=1.3,
+            zorder=3,
+            label=f"{name}: ECDF band {format_p_value(ecdf_p[i])}",
+        )
+    axes[1].plot(
+        tt,
+        [0, *dev[d], 0],
+        color="k",
+        lw=1.5,
+        label=f"joint ({_joint(result)}): ECDF band {format_p_value(ecdf_p[d])}",
+    )
     axes[0].set_ylabel("ECDF(t) − t", fontsize=8)
     if others:
         what = "with the smallest ECDF band p-values" if worst else "chosen"
-        axes[0].set_title(f"Marginal ranks of D = {d}: in colour the {len(chosen)} {what}",
-                          fontsize=9)  # fmt: skip
+        axes[0].set_title(
+            f"Marginal ranks of D = {d}: in colour the {len(chosen)} {what}", fontsize=9
+        )
     else:
         axes[0].set_title("Marginal ranks, one curve per dimension", fontsize=9)
     axes[1].set_title(f"Joint {_joint(result)} rank", fontsize=9)
     for ax in axes:  # below the axes: never over a curve
         entries = len(ax.get_legend_handles_labels()[1])
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13),
-                  ncol=min(2, entries), frameon=False)  # fmt: skip
-    axes[0].text(0.02, 0.98,
-                 "read by shape: above 0 on the left, below on the right: too narrow\n"
-                 "  (over-confident)\n"
-                 "below 0 on the left, above on the right: too wide (under-confident)\n"
-                 "above 0 throughout: posterior too high; below throughout: too low",
-                 transform=axes[0].transAxes, **_NOTE)  # fmt: skip
-    axes[1].text(0.02, 0.98,
-                 "this curve is the expected coverage minus its level:\n"
-                 "below 0: over-confident (truth "
-                 + ("less probable than" if _joint(result) == "energy" else "farther out than")
-                 + " the draws;\n"
-                 "  regions too narrow or misplaced, cover too rarely)\n"
-                 "above 0: under-confident (regions too wide, cover too often)",
-                 transform=axes[1].transAxes, **_NOTE)  # fmt: skip
+        ax.legend(
+            fontsize=7,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.13),
+            ncol=min(2, entries),
+            frameon=False,
+        )
+    axes[0].text(
+        0.02,
+        0.98,
+        "read by shape: above 0 on the left, below on the right: too narrow\n"
+        "  (over-confident)\n"
+        "below 0 on the left, above on the right: too wide (under-confident)\n"
+        "above 0 throughout: posterior too high; below throughout: too low",
+        transform=axes[0].transAxes,
+        **_NOTE,
+    )
+    axes[1].text(
+        0.02,
+        0.98,
+        "this curve is the expected coverage minus its level:\n"
+        "below 0: over-confident (truth "
+        + ("less probable than" if _joint(result) == "energy" else "farther out than")
+        + " the draws;\n"
+        "  regions too narrow or misplaced, cover too rarely)\n"
+        "above 0: under-confident (regions too wide, cover too often)",
+        transform=axes[1].transAxes,
+        **_NOTE,
+    )
     top = max(abs(dev).max(), float(simultaneous.abs().max()))
     axes[0].set_ylim(-1.1 * top, 1.9 * top)
-    title = ("ECDF − t: inside the grey band everywhere = calibrated (the ECDF band test "
-             "rejects where a curve leaves it)")
+    title = (
+        "ECDF − t: inside the grey band everywhere = calibrated (the ECDF band test "
+        "rejects where a curve leaves it)"
+    )
     global_p_value = getattr(result, "global_p_value", None)
     if global_p_value is not None:
-        title += (f"\nglobal {format_p_value(global_p_value)}: all chi-square and ECDF "
-                  "band tests combined (the verdict)")
+        title += (
+            f"\nglobal {format_p_value(global_p_value)}: all chi-square and ECDF "
+            "band tests combined (the verdict)"
+        )
     fig.suptitle(title, fontsize=10)
     return fig
 
 
 def plot_expected_coverage(
-    result: RankSummary, *, before: RankSummary | None = None,
+    result: RankSummary,
+    *,
+    before: RankSummary | None = None,
     figsize: tuple[float, float] = (4.8, 4.6),
-) -> Figure:  # fmt: skip
+) -> Figure:
     r"""Coverage of highest-density credible regions against their credibility level.
 
     At level ``c`` the region holds the fraction ``c`` of the posterior's draws with the
@@ -339,19 +398,42 @@ def plot_expected_coverage(
     ax = fig.subplots()
     ax.fill_between([0, 1], [0, 1], [1, 1], color="tab:blue", alpha=0.06, lw=0)
     ax.fill_between([0, 1], [0, 0], [0, 1], color="tab:red", alpha=0.06, lw=0)
-    ax.fill_between(tt, [0, *(t + simultaneous[0]).numpy(), 1],
-                    [0, *(t + simultaneous[1]).numpy(), 1], color=_BAND_COLOR, lw=0,
-                    label=f"{round(100 * (1 - float(level)))}% band if calibrated")  # fmt: skip
+    ax.fill_between(
+        tt,
+        [0, *(t + simultaneous[0]).numpy(), 1],
+        [0, *(t + simultaneous[1]).numpy(), 1],
+        color=_BAND_COLOR,
+        lw=0,
+        label=f"{round(100 * (1 - float(level)))}% band if calibrated",
+    )
     ax.plot([0, 1], [0, 1], color="0.3", lw=0.8, ls="--")
     if before is not None:
         t_before, c_before, e_before = _get(before, "levels", "coverage", "coverage_error")
-        ax.plot([0.0, *t_before.numpy(), 1.0], [0, *c_before.numpy(), 1], color="tab:orange",
-                lw=1.4, ls="--", label=f"before (signed area {float(e_before):+.3f})")  # fmt: skip
+        ax.plot(
+            [0.0, *t_before.numpy(), 1.0],
+            [0, *c_before.numpy(), 1],
+            color="tab:orange",
+            lw=1.4,
+            ls="--",
+            label=f"before (signed area {float(e_before):+.3f})",
+        )
     name = "observed" if before is None else "after"
-    ax.plot(tt, [0, *coverage.numpy(), 1], color="k", lw=1.6,
-            label=f"{name} (signed area {float(error):+.3f})")  # fmt: skip
-    ax.text(0.04, 0.96, "UNDER-CONFIDENT\n(conservative: regions\ntoo wide, cover too often)",
-            color="tab:blue", fontsize=8, va="top", transform=ax.transAxes)  # fmt: skip
+    ax.plot(
+        tt,
+        [0, *coverage.numpy(), 1],
+        color="k",
+        lw=1.6,
+        label=f"{name} (signed area {float(error):+.3f})",
+    )
+    ax.text(
+        0.04,
+        0.96,
+        "UNDER-CONFIDENT\n(conservative: regions\ntoo wide, cover too often)",
+        color="tab:blue",
+        fontsize=8,
+        va="top",
+        transform=ax.transAxes,
+    )
     ax.text(
         0.96,
         0.04,

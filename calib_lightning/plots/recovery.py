@@ -34,7 +34,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from torch import Tensor
 
-from calib_lightning._checks import check_probability
+from calib_lightning._utils.validation import check_probability
 from calib_lightning.functional.recovery import Recovery, calibrated_z_score_std, recovery
 from calib_lightning.plots._format import format_p_value
 from calib_lightning.plots._grid import (
@@ -153,8 +153,15 @@ def plot_recovery(
         pad = 0.06 * (hi - lo) if hi > lo else 1.0
         lo, hi = lo - pad, hi + pad
         if shift:
-            ax.text(0.03, 0.97, f"both axes − {shift:g}", transform=ax.transAxes,
-                    va="top", fontsize=7, color="0.3")  # fmt: skip
+            ax.text(
+                0.03,
+                0.97,
+                f"both axes − {shift:g}",
+                transform=ax.transAxes,
+                va="top",
+                fontsize=7,
+                color="0.3",
+            )
         ax.ticklabel_format(useOffset=False)
         ax.vlines(x, y - s, y + s, color=_POINT_COLOR, alpha=0.25, lw=0.8, rasterized=True)
         ax.scatter(x, y, s=5, color=_POINT_COLOR, alpha=0.8, lw=0, rasterized=True)
@@ -164,8 +171,7 @@ def plot_recovery(
         ax.set_aspect("equal", adjustable="box")
         ax.set_title(f"{name}   R² = {float(out.r_squared[a]):.3f}", fontsize=_NOTE_SIZE + 1)
         ax.grid(alpha=0.25)
-    outer_labels(axes, max_columns, "truth", "posterior mean",
-                 fontsize=_NOTE_SIZE)  # fmt: skip
+    outer_labels(axes, max_columns, "truth", "posterior mean", fontsize=_NOTE_SIZE)
     count = f"N = {n} pairs" + (f", {len(shown)} shown" if len(shown) < n else "")
     heading_and_note(
         fig,
@@ -177,8 +183,9 @@ def plot_recovery(
     return fig
 
 
-def _clip_limits(values: Tensor, low_default: float, high_default: float,
-                 cap: float) -> tuple[float, float]:
+def _clip_limits(
+    values: Tensor, low_default: float, high_default: float, cap: float
+) -> tuple[float, float]:
     """Axis limits reaching every value with a 5 % margin, at least ``low_default`` to
     ``high_default``, at most ``-cap`` to ``cap``."""
     lo, hi = float(values.min()), float(values.max())
@@ -196,28 +203,42 @@ def _mark_clipped(ax: Axes, z: Tensor, kappa: Tensor, z_lim: float, k_lo: float)
     box = {"facecolor": "white", "alpha": 0.8, "lw": 0, "pad": 1}
     above, below, left = (z > z_lim), (z < -z_lim), (kappa < k_lo)
     for pick, text, where in (
-        (above, f"▲ {int(above.sum())} with z > {_minus(z_lim)}, max {_minus(float(z.max()))}",
-         {"xy": (0.98, 0.97), "ha": "right", "va": "top"}),
-        (below, f"▼ {int(below.sum())} with z < {_minus(-z_lim)}, min {_minus(float(z.min()))}",
-         {"xy": (0.98, 0.03), "ha": "right", "va": "bottom"}),
-        (left, f"{int(left.sum())} with κ < {_minus(k_lo)}, min {_minus(float(kappa.min()))}",
-         {"xy": (0.03, 0.5), "ha": "left", "va": "center", "rotation": 90}),
-    ):  # fmt: skip
+        (
+            above,
+            f"▲ {int(above.sum())} with z > {_minus(z_lim)}, max {_minus(float(z.max()))}",
+            {"xy": (0.98, 0.97), "ha": "right", "va": "top"},
+        ),
+        (
+            below,
+            f"▼ {int(below.sum())} with z < {_minus(-z_lim)}, min {_minus(float(z.min()))}",
+            {"xy": (0.98, 0.03), "ha": "right", "va": "bottom"},
+        ),
+        (
+            left,
+            f"{int(left.sum())} with κ < {_minus(k_lo)}, min {_minus(float(kappa.min()))}",
+            {"xy": (0.03, 0.5), "ha": "left", "va": "center", "rotation": 90},
+        ),
+    ):
         if bool(pick.any()):
-            ax.annotate(text, xycoords="axes fraction", fontsize=6.5, color=_CLIP_COLOR,
-                        bbox=box, **where)  # fmt: skip
+            ax.annotate(
+                text, xycoords="axes fraction", fontsize=6.5, color=_CLIP_COLOR, bbox=box, **where
+            )
     return int((above | below | left).sum())
 
 
 def _tests_line(calibration_tests: Mapping[str, float], level: float) -> str:
     """One sentence on the calibration tests drawn beside the figure."""
-    rejected = [f"{name}, {format_p_value(p, 2)}" for name, p in calibration_tests.items()
-                if p < level]  # fmt: skip
-    kept = [f"{name}, {format_p_value(p, 2)}" for name, p in calibration_tests.items()
-            if not p < level]  # fmt: skip
+    rejected = [
+        f"{name}, {format_p_value(p, 2)}" for name, p in calibration_tests.items() if p < level
+    ]
+    kept = [
+        f"{name}, {format_p_value(p, 2)}" for name, p in calibration_tests.items() if not p < level
+    ]
     if rejected:
-        line = (f"Calibration is rejected at level {level:g} by {'; '.join(rejected)}, "
-                "whatever the z-scores' mean and sd.")  # fmt: skip
+        line = (
+            f"Calibration is rejected at level {level:g} by {'; '.join(rejected)}, "
+            "whatever the z-scores' mean and sd."
+        )
         return line + (f" Not rejected by {'; '.join(kept)}." if kept else "")
     return f"Calibration is not rejected at level {level:g} by {'; '.join(kept)}."
 
@@ -304,13 +325,24 @@ def plot_z_score_contraction(
             ax.axhline(line, color="0.45", ls=":", lw=0.8)
         ax.axhline(0, color="0.3", lw=0.6)
         inside = (z.abs() <= z_lim) & (kappa >= k_lo)
-        ax.scatter(kappa[inside], z[inside], s=5, color=_POINT_COLOR, alpha=0.5, lw=0,
-                   rasterized=True)  # fmt: skip
-        for marker, pick in (("^", z > z_lim), ("v", z < -z_lim),
-                             ("<", (kappa < k_lo) & (z.abs() <= z_lim))):  # fmt: skip
+        ax.scatter(
+            kappa[inside], z[inside], s=5, color=_POINT_COLOR, alpha=0.5, lw=0, rasterized=True
+        )
+        for marker, pick in (
+            ("^", z > z_lim),
+            ("v", z < -z_lim),
+            ("<", (kappa < k_lo) & (z.abs() <= z_lim)),
+        ):
             if bool(pick.any()):
-                ax.scatter(kappa[pick].clamp_min(k_lo), z[pick].clamp(-z_lim, z_lim), s=14,
-                           marker=marker, color=_CLIP_COLOR, lw=0, clip_on=False)  # fmt: skip
+                ax.scatter(
+                    kappa[pick].clamp_min(k_lo),
+                    z[pick].clamp(-z_lim, z_lim),
+                    s=14,
+                    marker=marker,
+                    color=_CLIP_COLOR,
+                    lw=0,
+                    clip_on=False,
+                )
         ax.set_xlim(k_lo, 1.05)
         ax.set_ylim(-z_lim, z_lim)
         any_clipped |= _mark_clipped(ax, z_all[:, a], kappa_all[:, a], z_lim, k_lo) > 0
@@ -319,8 +351,9 @@ def plot_z_score_contraction(
             f"z: mean {float(out.z_score_mean[a]):+.2f}, sd {float(out.z_score_std[a]):.2f}",
             fontsize=_NOTE_SIZE + 0.5,
         )
-    outer_labels(axes, max_columns, "posterior contraction",
-                 "posterior z-score", fontsize=_NOTE_SIZE)  # fmt: skip
+    outer_labels(
+        axes, max_columns, "posterior contraction", "posterior z-score", fontsize=_NOTE_SIZE
+    )
     for ax in axes:
         ax.xaxis.set_major_locator(MaxNLocator(5, steps=[1, 2, 2.5, 5, 10]))
         ax.yaxis.set_major_locator(MaxNLocator(5, integer=True, steps=[1, 2, 5, 10]))

@@ -53,21 +53,50 @@ def plot_tarp(
     fig = Figure(figsize=figsize)
     ax = fig.add_subplot(1, 1, 1)
     level = float(result.level)
-    ax.fill_between(c, (c - band).clamp(0, 1), (c + band).clamp(0, 1),
-                    color="0.85", label=f"calibrated: {1 - level:.0%} of curves inside")
+    ax.fill_between(
+        c,
+        (c - band).clamp(0, 1),
+        (c + band).clamp(0, 1),
+        color="0.85",
+        label=f"calibrated: {1 - level:.0%} of curves inside",
+    )
     ax.plot([0, 1], [0, 1], color="0.3", ls="--", lw=1)
     upper = c >= 0.5
-    ax.fill_between(c[upper], c[upper], coverage[upper], where=coverage[upper] >= c[upper],
-                    color="tab:blue", alpha=0.25, lw=0, label="conservative (too wide)")
-    ax.fill_between(c[upper], c[upper], coverage[upper], where=coverage[upper] < c[upper],
-                    color="tab:red", alpha=0.25, lw=0, label="over-confident (too narrow)")
+    ax.fill_between(
+        c[upper],
+        c[upper],
+        coverage[upper],
+        where=coverage[upper] >= c[upper],
+        color="tab:blue",
+        alpha=0.25,
+        lw=0,
+        label="conservative (too wide)",
+    )
+    ax.fill_between(
+        c[upper],
+        c[upper],
+        coverage[upper],
+        where=coverage[upper] < c[upper],
+        color="tab:red",
+        alpha=0.25,
+        lw=0,
+        label="over-confident (too narrow)",
+    )
     ax.plot(c, coverage, color="black", lw=1.6, label="expected coverage")
-    summary = [format_p_value(result.p_value, digits=3, name="TARP p"),
-               f"coverage error = {float(result.coverage_error):+.3f}"]  # fmt: skip
+    summary = [
+        format_p_value(result.p_value, digits=3, name="TARP p"),
+        f"coverage error = {float(result.coverage_error):+.3f}",
+    ]
     ax.text(0.03, 0.97, ", ".join(summary), transform=ax.transAxes, va="top", fontsize=9)
-    ax.text(0.03, 0.89, "read c > 1/2: above = too wide,\nbelow = over-confident;\n"
-            "c < 1/2 mirrors it", transform=ax.transAxes, va="top", fontsize=7,
-            color="0.3")  # fmt: skip
+    ax.text(
+        0.03,
+        0.89,
+        "read c > 1/2: above = too wide,\nbelow = over-confident;\nc < 1/2 mirrors it",
+        transform=ax.transAxes,
+        va="top",
+        fontsize=7,
+        color="0.3",
+    )
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_aspect("equal")

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import (
+from calib_lightning._utils.validation import (
     as_float,
     check_device,
     check_positive,
@@ -303,16 +303,24 @@ class Posterior:
                 with respect to ``theta``.
         """
         grad, _ = self._autograd_score(
-            self.log_prob, theta, x, create_graph,
+            self.log_prob,
+            theta,
+            x,
+            create_graph,
             "whose log_prob has no gradient with respect to theta (a piecewise-constant "
             "density such as a box uniform, or one computed under torch.no_grad)",
-        )  # fmt: skip
+        )
         return grad
 
     def _autograd_score(
-        self, density: Any, theta: Tensor, x: Tensor, create_graph: bool, why: str,
+        self,
+        density: Any,
+        theta: Tensor,
+        x: Tensor,
+        create_graph: bool,
+        why: str,
         finite_only: bool = False,
-    ) -> tuple[Tensor, Tensor]:  # fmt: skip
+    ) -> tuple[Tensor, Tensor]:
         """``(grad_theta density(theta, x), density)`` by autograd, ``theta`` as data; with
         ``finite_only`` the non-finite values of ``density`` add no gradient. Raises a
         :class:`NotDifferentiableError` ending with ``why`` when no gradient reaches theta."""

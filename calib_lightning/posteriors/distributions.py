@@ -18,7 +18,7 @@ from torch.distributions import (
     TransformedDistribution,
 )
 
-from calib_lightning._model_info import distribution_dtype, zuko_context
+from calib_lightning.posteriors._model_info import distribution_dtype, zuko_context
 from calib_lightning.posteriors.base import Posterior, Recognized, UnsupportedError
 
 __all__ = ["DistributionPosterior", "draws_and_log_prob", "recognize", "required_arguments"]

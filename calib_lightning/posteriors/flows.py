@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from calib_lightning._model_info import default_dtype, is_nflows, nflows_context
+from calib_lightning.posteriors._model_info import default_dtype, is_nflows, nflows_context
 from calib_lightning.posteriors.base import Posterior, Recognized, UnsupportedError
 
 __all__ = ["NflowsPosterior", "recognize"]

@@ -51,9 +51,7 @@ class SamplePosterior(Posterior):
 
     capabilities = frozenset({"sample"})
 
-    def __init__(
-        self, fn: Callable[[Tensor, int], Tensor], num_dims: int | None = None
-    ) -> None:
+    def __init__(self, fn: Callable[[Tensor, int], Tensor], num_dims: int | None = None) -> None:
         if not callable(fn):
             raise ValueError(
                 f"fn must be a callable (x (N, *X), num_samples) -> (S, N, D), got {fn!r:.60}"
@@ -73,8 +71,10 @@ class SamplePosterior(Posterior):
         with torch.no_grad(), self._errors(None, inner):
             samples = self.module(inner, num_posterior_samples)
         n = x.shape[0]
-        if not isinstance(samples, Tensor) or samples.ndim != 3 or (
-            tuple(samples.shape[:2]) != (num_posterior_samples, n)
+        if (
+            not isinstance(samples, Tensor)
+            or samples.ndim != 3
+            or (tuple(samples.shape[:2]) != (num_posterior_samples, n))
         ):
             got = tuple(samples.shape) if isinstance(samples, Tensor) else type(samples).__name__
             raise ValueError(

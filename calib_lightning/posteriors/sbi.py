@@ -29,7 +29,7 @@ from torch import Tensor
 from torch.distributions import Distribution
 from zuko.lazy import LazyDistribution
 
-from calib_lightning._model_info import default_dtype, is_nflows
+from calib_lightning.posteriors._model_info import default_dtype, is_nflows
 from calib_lightning.posteriors.base import Posterior, Recognized, UnsupportedError
 from calib_lightning.posteriors.distributions import DistributionPosterior
 from calib_lightning.posteriors.flows import NflowsPosterior

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from torch.distributions import Transform, biject_to, constraints
 
-from calib_lightning._prior import not_a_prior, outside_support
+from calib_lightning._utils.prior import not_a_prior, outside_support
 from calib_lightning.posteriors._dispatch import recognize, resolve
 from calib_lightning.posteriors.base import Posterior, unsupported
 from calib_lightning.posteriors.samples import SamplePosterior
@@ -177,9 +177,13 @@ class UnnormalizedPosterior(Posterior):
         where the prior's density is zero. ``create_graph=True`` keeps it differentiable
         in the model's parameters (``theta`` is data), as :meth:`Posterior.score`."""
         grad, log_q = self._autograd_score(
-            self.unnormalized_log_prob, theta, x, create_graph,
-            "whose log-likelihood and log-prior have no gradient in theta", finite_only=True,
-        )  # fmt: skip
+            self.unnormalized_log_prob,
+            theta,
+            x,
+            create_graph,
+            "whose log-likelihood and log-prior have no gradient in theta",
+            finite_only=True,
+        )
         return grad.masked_fill(~torch.isfinite(log_q)[..., None], float("nan"))
 
     def sample(self, x: Tensor, num_posterior_samples: int) -> Tensor:
@@ -243,8 +247,11 @@ class SampledUnnormalizedPosterior(UnnormalizedPosterior):
         Posterior.__init__(self, inner.module)
         self.prior, self._size, self._context = inner.prior, inner._size, inner._context
         self.kind = inner.kind
-        self.sampler = sampler if isinstance(sampler, Posterior) else SamplePosterior(
-            sampler, num_dims=inner._size)  # fmt: skip
+        self.sampler = (
+            sampler
+            if isinstance(sampler, Posterior)
+            else SamplePosterior(sampler, num_dims=inner._size)
+        )
         if "sample" not in self.sampler.capabilities:
             raise ValueError(
                 f"sampler must draw samples: a callable (x (N, *X), num_samples) "

@@ -136,9 +136,14 @@ class VectorFieldPosterior(DistributionPosterior):
             from sbi.samplers.ode_solvers import build_neural_ode
 
             neural_ode = build_neural_ode(
-                estimator.ode_fn, estimator.net, estimator.mean_base, estimator.std_base,
-                estimator.condition_shape, t_min=estimator.t_min, t_max=estimator.t_max,
-            )  # fmt: skip
+                estimator.ode_fn,
+                estimator.net,
+                estimator.mean_base,
+                estimator.std_base,
+                estimator.condition_shape,
+                t_min=estimator.t_min,
+                t_max=estimator.t_max,
+            )
         super().__init__(_ODEFlow(estimator, neural_ode))
         self.estimator = estimator
         self.posterior = module if module is not estimator else None
@@ -169,9 +174,12 @@ class VectorFieldPosterior(DistributionPosterior):
         per_batch = max(1, min(num_posterior_samples, 100_000 // inner.shape[0]))  # sbi's cap
         with torch.no_grad(), self._errors(None, inner):
             samples = self.posterior.sample_batched(
-                (num_posterior_samples,), inner, reject_outside_prior=False,
-                show_progress_bars=False, max_sampling_batch_size=per_batch,
-            )  # fmt: skip
+                (num_posterior_samples,),
+                inner,
+                reject_outside_prior=False,
+                show_progress_bars=False,
+                max_sampling_batch_size=per_batch,
+            )
         return samples.reshape(num_posterior_samples, inner.shape[0], -1).to(out)
 
     def sample_and_log_prob(self, x: Tensor, num_posterior_samples: int) -> tuple[Tensor, Tensor]:

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from calib_lightning import evaluation
-from calib_lightning._checks import check_finite, check_pairs
+from calib_lightning._utils.validation import check_finite, check_pairs
 from calib_lightning.functional.distance_rank import distance_log_prob
 
 __all__ = [

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from calib_lightning._prior import outside_support
+from calib_lightning._utils.prior import outside_support
 from calib_lightning.posteriors import as_posterior
 
 __all__ = [

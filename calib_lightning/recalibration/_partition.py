@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from calib_lightning import evaluation
-from calib_lightning._checks import check_probability
+from calib_lightning._utils.validation import check_probability
 from calib_lightning.functional.conformal import conformal_quantile, leaf_quantiles, min_pairs
 from calib_lightning.recalibration._draw_stats import posterior_summary
 
@@ -52,8 +52,13 @@ class TreePartition:
             raise ValueError("ConformalRegion is not fitted: call fit(theta_val, x_val) first")
         return self.scores
 
-    def _quantile(self, level: float, x: Tensor | None, samples: Tensor | None = None,
-                  ell: Tensor | None = None) -> Tensor:  # fmt: skip
+    def _quantile(
+        self,
+        level: float,
+        x: Tensor | None,
+        samples: Tensor | None = None,
+        ell: Tensor | None = None,
+    ) -> Tensor:
         """The calibrated score: global ``()`` without ``x``, else one per row of ``x``."""
         scores = self._fitted()
         check_probability("level", level)
@@ -72,12 +77,18 @@ class TreePartition:
             mu, sigma = self._location_scale(features)
             value = mu + conformal_quantile(self._residuals, level) * sigma
             return value if self._raw else value.clamp(max=1.0)  # (a credibility: <= 1)
-        per_leaf, _ = leaf_quantiles(scores, self.leaves, len(self._leaf_index), level,
-                                     fill=math.inf if self._raw else 1.0)  # fmt: skip
+        per_leaf, _ = leaf_quantiles(
+            scores, self.leaves, len(self._leaf_index), level, fill=math.inf if self._raw else 1.0
+        )
         return per_leaf[self._leaf_of(features)]
 
-    def _level(self, level: float, x: Tensor | None, samples: Tensor | None = None,
-               ell: Tensor | None = None) -> Tensor:  # fmt: skip
+    def _level(
+        self,
+        level: float,
+        x: Tensor | None,
+        samples: Tensor | None = None,
+        ell: Tensor | None = None,
+    ) -> Tensor:
         """The calibrated credibility at ``x`` (log-density: its region's share of draws)."""
         if not self._raw:
             return self._quantile(level, x, samples, ell)
@@ -96,9 +107,7 @@ class TreePartition:
         with torch.no_grad():
             return samples, self.posterior.log_prob(samples, x)
 
-    def _features(
-        self, x: Tensor, samples: Tensor | None = None, ell: Tensor | None = None
-    ) -> Any:
+    def _features(self, x: Tensor, samples: Tensor | None = None, ell: Tensor | None = None) -> Any:
         """The tree's features at ``x`` (``"posterior"``: from given draws and statistics)."""
         if not self._summary:
             return evaluation.embed(self.embedding, x).detach().cpu().double().numpy()

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_pairs, check_positive
-from calib_lightning._prior import check_prior
+from calib_lightning._utils.prior import check_prior
+from calib_lightning._utils.validation import check_pairs, check_positive
 from calib_lightning.posteriors import Posterior, UnsupportedError, as_posterior
 from calib_lightning.recalibration._hpd import latent_draws
 from calib_lightning.recalibration.cross_fit import (

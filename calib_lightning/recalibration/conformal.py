@@ -23,8 +23,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_choice, check_finite, check_pairs, check_positive
-from calib_lightning._checks import check_probability as _check_probability
+from calib_lightning._utils.validation import (
+    check_choice,
+    check_finite,
+    check_pairs,
+    check_positive,
+)
+from calib_lightning._utils.validation import check_probability as _check_probability
 from calib_lightning.functional.conformal import (
     conformal_coverage_error,
     credibility,
@@ -161,8 +166,10 @@ class ConformalRegion(TreePartition):
             )
         self.score = ("density" if dense else "distance") if score == "auto" else score
         if conformity == "log_density" and self.score != "density":
-            raise ValueError(f"conformity='log_density' needs log_prob (score 'density'), "
-                             f"got {self.score!r} for {type(self.posterior).__name__}")  # fmt: skip
+            raise ValueError(
+                f"conformity='log_density' needs log_prob (score 'density'), "
+                f"got {self.score!r} for {type(self.posterior).__name__}"
+            )
         if conformity == "auto":
             conformity = "log_density" if self.score == "density" else "credibility"
         self.conformity = conformity
@@ -186,8 +193,10 @@ class ConformalRegion(TreePartition):
     def __repr__(self) -> str:
         kind = {None: "global", "tree": "local"}.get(self.partition, self.partition)
         n = "unfitted" if self.scores is None else f"n={len(self.scores)}"
-        return (f"ConformalRegion({self.posterior!r}, {kind}, score={self.score!r}, "
-                f"conformity={self.conformity!r}, {n})")  # fmt: skip
+        return (
+            f"ConformalRegion({self.posterior!r}, {kind}, score={self.score!r}, "
+            f"conformity={self.conformity!r}, {n})"
+        )
 
     # --- scores -------------------------------------------------------------------------
 
@@ -273,19 +282,23 @@ class ConformalRegion(TreePartition):
             scores: their scores, as in :meth:`fit`.
         """
         if not self.local:
-            raise ValueError("fit_partition fits the model of a local region: use local=True "
-                             "or 'regression'")  # fmt: skip
+            raise ValueError(
+                "fit_partition fits the model of a local region: use local=True or 'regression'"
+            )
         generator = torch.Generator().manual_seed(self.seed + 3)
         scores, features = self._scored(theta, x, scores, generator)
         if len(scores) < self.min_leaf_size:
-            raise ValueError(f"fit_partition needs at least min_leaf_size = "
-                             f"{self.min_leaf_size} pairs, got {len(scores)}")  # fmt: skip
+            raise ValueError(
+                f"fit_partition needs at least min_leaf_size = "
+                f"{self.min_leaf_size} pairs, got {len(scores)}"
+            )
         self._grow(self._features(x) if features is None else features, scores)
         self._partitioned, self.scores, self.leaves, self._residuals = True, None, None, None
         return self
 
-    def _scored(self, theta: Tensor, x: Tensor, scores: Tensor | None,
-                generator: torch.Generator) -> tuple[Tensor, Any]:  # fmt: skip
+    def _scored(
+        self, theta: Tensor, x: Tensor, scores: Tensor | None, generator: torch.Generator
+    ) -> tuple[Tensor, Any]:
         """The pairs' randomized scores ``(n,)`` float64 and, with the posterior summary,
         their features from the same draws (``None`` otherwise, or with given scores)."""
         theta, x = check_pairs(theta, x, min_rows=2)
@@ -296,8 +309,14 @@ class ConformalRegion(TreePartition):
             return scores.double().cpu(), None
         above, summary = None, None
         if not self._raw or self._summary:  # (log_density: draws for the summary only)
-            above, summary = count_above(self.posterior, self.score, theta, x,
-                                         self.num_posterior_samples, summary=self._summary)
+            above, summary = count_above(
+                self.posterior,
+                self.score,
+                theta,
+                x,
+                self.num_posterior_samples,
+                summary=self._summary,
+            )
         noise = torch.rand(len(theta), generator=generator, dtype=torch.float64)
         features = None if summary is None else summary.numpy()
         if self._raw:
@@ -415,6 +434,7 @@ class ConformalRegion(TreePartition):
         if self._raw and calibrated:  # the calibrated score itself
             return -self._quantile(level, x).to(x.device)
         samples, ell = self._draws_log_prob(x)
-        target = (self._level(level, x if self.local else None, samples, ell) if calibrated
-                  else level)  # fmt: skip
+        target = (
+            self._level(level, x if self.local else None, samples, ell) if calibrated else level
+        )
         return density_threshold(ell, target).to(x.device)

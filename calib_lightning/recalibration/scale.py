@@ -27,7 +27,7 @@ from torch.distributions import Distribution, Independent, Normal, TransformedDi
 from torch.distributions.transforms import AffineTransform
 
 from calib_lightning import evaluation
-from calib_lightning._checks import check_pairs, check_positive
+from calib_lightning._utils.validation import check_pairs, check_positive
 from calib_lightning.losses.latent import latent_coverage_loss
 from calib_lightning.recalibration._hpd import (
     LatentDraws,
@@ -136,8 +136,11 @@ class LatentScale(nn.Module):
         check_pairs(theta, x, min_rows=2)
         if target not in ("latent", "hpd"):
             raise ValueError(f"target must be 'latent' or 'hpd', got {target!r}")
-        for name, value in (("steps", steps), ("num_posterior_samples", num_posterior_samples),
-                            ("num_scales", num_scales)):  # fmt: skip
+        for name, value in (
+            ("steps", steps),
+            ("num_posterior_samples", num_posterior_samples),
+            ("num_scales", num_scales),
+        ):
             if value is not None:
                 check_positive(name, value, integer=True)
         check_positive("lr", lr)
@@ -199,8 +202,7 @@ def hpd_log_scale(
     ``from_latent``. With ``prior``, the levels are those of the scaled posterior
     restricted to the prior's support (the draws outside it count for nothing).
     """
-    draws = latent_draws(posterior, theta, x, num_posterior_samples, proposal_scales,
-                         prior=prior)  # fmt: skip
+    draws = latent_draws(posterior, theta, x, num_posterior_samples, proposal_scales, prior=prior)
     return shared_hpd_log_scale(draws, num_scales)
 
 

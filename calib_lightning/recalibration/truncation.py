@@ -34,9 +34,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_positive
-from calib_lightning._chunks import pair_blocks
-from calib_lightning._prior import not_a_prior, outside_support
+from calib_lightning._utils.chunks import pair_blocks
+from calib_lightning._utils.prior import not_a_prior, outside_support
+from calib_lightning._utils.validation import check_positive
 from calib_lightning.evaluation import draws as budgeted_draws
 from calib_lightning.evaluation import draws_and_log_probs
 from calib_lightning.posteriors import supports, unsupported
@@ -110,9 +110,13 @@ class TruncatedPosterior(PosteriorModule):
     """
 
     def __init__(
-        self, posterior: Any, prior: Any, *, num_normalizer_samples: int = 1000,
+        self,
+        posterior: Any,
+        prior: Any,
+        *,
+        num_normalizer_samples: int = 1000,
         min_acceptance: float = 1e-5,
-    ) -> None:  # fmt: skip
+    ) -> None:
         check_positive("num_normalizer_samples", num_normalizer_samples, integer=True)
         if not 0 < min_acceptance < 1:
             raise ValueError(f"min_acceptance must be in (0, 1), got {min_acceptance!r}")
@@ -143,8 +147,10 @@ class TruncatedPosterior(PosteriorModule):
         return False
 
     def __repr__(self) -> str:
-        return (f"TruncatedPosterior({self.inner!r}, prior={type(self.prior).__name__}; "
-                "restricted to the prior's support)")  # fmt: skip
+        return (
+            f"TruncatedPosterior({self.inner!r}, prior={type(self.prior).__name__}; "
+            "restricted to the prior's support)"
+        )
 
     def clear_normalizer_cache(self) -> None:
         r"""Forget the cached :math:`\log \hat Z(x)` (after the wrapped weights changed)."""
@@ -231,10 +237,18 @@ class TruncatedPosterior(PosteriorModule):
         check_positive("num_posterior_samples", num, integer=True)
         n = x.shape[0]
         if n == 0:
-            return self.inner.sample_and_log_prob(x, num) if with_log_prob else (
-                self.inner.sample(x, num), None)  # fmt: skip
-        state = {"filled": torch.zeros(n, dtype=torch.long), "drawn": torch.zeros(n),
-                 "accepted": torch.zeros(n), "theta": None, "log_q": None}  # fmt: skip
+            return (
+                self.inner.sample_and_log_prob(x, num)
+                if with_log_prob
+                else (self.inner.sample(x, num), None)
+            )
+        state = {
+            "filled": torch.zeros(n, dtype=torch.long),
+            "drawn": torch.zeros(n),
+            "accepted": torch.zeros(n),
+            "theta": None,
+            "log_q": None,
+        }
         active = torch.arange(n)
         with torch.no_grad():
             while active.numel():
@@ -248,15 +262,18 @@ class TruncatedPosterior(PosteriorModule):
 
     def _round(
         self, x: Tensor, rows: Tensor, num: int, with_log_prob: bool, state: dict[str, Any]
-    ) -> None:  # fmt: skip
+    ) -> None:
         """One batch of candidates at ``rows`` of ``x``; the first ones inside the support
         fill each row's next free slots of ``state``."""
         filled, drawn, accepted = state["filled"], state["drawn"], state["accepted"]
         rate = float(((accepted[rows] + 1) / (drawn[rows] + 1)).min())
         need = int((num - filled[rows]).max())
         width = rows.numel() * (self.event_size() or 1)
-        size = min(math.ceil(1.2 * need / rate) + 8, math.ceil(num / self.min_acceptance),
-                   max(need, ROUND_NUMBERS // width))
+        size = min(
+            math.ceil(1.2 * need / rate) + 8,
+            math.ceil(num / self.min_acceptance),
+            max(need, ROUND_NUMBERS // width),
+        )
         draws, lp = self._inner_draws(x[rows.to(x.device)], size, with_log_prob)
         if state["theta"] is None:
             state["theta"] = draws.new_empty(num, x.shape[0], draws.shape[-1])
@@ -280,7 +297,7 @@ class TruncatedPosterior(PosteriorModule):
 
     def _inner_draws(
         self, x: Tensor, num: int, with_log_prob: bool
-    ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    ) -> tuple[Tensor, Tensor | None]:
         """``num`` draws of the wrapped posterior at each row ``(S, N, D)`` (and their
         log-densities), in calls sized by the memory budget: a round's candidates can
         number millions, and a flow's activations are many times its draws."""
@@ -292,11 +309,10 @@ class TruncatedPosterior(PosteriorModule):
         """Rows whose share inside is below half of ``min_acceptance`` after
         :data:`GIVE_UP_COUNT` ``/ min_acceptance`` draws."""
         return (drawn >= GIVE_UP_COUNT / self.min_acceptance) & (
-            inside < 0.5 * self.min_acceptance * drawn)  # fmt: skip
+            inside < 0.5 * self.min_acceptance * drawn
+        )
 
-    def _check_acceptance(
-        self, x: Tensor, active: Tensor, num: int, state: dict[str, Any]
-    ) -> None:  # fmt: skip
+    def _check_acceptance(self, x: Tensor, active: Tensor, num: int, state: dict[str, Any]) -> None:
         filled, drawn, accepted = state["filled"], state["drawn"], state["accepted"]
         short = (drawn >= num / self.min_acceptance) | self._given_up(drawn, accepted)
         stuck = active[(filled[active] < num) & short[active]]

@@ -123,8 +123,10 @@ class Oscillator(_BoxTask):
     @property
     def box(self) -> tuple[Tensor, Tensor]:
         """Lower and upper corners ``(3,)`` of the box-uniform prior."""
-        return (torch.tensor([0.5, 0.1, 0.5], dtype=self.dtype),
-                torch.tensor([2.0, 1.0, 1.5], dtype=self.dtype))  # fmt: skip
+        return (
+            torch.tensor([0.5, 0.1, 0.5], dtype=self.dtype),
+            torch.tensor([2.0, 1.0, 1.5], dtype=self.dtype),
+        )
 
     def simulate(self, theta: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Series ``(N, length)`` for parameters ``(N, 3)``."""

@@ -59,9 +59,14 @@ __all__ = ["NPT_MODES", "MultivariateT", "NPTGaussian"]
 
 #: the failure modes, in the order of the benchmark's figure
 NPT_MODES = (
-    "mean_shift", "covariance", "anisotropic", "heavy_tails", "extra_mode", "mode_collapse",
+    "mean_shift",
+    "covariance",
+    "anisotropic",
+    "heavy_tails",
+    "extra_mode",
+    "mode_collapse",
     "blind_prior",
-)  # fmt: skip
+)
 
 
 class _RadialToNormal:
@@ -107,7 +112,9 @@ class MultivariateT(Distribution):
     """
 
     arg_constraints: ClassVar[dict[str, constraints.Constraint]] = {
-        "loc": constraints.real_vector, "scale_tril": constraints.lower_cholesky}  # fmt: skip
+        "loc": constraints.real_vector,
+        "scale_tril": constraints.lower_cholesky,
+    }
     support = constraints.real_vector
     has_rsample = False
 
@@ -197,9 +204,11 @@ class NPTGaussian:
         return (covariance @ target.unsqueeze(-1)).squeeze(-1), covariance
 
     def sample(
-        self, n: int, truth: Callable[[Tensor], Distribution],
+        self,
+        n: int,
+        truth: Callable[[Tensor], Distribution],
         generator: torch.Generator | None = None,
-    ) -> tuple[Tensor, Tensor]:  # fmt: skip
+    ) -> tuple[Tensor, Tensor]:
         """``n`` pairs: ``x (n, 2 D)`` from its marginal, then ``theta ~ truth(x)``, ``(n, D)``.
 
         Uses ``generator`` for ``x`` and torch's global generator for ``theta`` (the

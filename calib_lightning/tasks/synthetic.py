@@ -52,9 +52,7 @@ class SyntheticModel:
     def model_mean_scale(self, x: Tensor) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 
-    def sample(
-        self, n: int, generator: torch.Generator | None = None
-    ) -> tuple[Tensor, Tensor]:
+    def sample(self, n: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """Draw ``n`` pairs: ``theta`` of shape ``(n, D)`` and ``x`` of shape ``(n, X)``."""
         x = self.sample_x(n, generator)
         mean, scale = self.true_mean_scale(x)

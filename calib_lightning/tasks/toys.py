@@ -43,9 +43,7 @@ class GaussianToy:
         self.dim, self.noise_std, self.dtype = dim, float(noise_std), dtype
         self.weight = 1.0 / (1.0 + self.noise_std**2)
 
-    def sample(
-        self, n: int, generator: torch.Generator | None = None
-    ) -> tuple[Tensor, Tensor]:
+    def sample(self, n: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """Draw ``n`` pairs ``(theta, x)``, each of shape ``(n, D)``."""
         theta = torch.randn(n, self.dim, generator=generator, dtype=self.dtype)
         noise = torch.randn(n, self.dim, generator=generator, dtype=self.dtype)
@@ -55,9 +53,7 @@ class GaussianToy:
         """The prior :math:`N(0, I_D)`, event shape ``(D,)``."""
         return normal(torch.zeros(self.dim, dtype=self.dtype), 1.0)
 
-    def posterior(
-        self, variance_scale: float = 1.0, shift: float = 0.0
-    ) -> _ToyPosterior:
+    def posterior(self, variance_scale: float = 1.0, shift: float = 0.0) -> _ToyPosterior:
         """The exact posterior, with its variance multiplied by ``variance_scale`` and
         its mean moved by ``shift`` in every coordinate (both no-ops by default)."""
         return _ToyPosterior(self.weight, self.weight * self.noise_std**2 * variance_scale, shift)
@@ -109,9 +105,7 @@ class CorrelatedGaussianToy:
         cov = self.covariance
         self.posterior_correlation = float(cov[0, 1] / (cov[0, 0] * cov[1, 1]).sqrt())
 
-    def sample(
-        self, n: int, generator: torch.Generator | None = None
-    ) -> tuple[Tensor, Tensor]:
+    def sample(self, n: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """Draw ``n`` pairs ``(theta, x)``, each of shape ``(n, 2)``."""
         eps = torch.randn(n, 2, generator=generator, dtype=torch.float64)
         theta = eps @ self.prior_tril.T

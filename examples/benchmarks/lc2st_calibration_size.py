@@ -148,7 +148,7 @@ def prior_leakage(
     import sbibm
 
     import calib_lightning as cl
-    from calib_lightning._prior import outside_support
+    from calib_lightning._utils.prior import outside_support
     from examples.benchmarks.sbibm_validation import task_data, train
 
     lines = path.read_text().splitlines() if path.exists() else []

@@ -47,8 +47,8 @@ from torch import Tensor, nn
 from torch.distributions import Distribution
 
 import calib_lightning as cl
-from calib_lightning._draw_cache import SharedDraws
 from calib_lightning.evaluation import draws, embed, latents
+from calib_lightning.evaluation._draw_cache import SharedDraws
 from calib_lightning.functional import combine_p_values
 from calib_lightning.tasks import GaussianBlob, GaussianToy
 from examples._image_npe import train_image_npe

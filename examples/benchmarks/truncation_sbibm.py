@@ -58,7 +58,7 @@ def measure(key: tuple, cache: Path, num_samples: int, num_cal: int, max_epochs:
     from sbibm.metrics import c2st
 
     import calib_lightning as cl
-    from calib_lightning._prior import outside_support
+    from calib_lightning._utils.prior import outside_support
     from examples.benchmarks.sbibm_validation import task_data, train
 
     data = task_data(key[0], num_cal, num_samples)

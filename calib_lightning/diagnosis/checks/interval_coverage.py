@@ -33,6 +33,8 @@ class IntervalCoverageCheck(Check):
         """The level and parameter whose coverage is furthest from what it should be."""
         gap = result.coverage_error.abs()
         row, column = divmod(int(gap.argmax()), gap.shape[1])
-        return (f"largest gap: parameter {column}'s {float(result.levels[row]):.0%} intervals "
-                f"cover {float(result.coverage[row, column]):.3f} of the truths (expected "
-                f"{float(result.expected[row]):.3f}, exact with these draws)")  # fmt: skip
+        return (
+            f"largest gap: parameter {column}'s {float(result.levels[row]):.0%} intervals "
+            f"cover {float(result.coverage[row, column]):.3f} of the truths (expected "
+            f"{float(result.expected[row]):.3f}, exact with these draws)"
+        )

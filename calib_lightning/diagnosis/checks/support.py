@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from calib_lightning._prior import outside_support
+from calib_lightning._utils.prior import outside_support
 from calib_lightning.diagnosis._check import Check, Direction, Inputs, ObservationList, Outcome
 from calib_lightning.evaluation import draws
 from calib_lightning.metrics import PriorSupport

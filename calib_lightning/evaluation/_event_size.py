@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import Tensor
 
-from calib_lightning._draw_cache import SharedDraws
+from calib_lightning.evaluation._draw_cache import SharedDraws
 from calib_lightning.posteriors import DistributionPosterior, Posterior, as_posterior, check_width
 
 __all__ = ["check_event_size"]

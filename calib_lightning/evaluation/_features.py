@@ -8,8 +8,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_finite, check_positive, model_dtype
-from calib_lightning._chunks import row_blocks
+from calib_lightning._utils.chunks import row_blocks
+from calib_lightning._utils.validation import check_finite, check_positive, model_dtype
 
 __all__ = ["embed"]
 

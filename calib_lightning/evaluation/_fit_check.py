@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from calib_lightning._checks import check_pairs
-from calib_lightning._draw_cache import SharedDraws
-from calib_lightning.evaluation import check_event_size
+from calib_lightning._utils.validation import check_pairs
+from calib_lightning.evaluation._draw_cache import SharedDraws
+from calib_lightning.evaluation._event_size import check_event_size
 from calib_lightning.posteriors import Posterior, as_posterior, check_width
 
 __all__ = ["check_fits"]

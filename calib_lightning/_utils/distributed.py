@@ -27,8 +27,15 @@ __all__ = [
     "shape_empty_list_states",
 ]
 
-_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
-           torch.int32, torch.bool)
+_DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.bool,
+)
 _MAX_NDIM = 8
 
 
@@ -52,8 +59,7 @@ def shape_empty_list_states(metric: Metric, names: tuple[str, ...], group: Any =
     processes that hold data (a no-op when every process or none holds data)."""
     headers = torch.stack([_header(getattr(metric, name)) for name in names])
     device = _collective_device(group)
-    gathered = [torch.empty_like(headers, device=device)
-                for _ in range(dist.get_world_size(group))]
+    gathered = [torch.empty_like(headers, device=device) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, headers.to(device), group=group)
     for row, name in enumerate(names):
         if getattr(metric, name):

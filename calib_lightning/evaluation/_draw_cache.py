@@ -40,7 +40,7 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import Tensor, nn
 
-from calib_lightning._memory import ChunkSizer, draw_blocks
+from calib_lightning.evaluation._memory import ChunkSizer, draw_blocks
 from calib_lightning.posteriors.base import Posterior, density_draws
 
 __all__ = [
@@ -66,9 +66,14 @@ def row_range(base: Tensor, view: Tensor) -> slice | None:
     """The rows of ``base`` that ``view`` is (``base`` itself or ``base[a:b]``), else ``None``."""
     if view is base:
         return slice(0, base.shape[0])
-    if (view.dtype != base.dtype or view.device != base.device or view.ndim != base.ndim
-            or view.shape[1:] != base.shape[1:] or view.stride() != base.stride()
-            or view.untyped_storage().data_ptr() != base.untyped_storage().data_ptr()):  # fmt: skip
+    if (
+        view.dtype != base.dtype
+        or view.device != base.device
+        or view.ndim != base.ndim
+        or view.shape[1:] != base.shape[1:]
+        or view.stride() != base.stride()
+        or view.untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
+    ):
         return None
     step, offset = base.stride(0), view.storage_offset() - base.storage_offset()
     if step <= 0 or offset % step:
@@ -86,8 +91,12 @@ def same_data(a: Any, b: Any) -> bool:
         return True
     if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
         return not isinstance(a, Tensor) and not isinstance(b, Tensor) and a == b
-    return (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
-            and bool(torch.equal(a, b)))  # fmt: skip
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and a.device == b.device
+        and bool(torch.equal(a, b))
+    )
 
 
 class _Entry:
@@ -101,8 +110,10 @@ class _Entry:
         self.held = 0
 
     def numel(self) -> int:
-        return sum(s.numel() + (0 if p is None else p.numel())
-                   for s, p in zip(self.samples, self.log_prob, strict=True))  # fmt: skip
+        return sum(
+            s.numel() + (0 if p is None else p.numel())
+            for s, p in zip(self.samples, self.log_prob, strict=True)
+        )
 
     def take(self, first: int, count: int, rows: slice) -> tuple[Tensor, Tensor | None]:
         """Draws ``first .. first + count`` at ``rows`` (views when one segment holds them)."""
@@ -110,8 +121,9 @@ class _Entry:
         for s, p in zip(self.samples, self.log_prob, strict=True):
             lo, hi = max(first, at), min(first + count, at + s.shape[0])
             if lo < hi:
-                parts.append((s[lo - at : hi - at, rows],
-                              None if p is None else p[lo - at : hi - at, rows]))  # fmt: skip
+                parts.append(
+                    (s[lo - at : hi - at, rows], None if p is None else p[lo - at : hi - at, rows])
+                )
             at += s.shape[0]
         if len(parts) == 1:
             return parts[0]
@@ -218,8 +230,12 @@ class SharedDraws(Posterior):
         nothing is kept and this returns ``False``."""
         new, x, n = count - entry.held, entry.x, entry.x.shape[0]
         d, dense = entry.width or self.event_size(), density_draws(self.posterior)
-        sizer = ChunkSizer(x.device, fixed_units=None if max_chunk_elements is None or d is None
-                           else max(1, max_chunk_elements // d))  # fmt: skip
+        sizer = ChunkSizer(
+            x.device,
+            fixed_units=None
+            if max_chunk_elements is None or d is None
+            else max(1, max_chunk_elements // d),
+        )
         if d is None:
             sizer.fixed_units = 1 if max_chunk_elements is not None else None
         samples: Tensor | None = None
@@ -227,9 +243,14 @@ class SharedDraws(Posterior):
         for rows, done, take in draw_blocks(n, new, sizer, whole_pairs=not dense):
             xc = x[rows]
             k = xc.shape[0]
-            s, p = sizer.run(take * k, lambda xc=xc, take=take: (
-                self.posterior.sample_and_log_prob(xc, take) if dense
-                else (self.posterior.sample(xc, take), None)))  # fmt: skip
+            s, p = sizer.run(
+                take * k,
+                lambda xc=xc, take=take: (
+                    self.posterior.sample_and_log_prob(xc, take)
+                    if dense
+                    else (self.posterior.sample(xc, take), None)
+                ),
+            )
             shape = (take, k) if p is None else tuple(p.shape)
             if s.ndim != 3 or s.shape[:2] != (take, k) or shape != (take, k):
                 raise ValueError(
@@ -262,8 +283,10 @@ class SharedDraws(Posterior):
         if entry.held or rows != slice(0, x.shape[0]):
             raise ValueError("x must be a tensor this cache holds no draws at, got one it does")
         if samples.ndim != 3 or samples.shape[1] != x.shape[0]:
-            raise ValueError(f"samples must have shape (S, N, D) with N = {x.shape[0]}, got "
-                             f"{tuple(samples.shape)}")  # fmt: skip
+            raise ValueError(
+                f"samples must have shape (S, N, D) with N = {x.shape[0]}, got "
+                f"{tuple(samples.shape)}"
+            )
         entry.width = samples.shape[-1]
         entry.samples.append(samples)
         entry.log_prob.append(log_prob if density_draws(self.posterior) else None)
@@ -356,8 +379,10 @@ def fingerprint(*modules: Any) -> Tensor:
     if not params:
         return torch.zeros(0, dtype=torch.float64)
     with torch.no_grad():
-        values = [torch.stack([p.detach().double().sum(), p.detach().double().square().sum()])
-                  for p in params.values()]  # fmt: skip
+        values = [
+            torch.stack([p.detach().double().sum(), p.detach().double().square().sum()])
+            for p in params.values()
+        ]
         return torch.cat(values).cpu()
 
 

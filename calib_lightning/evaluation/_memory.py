@@ -223,9 +223,13 @@ class ChunkSizer:
     """
 
     def __init__(
-        self, device: torch.device | None = None, budget: int | None = None, *,
-        fixed_units: int | None = None, probe_units: int = PROBE_UNITS,
-    ) -> None:  # fmt: skip
+        self,
+        device: torch.device | None = None,
+        budget: int | None = None,
+        *,
+        fixed_units: int | None = None,
+        probe_units: int = PROBE_UNITS,
+    ) -> None:
         self.device, self.fixed_units, self.probe_units = device, fixed_units, probe_units
         self.budget = get_memory_budget() if budget is None else check_budget(budget)
         self.kept = 0  # bytes the check keeps until it ends (keep)
@@ -342,17 +346,21 @@ def draw_blocks(
 
 
 def assembled_draws(
-    draw: Callable[[torch.Tensor, int], tuple[torch.Tensor, ...]], x: torch.Tensor, s: int,
-    sizer: ChunkSizer, whole: bool,
-) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    draw: Callable[[torch.Tensor, int], tuple[torch.Tensor, ...]],
+    x: torch.Tensor,
+    s: int,
+    sizer: ChunkSizer,
+    whole: bool,
+) -> tuple[torch.Tensor, ...]:
     """``draw(x, s)``'s outputs (each ``(s, N, ...)``) assembled from calls that ``sizer``
     sizes (:func:`draw_blocks`; ``whole``: all draws of a pair in one call), no gradient;
     one call's outputs as they are, without a copy."""
     out: list[torch.Tensor] | None = None
     with torch.no_grad():
         for rows, done, take in draw_blocks(x.shape[0], s, sizer, whole_pairs=whole):
-            parts = sizer.run(take * (rows.stop - rows.start),
-                              lambda rows=rows, take=take: draw(x[rows], take))
+            parts = sizer.run(
+                take * (rows.stop - rows.start), lambda rows=rows, take=take: draw(x[rows], take)
+            )
             if out is None:
                 if rows.stop - rows.start == x.shape[0] and take == s:
                     return parts  # one call: no copy

@@ -152,9 +152,7 @@ def variance_from_moments(state: Tensor, covariance: bool = False) -> tuple[Tens
     :math:`M_2 / (n - 1)`, of a state; raises unless every count is at least 2."""
     count, mean, m2 = split_moments(state, covariance)
     if bool((count < 2).any()):
-        raise ValueError(
-            f"a variance needs at least 2 points, got count {int(count.min())}"
-        )
+        raise ValueError(f"a variance needs at least 2 points, got count {int(count.min())}")
     scale = (count - 1.0).unsqueeze(-1)
     if covariance:
         scale = scale.unsqueeze(-1)
