@@ -186,3 +186,40 @@ def test_rank_calibration_of_held_samples_counts_over_every_block():
              r"\(rows of theta and x: \[1700, 1701, 1702\]\)")  # fmt: skip
     with pytest.raises(ValueError, match=match):
         rank_calibration(samples, log_prob, theta, q.log_prob(theta))
+
+
+ALL_METRICS = {
+    **METRICS,
+    "ImportanceCoverage": lambda obs: cl.ImportanceCoverage(num_proposal_samples=50),
+    "RatioBalance": lambda obs: cl.RatioBalance(),
+    "IntervalCoverage": lambda obs: cl.IntervalCoverage(num_posterior_samples=9),
+}
+
+
+@pytest.mark.parametrize("metric", list(ALL_METRICS))
+def test_every_metric_refuses_a_single_pair(metric):
+    """``docs/estimators.md``: N < 2 raises, for every metric (before: PriorSupport gave
+    p = 1.0 and DensityCoverage density 1.0 from one pair)."""
+    theta, x = pairs(1)
+    posterior = closure_gaussian
+    if metric in ("ImportanceCoverage", "RatioBalance"):
+        posterior = cl.UnnormalizedPosterior(
+            lambda th, xx: Normal(th @ WEIGHT.to(th.dtype), 0.5).log_prob(xx).sum(-1),
+            prior=PRIOR,
+        )
+    m = ALL_METRICS[metric](x)
+
+    def run():
+        m.update(posterior, theta, x)
+        return m.compute()
+
+    with pytest.raises(ValueError, match=r"N >= 2|N = 1|at least 2|N >= 4"):
+        run()
+
+
+def test_the_sample_metrics_refuse_a_single_sample():
+    reference = torch.randn(30, D, generator=torch.Generator().manual_seed(2))
+    density = cl.DensityCoverage(reference)
+    density.update(torch.randn(1, D))
+    with pytest.raises(ValueError, match=r"needs at least n >= 2 samples, got n = 1"):
+        density.compute()
