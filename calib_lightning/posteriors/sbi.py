@@ -4,7 +4,7 @@ density networks, alone or inside a ``DirectPosterior``), and what each sbi obje
 
 What an sbi object estimates is read from the object, never from what else is alive:
 
-* a ``RatioEstimator`` (``NRE_A/B/C``, ``BNRE``) is a ratio :math:`r(	heta, x)`;
+* a ``RatioEstimator`` (``NRE_A/B/C``, ``BNRE``) is a ratio :math:`r(\theta, x)`;
 * an ``MCMCPosterior``, ``RejectionPosterior`` or ``ImportanceSamplingPosterior`` is the
   posterior of its potential (likelihood or ratio estimator, and prior), known up to a
   constant;
