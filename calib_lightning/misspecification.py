@@ -162,14 +162,6 @@ def misspecification_test(
     combination keeps its level under this dependence asymptotically (in the tail,
     Liu and Xie 2020), ``"holm"`` (Bonferroni's :math:`\min(1, O \min_o p_o)`) exactly.
 
-    Why ``k = 5``: any ``k`` gives a valid test, only power changes. The ``k``-th
-    neighbour distance is a monotone estimate of the inverse simulator density around
-    the point, with relative noise about :math:`1/\sqrt{k}`; ``k = 1`` is noisy
-    (weaker against moderate shifts), a large ``k`` blurs thin structures (such as a
-    crescent-shaped simulator output) into their neighbourhood. ``k = 5`` is the usual
-    compromise of k-NN density and support estimators (as in
-    :func:`~calib_lightning.functional.density_coverage`).
-
     Arguments:
         observations: the observations :math:`x_o` to test, shape ``(O, *X)``.
         x: simulations from the simulator (e.g. the calibration pairs' ``x``), never the
@@ -181,7 +173,9 @@ def misspecification_test(
             gradients and, if an :class:`torch.nn.Module`, in eval mode (so batch norm
             and dropout make the features of a point independent of its batch); every
             submodule's training mode is restored afterwards.
-        k: the neighbour whose distance is the score, ``1 <= k <= N_fit``.
+        k: the neighbour whose distance is the score, ``1 <= k <= N_fit``; any ``k``
+            gives a valid test, only the power changes (why 5: ``docs/design.md``,
+            "Misspecification: the 5th neighbour").
         fit_fraction: share of the simulations in the fit set, in ``(0, 1)``.
         standardize: standardize the features with the fit set (a constant feature
             keeps its raw scale); ``False`` for features already on one scale.
