@@ -147,8 +147,8 @@ def misspecification_test(
 
     For an :math:`x_o` drawn from the simulator independently of ``x`` (exchangeable
     with the simulations), :math:`P(p(x_o) \le \alpha) \le \alpha` exactly, for every
-    ``N``, ``k``, embedding and seed: reject at level ``alpha`` when
-    ``p_value < alpha`` (the package's convention; ``<=`` is valid too). The smallest
+    ``N``, ``k``, embedding and seed: reject at ``level`` when
+    ``p_value < level`` (the package's convention; ``<=`` is valid too). The smallest
     p-value is :math:`1 / (1 + n)`, so rejecting at 0.05 needs ``n >= 20`` calibration
     simulations (``N >= 40`` with the default split; with ``N = 30`` the smallest
     p-value is 1/16 even for an observation 10 standard deviations away); a few
