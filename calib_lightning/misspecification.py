@@ -147,8 +147,8 @@ def misspecification_test(
 
     For an :math:`x_o` drawn from the simulator independently of ``x`` (exchangeable
     with the simulations), :math:`P(p(x_o) \le \alpha) \le \alpha` exactly, for every
-    ``N``, ``k``, embedding and seed: reject at level ``alpha`` when
-    ``p_value < alpha`` (the package's convention; ``<=`` is valid too). The smallest
+    ``N``, ``k``, embedding and seed: reject at ``level`` when
+    ``p_value < level`` (the package's convention; ``<=`` is valid too). The smallest
     p-value is :math:`1 / (1 + n)`, so rejecting at 0.05 needs ``n >= 20`` calibration
     simulations (``N >= 40`` with the default split; with ``N = 30`` the smallest
     p-value is 1/16 even for an observation 10 standard deviations away); a few
@@ -162,14 +162,6 @@ def misspecification_test(
     combination keeps its level under this dependence asymptotically (in the tail,
     Liu and Xie 2020), ``"holm"`` (Bonferroni's :math:`\min(1, O \min_o p_o)`) exactly.
 
-    Why ``k = 5``: any ``k`` gives a valid test, only power changes. The ``k``-th
-    neighbour distance is a monotone estimate of the inverse simulator density around
-    the point, with relative noise about :math:`1/\sqrt{k}`; ``k = 1`` is noisy
-    (weaker against moderate shifts), a large ``k`` blurs thin structures (such as a
-    crescent-shaped simulator output) into their neighbourhood. ``k = 5`` is the usual
-    compromise of k-NN density and support estimators (as in
-    :func:`~calib_lightning.functional.density_coverage`).
-
     Arguments:
         observations: the observations :math:`x_o` to test, shape ``(O, *X)``.
         x: simulations from the simulator (e.g. the calibration pairs' ``x``), never the
@@ -181,7 +173,9 @@ def misspecification_test(
             gradients and, if an :class:`torch.nn.Module`, in eval mode (so batch norm
             and dropout make the features of a point independent of its batch); every
             submodule's training mode is restored afterwards.
-        k: the neighbour whose distance is the score, ``1 <= k <= N_fit``.
+        k: the neighbour whose distance is the score, ``1 <= k <= N_fit``; any ``k``
+            gives a valid test, only the power changes (why 5: ``docs/design.md``,
+            "Misspecification: the 5th neighbour").
         fit_fraction: share of the simulations in the fit set, in ``(0, 1)``.
         standardize: standardize the features with the fit set (a constant feature
             keeps its raw scale); ``False`` for features already on one scale.

@@ -47,7 +47,7 @@ SCORE_ONLY_CALLBACKS = (
 
 
 def callback_posterior(estimator: Any, prior: Any = None) -> Posterior:
-    """The posterior a callback checks (module docstring).
+    r"""The posterior a callback checks (module docstring).
 
     Arguments:
         estimator: what the callback found on the LightningModule.

@@ -121,10 +121,11 @@ class CalibrationCallback(CheckHistory, CostWarning, DrawSharing, SetupCheck):
             identical runs log identical numbers; the training's weights do not change.
 
     Scalars are logged in float64, and every p-value also as its log10 under
-    ``log10_{key}`` (e.g. ``calibration/ranks/log10_p_value``): TensorBoard stores
-    scalars in float32, where a p-value below about 1e-38 reads as 0, but its log10 is
-    exact (:mod:`calib_lightning.callbacks._scalars`). ``history`` keeps the float64
-    p-values (not their log10).
+    ``log10_{key}`` (e.g. ``calibration/ranks/log10_p_value``), which is exact: a
+    p-value's own tag is floored at float32's smallest normal number (about ``1.2e-38``,
+    read it as "at most"), so that TensorBoard's float32 shows what the other loggers
+    show (:mod:`calib_lightning.callbacks._scalars`). ``history`` keeps the unfloored
+    float64 p-values (not their log10).
 
     Attributes:
         history: scalar key -> its value at each check (``nan`` where it was missing

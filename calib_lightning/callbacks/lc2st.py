@@ -108,11 +108,9 @@ class LC2STNFCallback(CalibrationCallback):
             LightningModule (``"net.embedding"``) or a function ``pl_module -> embedding``
             (a plain ``x -> features`` function goes to the metric:
             ``LC2STNF(..., embedding=f)``). ``None`` keeps the metric's own. An embedding
-            trained with the flow changes its features between checks, and the null,
-            which depends on the features of the calibration ``x``, is then retrained at
-            every check: ``num_null * num_ensemble`` classifiers (as many as L-C2ST) where
-            a fixed embedding costs ``num_ensemble``. To keep one null, pass a frozen copy,
-            ``embedding=copy.deepcopy(module.embedding)`` after pre-training it.
+            trained with the flow changes the features, so the null is retrained at every
+            check (``num_null * num_ensemble`` classifiers instead of ``num_ensemble``);
+            a frozen copy, ``copy.deepcopy(module.embedding)``, keeps one null.
         **kwargs: :class:`~calib_lightning.callbacks.CalibrationCallback` arguments.
 
     References:

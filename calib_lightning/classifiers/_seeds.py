@@ -1,22 +1,16 @@
 r"""Random streams of the local C2STs, keyed by a seed, a stream number and the data.
 
-A local C2ST p-value is valid when the observed statistic and the null statistics are
-exchangeable under :math:`H_0`. Each statistic depends on the data *and* on the
-classifier's own randomness :math:`\xi` (initialisation, validation split, batch order,
-class-0 normal draws). If the observed classifier's :math:`\xi` is the same at every
-check while the null classifiers' vary, the p-value is conditional on that one
-:math:`\xi` and not uniform over datasets: a classifier that happens to stop late
-overfits at every check and rejects too often, one that stops early never rejects. So
-every random stream of a check is seeded by
+Every random stream of a check (initialisation, validation split, batch order, class-0
+normal draws) is seeded by
 
 .. math::
     \mathrm{SeedSequence}(\text{seed}, \text{stream}, \text{check}, \mathrm{SHA256}(\text{data})),
 
 with ``check`` a counter in the metric's ``state_dict`` advanced by every ``compute()``
 (a resumed run continues the stream) and the digest of the data the classifiers are
-trained on. Two datasets never share classifier randomness, even through fresh metrics
-built with the same seed (one check per model, the common case), and the same data,
-seed and counter reproduce the same result.
+trained on: two datasets never share classifier randomness, and the same data, seed and
+counter reproduce the same result (why the p-value needs this: ``docs/design.md``,
+"L-C2ST-NF: randomness and defaults").
 """
 
 from __future__ import annotations

@@ -108,22 +108,15 @@ class MLPEnsemble(nn.Module):
     Arguments:
         num_members: ``K``.
         hidden_features: widths of the hidden layers; ``None``: two layers of
-            ``min(10 * F, max_width)`` units for ``F`` input features: sbibm's C2ST
-            architecture (``10 * F``, the L-C2ST paper's classifier) up to
-            ``max_width / 10`` features (two moons ``F = 4``: 40 units; SLCP ``F = 13``:
-            128 instead of 130), bounded beyond. A fit costs about the square of the
-            width; at ``F = 19`` (three parameters and a 16-feature image embedding) and
-            ``F = 20`` (a 10-D Gaussian task) 128 units matched the power of ``10 * F``
-            at a fifth of the time
-            (``examples/benchmarks/results/scale.md``). A flattened 32 x 32 image gives
-            0.15 M weights per member instead of 116 M (embed such ``x`` first:
-            ``LC2STNF(..., embedding=...)``).
+            ``min(10 * F, max_width)`` units for ``F`` input features (sbibm's C2ST
+            architecture, ``10 * F``, bounded; why: ``docs/design.md``, "Classifiers:
+            the batched MLP's defaults").
+            Embed high-dimensional ``x`` such as images first
+            (``LC2STNF(..., embedding=...)``).
         max_width: the bound of the default width (the local tests use 96: see
             :data:`~calib_lightning.classifiers.LOCAL_TEST_SETTINGS`).
         learning_rate: Adam step size.
-        batch_size: rows per mini-batch. Early stopping ends training after a few epochs;
-            64 rows (rather than 256) give each member four times the Adam steps in them
-            (power measured in ``examples/benchmarks/README.md``).
+        batch_size: rows per mini-batch.
         max_epochs: passes over the training rows at most.
         patience: epochs without improvement of the held-out loss before a member stops.
         validation_fraction: held-out share of each member's rows; ``0`` monitors the
@@ -133,9 +126,7 @@ class MLPEnsemble(nn.Module):
         seed: member ``k`` draws its initialisation, split and batch order from
             ``torch.Generator().manual_seed(seed + k)``.
         num_threads: intra-op threads while fitting and predicting (restored after);
-            ``None`` keeps torch's setting. The default, one, is the fast choice for these
-            small matrices: on a busy machine, spinning OpenMP threads made a fit 20 times
-            slower in our measurements.
+            ``None`` keeps torch's setting. One by default: these matrices are small.
     """
 
     def __init__(

@@ -15,9 +15,9 @@ hand the *same* tensors (the callbacks share their moved calibration batches thr
 
 **Validity.** Each consumer still sees independent draws from :math:`q(\cdot \mid x)`,
 independent of :math:`\theta^*` given ``x``: every test stays valid. Two tests on the
-same draws are dependent; the report combines them with the Cauchy combination, valid
-under dependence. A metric that needs two *independent* sets at one ``x`` must ask for
-``2 n`` draws and split them.
+same draws are dependent; ``cl.diagnose``'s overall verdict combines them by
+Bonferroni's bound, valid under any dependence. A metric that needs two *independent*
+sets at one ``x`` must ask for ``2 n`` draws and split them.
 
 **Samples only.** For a posterior without a cheap ``log_prob``
 (:func:`~calib_lightning.posteriors.density_draws`) the cache holds draws only, draws with

@@ -1,49 +1,35 @@
 r"""The memory budget of the chunked evaluations, and the measured peak that sizes chunks.
 
 Every check that draws from a posterior, evaluates log-densities or solves ODEs does it
-in chunks (:mod:`calib_lightning.evaluation`). How many draws go in one chunk is set by
-a **memory budget** in bytes (default :data:`DEFAULT_MEMORY_BUDGET`, 256 MiB; change it
-with :func:`set_memory_budget`), not by a guess per element: a :class:`ChunkSizer`
-measures what the first chunks actually allocate at their peak and sizes the next ones
-so that one chunk's peak stays near the budget.
+in chunks (:mod:`calib_lightning.evaluation`). How many units (draws at a pair, ODE
+solves) go in one chunk is set by a **memory budget** in bytes (default
+:data:`DEFAULT_MEMORY_BUDGET`, 256 MiB; change it with :func:`set_memory_budget`): a
+:class:`ChunkSizer` measures what the first chunks allocate at their peak and sizes the
+next ones so that one chunk's peak stays near the budget.
 
-**Measuring.** On CUDA, ``torch.cuda.max_memory_allocated`` above the memory allocated
-before the chunk, read again when the next chunk is sized, so that it includes what the
-caller allocated while working on the chunk (ranking draws, scoring them), less what it
-keeps (:meth:`ChunkSizer.keep`). On the CPU,
-:class:`TensorPeak`: a ``TorchFunctionMode`` that adds up
-the bytes of the tensor storages every torch function returns and drops them when they
-are freed, so its peak is the most tensor memory alive at once between the calls of the
-chunk (a ``TorchDispatchMode`` would see inside composite operations too, but its first
-use imports about 800 modules, seconds). The
-process's resident memory is higher than that by what the C allocator keeps
-(``examples/benchmarks/results/memory.md`` measures it).
+**Measuring** (:func:`measure_peak`, with the garbage collector paused). On CUDA,
+``torch.cuda.max_memory_allocated`` above the memory allocated before the chunk, read
+again when the next chunk is sized, so that it includes what the caller allocated while
+working on the chunk, less what it keeps (:meth:`ChunkSizer.keep`). On the CPU,
+:class:`TensorPeak`: a ``TorchFunctionMode`` that adds up the bytes of the tensor
+storages every torch function returns and drops them when they are freed, so its peak
+is the most tensor memory alive at once during the chunk.
 
-**Sizing.** The first chunk is a probe of :data:`PROBE_UNITS` units (draws at a pair,
-ODE solves; :data:`LATENT_PROBE_UNITS` pairs for latents); its peak per unit, an upper
-bound of the cost of one more unit (it includes the chunk's fixed cost), sizes the later
-chunks. On CUDA, where measuring is free, the
-second chunk is measured too and the larger of the two peaks per unit sizes the rest. On
-the CPU only the probe is measured: the tracker costs Python time per torch call, which
-on an ODE solver's many small calls is as much as the calls. The peak per unit varies
-between chunks of one model (a probe of one pair's draws against blocks of whole pairs:
-up to about 1.3x for a zuko spline flow), and the process's resident memory at a chunk's
-peak is about 1.8x what :class:`TensorPeak` sees (the internals of composite operations,
-blocks the C allocator keeps; measured on a zuko spline flow), so on the CPU the probe's
-is taken :data:`PROBE_MARGIN` times: the resident peak of a check then stays within the
-budget (``examples/benchmarks/results/memory.md``). A chunk is measured with the
-garbage collector paused (:func:`measure_peak`), so its peak holds every tensor that
-reference cycles keep, whenever the collector would have run: sizes depend only on the
-operations run, not on their values or the collector's timing, so a seeded check gives
-the same chunks, hence the same numbers, every time. Bytes a check keeps until it ends
-(an output filled chunk by chunk, draws shared by later checks) come off the budget of
-its chunks (:meth:`ChunkSizer.keep`). After a chunk of at least an
-eighth of the budget and :data:`COLLECT_BYTES`, the garbage collector runs on the young
-generations: a zuko flow's distribution holds its intermediate tensors in reference
-cycles, which would otherwise outlive the chunk
-(``examples/benchmarks/results/memory.md``); on the CPU the C heap's free pages then go
-back to the system (glibc's ``malloc_trim``), so that fragmentation does not grow the
-resident peak chunk after chunk.
+**Sizing.** The first chunk is a probe of :data:`PROBE_UNITS` units
+(:data:`LATENT_PROBE_UNITS` pairs for latents); its peak per unit sizes the later
+chunks. On CUDA the second chunk is measured too and the larger of the two peaks per
+unit sizes the rest; on the CPU only the probe is measured, and its peak per unit is
+taken :data:`PROBE_MARGIN` times. Bytes a check keeps until it ends (an output filled
+chunk by chunk, draws shared by later checks) come off the budget of its chunks
+(:meth:`ChunkSizer.keep`). After a chunk of at least an eighth of the budget and
+:data:`COLLECT_BYTES`, the garbage collector runs on the young generations and, on the
+CPU, the C heap's free pages go back to the system (glibc's ``malloc_trim``). Sizes
+depend only on the operations run, so a seeded check gives the same chunks, hence the
+same numbers, every time.
+
+Why it is built this way: ``docs/design.md``, "Memory: a budget, measured"; the peaks
+and times it gives: ``examples/benchmarks/results/memory.md`` (CPU) and
+``examples/benchmarks/results/memory_cuda.md`` (GPU).
 """
 
 from __future__ import annotations
@@ -182,8 +168,7 @@ def measure_peak(run: Callable[[], T], device: torch.device | None = None) -> tu
     The garbage collector is paused meanwhile, so the peak includes every tensor that
     reference cycles keep until a collection (a zuko flow's distributions hold their
     intermediates in cycles): the most the same work can hold whenever the collector
-    runs. With the collector running, one sampling call of a zuko NSF(5, 5) peaked
-    anywhere from 96 to 168 MiB depending on when it ran, and at 204 MiB with it paused.
+    runs (``examples/benchmarks/results/memory.md``).
     """
     paused = gc.isenabled()
     gc.disable()
@@ -247,9 +232,8 @@ class ChunkSizer:
         covers the chunk and the work its caller did on it (ranking the draws, scoring
         them) until asking for the next chunk, which the chunk's own peak misses. What the
         caller keeps meanwhile (:meth:`keep`: the output it fills chunk by chunk, allocated
-        after the probe) is counted there, not per unit: as a per-unit cost it made the
-        later chunks hundreds of times smaller (TARP at N = 2,000 on an H200: 2,000 calls
-        of one pair, 40-62 s where one call takes 2.2 s)."""
+        after the probe) is counted there, not per unit (as a per-unit cost it would
+        shrink the later chunks: ``examples/benchmarks/results/memory_cuda.md``)."""
         if self._open is None:
             return
         before, units, kept = self._open
@@ -307,8 +291,7 @@ class ChunkSizer:
 def _trim_heap() -> None:
     """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``; nothing
     elsewhere): without it, freed chunks stay resident in a fragmented heap and the
-    process's peak grows with the number of chunks (N = 1,000 pairs of 1,000 draws on a
-    zuko NSF(5, 5): 298 MiB above the budget's 256 without, 221 with, same seconds)."""
+    process's peak grows with the number of chunks."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)

@@ -30,15 +30,9 @@ the
 two-sided test of :math:`B = 0` refers :math:`\hat B / \widehat{\operatorname{se}}` to
 Student's t with :math:`N - 1` degrees of freedom.
 
-Why all pairs, not one marginal partner per pair: for a sharp posterior, a marginal pair
-lands where :math:`\log r` is large only rarely, and a mean of :math:`N` such terms is a
-rare-event average whose normal approximation does not hold. Measured on the exact ratio
-of :math:`x \sim N(\theta, s^2)` (``tests/test_ratio_balance.py``): with one partner per
-pair (a random matching, its clusters' variance, t test) the rejection rate at 0.05 was
-0.19 at :math:`s = 0.1`, :math:`N = 20` and 0.12 at :math:`s = 0.03`, :math:`N = 100`;
-with all pairs and this variance 0.007 and 0.052 (conservative for small :math:`N`; 0.054
-to 0.064 at :math:`N = 200`, 1,000 datasets each, for :math:`s` from 0.03 to 2). The
-cost is :math:`N^2` evaluations of the estimator (per batch, in a streaming metric).
+The cost is :math:`N^2` evaluations of the estimator (per batch, in a streaming
+metric); why all pairs rather than one marginal partner per pair: ``docs/design.md``,
+"Ratio balance: all pairs".
 
 Streaming: the six sums of :func:`balance_sums` add over independent batches (each batch
 its own U-statistic) and processes.

@@ -333,7 +333,7 @@ def sbc_ranks(
 
 
 class RankSums(NamedTuple):
-    """What :func:`rank_draw_chunk` keeps of one chunk of draws, per pair.
+    r"""What :func:`rank_draw_chunk` keeps of one chunk of draws, per pair.
 
     Attributes:
         below: ``(n, D + 1)`` int64 ranks counted in the chunk: marginal, then joint.
@@ -380,8 +380,7 @@ def rank_draw_chunk(
     The streaming form of :func:`sbc_ranks`: ranks and sums of chunks of draws of the
     same pairs add up. Besides the draws, the cost is a few passes over them: on the
     CPU (float32 and float64), two comparisons with the truth and their counts, in
-    numpy; elsewhere, the difference to the truth and two sums of its signs (torch's
-    CPU comparison and reduction kernels took about 3x numpy's time on one thread).
+    numpy; elsewhere, the difference to the truth and two sums of its signs.
     Finiteness is checked lazily (element by element only when a non-finite moment or
     log-density shows; at a tie, which a NaN looks like, on the tied pairs), and a
     failure names the pairs.

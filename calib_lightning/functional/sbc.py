@@ -43,18 +43,10 @@ there: negative = over-confident, positive = under-confident); on the lower half
 **Global p-value.** ``global_p_value`` tests "calibrated everywhere tested": the
 intersection of the ``D`` marginal and the joint uniformity hypotheses, combining
 *all* ``2 (D + 1)`` p-values the check reports (chi-square and ECDF-band, marginals
-and joint) with :func:`~calib_lightning.functional.combine.combine_p_values`. The
-ECDF-band tests are included because they are the tests the figures draw (the
-verdict weighs every test a user sees) and because they are the more powerful
-against smooth shifts and dispersion errors, while the chi-square tests see
-non-monotone ones; both test the same hypotheses, so including both adds evidence,
-not hypotheses, and costs at most a factor 2 when a single test carries the signal.
-The tests share data (the same histogram, correlated parameters), so the combination
-must hold its level under dependence: the Cauchy combination (default: valid under
-arbitrary dependence in the tail, and more powerful than Bonferroni when several tests
-are weakly significant together, the typical signature of a global dispersion error)
-or Holm's smallest adjusted p-value (exact under any dependence, conservative: for
-when a guarantee matters more than power).
+and joint) with :func:`~calib_lightning.functional.combine.combine_p_values`: the
+Cauchy combination (default) or Holm's smallest adjusted p-value, both valid under the
+dependence of tests that share data (why both kinds of test, and why Cauchy:
+``docs/design.md``, "One verdict per check").
 
 Analytic p-values are never exactly 0: tail probabilities that underflow are reported
 as :data:`~calib_lightning.functional.bands.P_VALUE_FLOOR` (about ``2.2e-308``), an

@@ -14,47 +14,37 @@ expected coverage probability at credibility :math:`c` is
 :math:`\mathrm{ECP}(c) = \frac{1}{N} \sum_i 1[c_i \le c]`, about :math:`c` when
 :math:`q = p`.
 
-**One reference per pair is a lottery.** The curve of one set of references is a
-random function of those references: on one fixed calibration set, one reference set
-per seed, the p-value of an over-confident posterior ranged over 0.017-0.48 (5-95 %
-over 30 seeds, ``examples/benchmarks/results/seed_stability.md``). So each pair gets
-``R`` references :math:`\theta^{r}_{i1}, \dots, \theta^{r}_{iR}` and the curve is the
-average :math:`\overline{\mathrm{ECP}}(c) = \frac{1}{NR} \sum_{i, j} 1[c_{ij} \le c]`;
-as ``R`` grows it tends to a function of the data alone, and its power grows too (the
-average sees every direction of the ball, one reference only one).
+**References.** Each pair gets ``R`` references
+:math:`\theta^{r}_{i1}, \dots, \theta^{r}_{iR}` and the curve is the average
+:math:`\overline{\mathrm{ECP}}(c) = \frac{1}{NR} \sum_{i, j} 1[c_{ij} \le c]` (why
+several: ``docs/design.md``, "TARP: several references per pair, a permutation null").
 
-**The test is a permutation test, exact at every** ``N``, ``S``, ``R``, ``D``. The
-ranks of one pair under its ``R`` references are dependent in a way that depends on
-the posterior, so the multinomial null of one reference set no longer applies. Under
+**The test is a permutation test, exact at every** ``N``, ``S``, ``R``, ``D``. Under
 :math:`H_0: q = p` the :math:`S + 1` values :math:`\{\theta^*_i, \theta_{i1}, \dots,
 \theta_{iS}\}` are exchangeable given :math:`x_i`: given the unordered set of values of
 every pair (and the references, drawn from it), the position :math:`J_i` of the true
 value among them is uniform on :math:`\{0, \dots, S\}` and independent across pairs.
-So the rank table of every value (:func:`tarp_rank_table`: the ranks the statistic
-would see had value ``j`` been the true one) gives the null exactly: ``B`` draws of
-:math:`J` uniform, the statistic recomputed from the table each time, and
-:math:`p = (1 + \#\{T_b \ge T\}) / (1 + B)` (:func:`tarp_permutation_test`). Any
-subgroup of positions works as well: the first ``K`` values of each pair (the truth and
-``K - 1`` draws, an arbitrary choice independent of :math:`J` since the draws are
-i.i.d.) keep the test exact with a table of ``K`` columns (``positions``, bounded memory
-for a large ``S``).
+The rank table of every value (:func:`tarp_rank_table`: the ranks the statistic would
+see had value ``j`` been the true one) gives the null exactly: ``B`` draws of :math:`J`
+uniform, the statistic recomputed from the table each time, and
+:math:`p = (1 + \#\{T_b \ge T\}) / (1 + B)` (:func:`tarp_permutation_test`). The first
+``K`` values of each pair (the truth and ``K - 1`` i.i.d. draws) keep the test exact
+with a table of ``K`` columns (``positions``: bounded memory for a large ``S``).
 
-**Coordinates** must not depend on which value is the true one, and now they need not
-be random either: the box the references are drawn in and the scale of the distances
-are fitted on the *pooled* values of all pairs (:math:`N (S + 1)` points), a function
-of the unordered sets. The box spans the :math:`1 / (N + 1)` and :math:`N / (N + 1)`
-quantiles of each coordinate (where the smallest and largest of ``N`` draws of the
-marginal fall on average, the box of the earlier fit points), the scale is the pooled
-standard deviation (:func:`tarp_box`, :func:`tarp_fit_scale`). References and a scale
-fixed in advance (e.g. from the prior) are exact too, and two posteriors compared on
-the same pairs may share references fitted on both posteriors' pooled values: that
-union is unchanged by either test's permutations.
+**Coordinates** must not depend on which value is the true one: the box the references
+are drawn in and the scale of the distances are fitted on the *pooled* values of all
+pairs (:math:`N (S + 1)` points), a function of the unordered sets. The box spans the
+:math:`1 / (N + 1)` and :math:`N / (N + 1)` quantiles of each coordinate, the scale is
+the pooled standard deviation (:func:`tarp_box`, :func:`tarp_fit_scale`). References and
+a scale fixed in advance (e.g. from the prior) are exact too, and two posteriors
+compared on the same pairs may share references fitted on both posteriors' pooled
+values.
 
 The statistic is the largest deviation of the averaged curve from the diagonal,
 :math:`T = \sup_{c \in [0, 1]} |\overline{\mathrm{ECP}}(c) - c|` (a KS distance), and
 the ``1 - level`` quantile of the :math:`T_b` is a simultaneous band around the diagonal,
-drawn by :func:`calib_lightning.plots.plot_tarp`. With ``R = 1`` the old exact
-multinomial test of one reference set is :func:`tarp_test`.
+drawn by :func:`calib_lightning.plots.plot_tarp`. With ``R = 1``, :func:`tarp_test` is
+the exact multinomial test of one reference set.
 
 The summary ``coverage_error`` is the signed area of the *upper half* of the curve,
 :math:`\int_{1/2}^{1} (\overline{\mathrm{ECP}}(c) - c)\, dc` (the ATC of Lemos et al.):

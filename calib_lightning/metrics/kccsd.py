@@ -45,10 +45,8 @@ class KCCSDResult(Result):
             without a distribution kernel.
         num_pairs: calibration pairs used (all processes together), ``()`` int64.
         p_value_error: ``()`` Monte Carlo standard error of ``p_value`` from the ``B``
-            bootstrap draws, :math:`\sqrt{p (1 - p) / B}`: over 50 seeds on one calibration
-            set the p-value spanned 0.47-0.58 (5-95 %), where the bootstrap alone would
-            give 0.46-0.54 (``examples/benchmarks/results/seed_stability.md``): the base
-            points add little.
+            bootstrap draws, :math:`\sqrt{p (1 - p) / B}` (the spread over seeds, base
+            points included: ``examples/benchmarks/results/seed_stability.md``).
         space: ``None`` when the test ran on ``theta`` itself; ``"unconstrained"`` when it
             ran on :math:`u = T^{-1}(\theta)`, :math:`T` mapping :math:`\mathbb{R}^D` onto
             the support of the prior of an

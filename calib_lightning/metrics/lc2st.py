@@ -68,16 +68,25 @@ class LC2STNF(LocalC2ST):
     :math:`(z^*_i, x_i)` and :math:`(z_i, x_i)`, :math:`z_i \sim N(0, I)`, and evaluates
     :math:`T(x_o) = \frac{1}{N_v}\sum_j (d(z_j, x_o) - \frac12)^2` at fixed
     :math:`z_j \sim N(0, I)` for every reference observation. It returns an
-    :class:`LC2STResult` (``samples`` is ``None``).
+    :class:`LC2STResult` (``samples`` is ``None``); its ``global_p_value`` is the Cauchy
+    combination (:func:`~calib_lightning.functional.combine_p_values`) of ``p_value``.
 
     The null, ``metric.null`` (an :class:`~calib_lightning.classifiers.LC2STNFNull`): the
     ``num_null`` null classifiers (both classes normal draws) are trained by
     ``metric.null.fit(x, dim)``, or by the first ``compute()`` on its calibration ``x``, in
-    one batched fit, and kept: their statistics at the reference observations are cached,
-    so a later check costs one classifier fit and one inverse pass of the flow.
+    one batched fit, and kept with their statistics at the reference observations; a
+    later check is one classifier fit and one inverse pass of the flow.
     ``metric.null.reset()`` forgets it; :meth:`set_observations` moves the test to other
-    observations with the same null. Every ``compute()`` is a check (a classifier fit; the
-    counter advances): the metric runs with ``compute_with_cache=False``.
+    observations with the same null. The null is fingerprinted by the calibration
+    features: when ``compute()`` finds other features and an embedding is set, it
+    retrains the null; without an embedding, other ``x`` raise a ``ValueError``.
+    Every ``compute()`` is a check (a classifier fit; the counter advances): the metric
+    runs with ``compute_with_cache=False``.
+
+    The observed classifier is trained as one null trial, with randomness keyed by
+    ``seed``, the check counter (``checks``, in the ``state_dict``) and the SHA-256
+    digest of its pairs; the null classifiers depend on ``seed`` and the calibration
+    ``x`` only (why: ``docs/design.md``, "L-C2ST-NF: randomness and defaults").
 
     Memory: per process at most ``max_pairs`` pairs of ``D + X`` numbers; the null is
     ``num_null * num_ensemble`` small MLPs plus ``num_null x O x 101`` PP-curve values.
@@ -92,16 +101,9 @@ class LC2STNF(LocalC2ST):
     Keyword Arguments:
         num_null: null classifiers ``H``.
         num_posterior_samples: evaluation points :math:`N_v` per observation (normal
-            draws in the latent space for L-C2ST-NF, posterior draws for L-C2ST). The
-            default, 2,000 (sbi's is 10,000), resolves the statistic well inside its null
-            spread; on sbibm's estimators it found as many wrong posteriors as 10,000 (399
-            and 397 of 414) at two thirds of the null's cost
-            (``examples/benchmarks/results/lc2st_training_4000_speed.md``).
-        num_ensemble: classifiers averaged per statistic (the null's trials likewise).
-            Averaging removes classifier noise that the data did not cause, at
-            ``num_ensemble`` times the cost: for L-C2ST-NF the null (once) and a cheap
-            check, for L-C2ST every check (power measured in
-            ``examples/benchmarks/README.md``).
+            draws in the latent space for L-C2ST-NF, posterior draws for L-C2ST).
+        num_ensemble: classifiers averaged per statistic (the null's trials likewise), at
+            ``num_ensemble`` times the cost.
         classifier: ``"mlp"`` (batched :class:`~calib_lightning.classifiers.MLPEnsemble`),
             ``"sbibm"`` or a scikit-learn classifier (then ``state_dict`` holds the null's
             cached statistics but not the classifiers themselves).
@@ -117,51 +119,12 @@ class LC2STNF(LocalC2ST):
         embedding: ``nn.Module`` or callable mapping ``x (n, *X)`` to features
             ``(n, F)`` (any trailing shape is flattened), or ``None`` (``x`` flattened).
             Held by reference, outside the ``state_dict``; :meth:`set_embedding`
-            replaces it. Use it for images and time series: the default classifier's
-            width grows with ``F`` up to 96 units, and a summary with few, informative
-            features gives the classifiers power that raw pixels do not.
+            replaces it. A frozen embedding (``copy.deepcopy(net)``) keeps one null.
         embedding_batch_size: rows per call of ``embedding``.
-        norm_feature: (:class:`LC2STNF` only) the classifiers also see the latent's
-            squared norm; off by default (below).
-
-    The null and the embedding: the null depends on the calibration features only, so it
-    is fingerprinted by them. When ``compute()`` finds features that differ from the
-    null's and an embedding is set (the embedding changed, e.g. it is trained with the
-    flow, or the calibration ``x`` did), it retrains the null: ``num_null *
-    num_ensemble`` classifiers, as at the first check. Without an embedding other ``x``
-    raise, as before. A frozen embedding (a copy, ``copy.deepcopy(net)``) keeps one null.
-
-    Randomness and validity: the observed classifier is trained exactly as one null trial
-    (same procedure, per-member early stopping, initialisation from the same law) and with
-    randomness of its own, seeded by ``seed``, a check counter (``checks``, in the
-    ``state_dict``; every ``compute()`` advances it) and the SHA-256 digest of the pairs
-    it is trained on. Under :math:`H_0` the observed and null statistics are then
-    exchangeable and the p-value is uniform at every check, over datasets too: two
-    datasets never share classifier randomness, even through fresh metrics with the
-    default seed, while the same data, seed and counter give the same result. (A fixed
-    seed alone would freeze the observed classifier's randomness: the p-value would be
-    conditional on one initialisation and split and not uniform.) The null classifiers
-    depend on ``seed`` and the calibration ``x`` only.
-
-    ``global_p_value``: one p-value for "calibrated at every observation", the Cauchy
-    combination (:func:`~calib_lightning.functional.combine_p_values`) of ``p_value``.
-
-    ``norm_feature``: the classifiers (the null's too) also see the latent's standardised
-    squared norm (:func:`~calib_lightning.classifiers.local_c2st.latent_features`); the
-    null is unchanged. On the NPT Gaussian with 1,000 pairs (20 datasets a strength) it
-    found covariance inflation and heavy tails far more often at D = 10 and 50 (D = 10,
-    covariance x 1.4: 1.00 against 0.25; t with 5 degrees of freedom: 1.00 against 0.05;
-    D = 50, x 1.4: 1.00 against 0.00) at the same level, but at D = 3 a collapsed mode
-    less often (0.00 against 0.35 at strength 0.08)
-    (``examples/benchmarks/results/lc2st_norm_feature.md``); on sbibm's estimators
-    (4,000 pairs, 3 seeds) it found 0.95 of the wrong posteriors, the default 0.96
-    (``lc2st_training_4000_norm.md``). Off by default: a trade, not a gain everywhere.
-
-    Calibration pairs and power: the classifier sees an observation only through the
-    calibration pairs near it, so small local errors need many pairs; the null's cost
-    grows linearly with them. On sbibm's estimators at 10,000 simulations, 2,000 pairs
-    instead of 1,000 took the share of wrong posteriors found from about 0.6 to about 0.9
-    (``examples/benchmarks/results/lc2st_calibration_size.md``).
+        norm_feature: (:class:`LC2STNF` only) the classifiers, the null's too, also see
+            the latent's standardised squared norm
+            (:func:`~calib_lightning.classifiers.local_c2st.latent_features`); off by
+            default (its power: ``examples/benchmarks/results/lc2st_norm_feature.md``).
 
     Example:
         >>> from calib_lightning.tasks import GaussianToy

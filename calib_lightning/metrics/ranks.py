@@ -134,10 +134,10 @@ class RankCalibration(LazyDimension):
     ``ecdf_p_values`` (dims, then joint) are exact p-values of the simultaneous ECDF
     band test of Säilynoja et al. (2022): a curve leaves the plotted band exactly
     when its p-value falls below ``level``. ``global_p_value`` combines all
-    ``2 (D + 1)`` of them (Cauchy combination by default, ``global_method="holm"``
-    for Holm's bound) into one p-value for "calibrated everywhere tested" that keeps
-    its level although the tests share data: judge the check by it, and read the
-    individual p-values to see *where* it fails (see
+    ``2 (D + 1)`` of them, ``2 (D + 1 + Q)`` with ``statistics`` (Cauchy combination by
+    default, ``global_method="holm"`` for Holm's bound) into one p-value for "calibrated
+    everywhere tested" that keeps its level although the tests share data: judge the
+    check by it, and read the individual p-values to see *where* it fails (see
     :mod:`calib_lightning.functional.sbc`, "Global p-value"). p-values are never
     exactly 0 (floored at about ``2.2e-308``).
 

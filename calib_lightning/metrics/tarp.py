@@ -92,7 +92,7 @@ class TARP(Metric):
     ``compute`` on the pooled values (``theta`` and samples) of the pairs updated before
     it (:func:`~calib_lightning.functional.tarp.tarp_box`,
     :func:`~calib_lightning.functional.tarp.tarp_fit_scale`): a function of each pair's
-    unordered values, so the test stays exact, and no longer random. Until then
+    unordered values (not random), so the test stays exact. Until then
     ``update`` keeps those pairs' ``theta`` and samples (``S * N * D`` numbers per
     process; pass ``scale`` and ``reference_bounds``, e.g. from the prior's range, to
     stream from the start). The coordinates are then kept (also across ``reset``), so

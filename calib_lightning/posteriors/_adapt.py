@@ -18,7 +18,7 @@ __all__ = ["as_posterior"]
 
 
 def as_posterior(obj: Any, *, prior: Any = None, kind: str | None = None) -> Posterior:
-    """Wrap a conditional density estimator in the package's :class:`Posterior` interface.
+    r"""Wrap a conditional density estimator in the package's :class:`Posterior` interface.
 
     What ``obj`` is comes from ``obj`` itself (its class and its shapes), through the
     adapter modules' ``recognize`` (:data:`~calib_lightning.posteriors._dispatch.FAMILIES`).

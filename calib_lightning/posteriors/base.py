@@ -115,7 +115,7 @@ READINGS = ("posterior", "likelihood", "ratio", "unnormalized")
 
 @dataclass(frozen=True)
 class Recognized:
-    """What an adapter module's ``recognize(obj)`` makes of an object it knows.
+    r"""What an adapter module's ``recognize(obj)`` makes of an object it knows.
 
     Attributes:
         what: the object in words, for messages (``"an sbi RatioEstimator"``).

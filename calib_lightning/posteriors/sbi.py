@@ -4,7 +4,7 @@ density networks, alone or inside a ``DirectPosterior``), and what each sbi obje
 
 What an sbi object estimates is read from the object, never from what else is alive:
 
-* a ``RatioEstimator`` (``NRE_A/B/C``, ``BNRE``) is a ratio :math:`r(	heta, x)`;
+* a ``RatioEstimator`` (``NRE_A/B/C``, ``BNRE``) is a ratio :math:`r(\theta, x)`;
 * an ``MCMCPosterior``, ``RejectionPosterior`` or ``ImportanceSamplingPosterior`` is the
   posterior of its potential (likelihood or ratio estimator, and prior), known up to a
   constant;
@@ -48,16 +48,14 @@ class SbiPosterior(Posterior):
     The estimator is diagnosed as trained, without the prior-support rejection that
     ``DirectPosterior`` adds when sampling. Samples and their log-densities come from
     separate ``sample`` and ``log_prob`` calls, never from sbi's
-    ``sample_and_log_prob`` (its nflows version mismatches samples and conditions
-    in sbi 0.27).
+    ``sample_and_log_prob``.
 
     ``to_latent`` (flows only: ``NFlowsFlow``, ``ZukoFlow``) passes ``x`` through the
     estimator's embedding net, which z-scores ``x`` in sbi's builders, before the flow,
     exactly as ``log_prob`` and ``sample`` do: it goes through the nflows or zuko flow
-    the estimator wraps, never through sbi's ``inverse_transform`` (in sbi 0.27,
-    ``NFlowsFlow.inverse_transform`` skips the embedding net, so the latents of the
-    model's own samples are not standard normal when ``x`` is not standardized).
-    Another estimator (a mixture density network) raises a :class:`ValueError`.
+    the estimator wraps, never through sbi's ``inverse_transform``. Another estimator (a
+    mixture density network) raises a :class:`ValueError`. Why (two sbi 0.27 bugs):
+    ``docs/design.md``, "Posterior adapters: one sampling call per quantity".
 
     Arguments:
         module: the estimator.

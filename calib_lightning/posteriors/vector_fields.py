@@ -98,8 +98,9 @@ class VectorFieldPosterior(DistributionPosterior):
     :math:`(-v - \theta) / \sigma_{\min}`, divides the network's error by
     :math:`\sigma_{\min}` (``1e-3``); its score here is instead the gradient of the
     ODE's log-density (``log_prob``) by autograd through zuko's adjoint ODE solve: the
-    score of the density the other checks use, about 6 ms per point at ``D = 2`` on a CPU
-    (KCCSD evaluates it at every pair and base point). The adjoint gives no gradient in
+    score of the density the other checks use, one ODE solve per point (KCCSD evaluates
+    it at every pair and base point; its cost:
+    ``examples/benchmarks/results/estimator_cost.md``). The adjoint gives no gradient in
     the network's parameters, so ``create_graph=True`` (the calibration losses) raises
     a ``ValueError`` for it.
 

@@ -1,6 +1,6 @@
-"""Conjugate Gaussian toys with exact posteriors and knobs to miscalibrate them.
+r"""Conjugate Gaussian toys with exact posteriors and knobs to miscalibrate them.
 
-:class:`GaussianToy`: :math:`\theta \\sim N(0, I)`, :math:`x = \theta + N(0, s^2 I)`;
+:class:`GaussianToy`: :math:`\theta \sim N(0, I)`, :math:`x = \theta + N(0, s^2 I)`;
 :class:`CorrelatedGaussianToy`: the same with a correlated two-parameter prior.
 """
 
