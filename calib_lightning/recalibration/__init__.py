@@ -22,7 +22,8 @@ from pairs the estimator never trained on (the validation split):
 from calib_lightning.recalibration._module import ConditionalDistribution
 from calib_lightning.recalibration.api import METHODS, recalibrate, register_method
 from calib_lightning.recalibration.conformal import ConformalRegion
-from calib_lightning.recalibration.radial import LatentMap, RecalibratedPosterior
+from calib_lightning.recalibration.radial import LatentMap
+from calib_lightning.recalibration.recalibrated import RecalibratedPosterior
 from calib_lightning.recalibration.scale import LatentScale
 from calib_lightning.recalibration.selection import Selection
 from calib_lightning.recalibration.truncation import TruncatedPosterior

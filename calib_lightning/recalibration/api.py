@@ -2,7 +2,7 @@ r"""One call to fix a miscalibrated posterior: :func:`recalibrate`.
 
 ``cl.recalibrate(posterior, theta_val, x_val, method=...)`` fits a map of the flow's latent
 space on held-out pairs and returns a
-:class:`~calib_lightning.recalibration.radial.RecalibratedPosterior`, which every metric,
+:class:`~calib_lightning.recalibration.recalibrated.RecalibratedPosterior`, which every metric,
 callback and ``cl.diagnose`` accept. Methods (:data:`METHODS`):
 
 * ``"scale"``: per-coordinate latent scales (:func:`~.scale.latent_log_scale`, or the
@@ -39,7 +39,7 @@ from calib_lightning.recalibration.cross_fit import (
     default_band,
     scale_kinds,
 )
-from calib_lightning.recalibration.radial import RecalibratedPosterior
+from calib_lightning.recalibration.recalibrated import RecalibratedPosterior
 from calib_lightning.recalibration.scale import hpd_log_scale
 from calib_lightning.recalibration.selection import choose, select_method
 from calib_lightning.recalibration.truncation import TruncatedPosterior
@@ -147,7 +147,7 @@ def recalibrate(
         options: passed to a registered method.
 
     Returns:
-        The recalibrated posterior, an ``nn.Module`` (:class:`~.radial.RecalibratedPosterior`,
+        The recalibrated posterior, an ``nn.Module`` (:class:`~.recalibrated.RecalibratedPosterior`,
         or :class:`~.truncation.TruncatedPosterior` around it with ``prior``): called on
         ``x`` like the flow (``fixed(x)`` a distribution), saved and loaded with
         ``state_dict``; ``.method`` says what was fitted (``"+support"`` appended with

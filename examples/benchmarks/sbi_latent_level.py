@@ -60,7 +60,7 @@ def kl_from_exact(estimator: object, n: int = 20_000) -> float:
     """Monte Carlo KL(p || q) over the joint, in nats: E[log p(theta | x) - log q(theta | x)]."""
     theta, x = simulate(n, seed=10**6)
     with torch.no_grad():
-        log_q = cl.as_posterior(estimator).log_prob(theta, x)
+        log_q = cl.as_posterior(estimator, kind="posterior").log_prob(theta, x)
     mean, var = 10 * (x - 5) / 104, 1 / 26  # exact posterior N(10 (x - 5) / 104, I / 26)
     log_p = (-0.5 * (theta - mean) ** 2 / var - 0.5 * math.log(2 * math.pi * var)).sum(1)
     return float((log_p - log_q).mean())
@@ -119,7 +119,10 @@ def main() -> None:
     runs = [(None, None, None, 0.0, {"exact posterior": cl.as_posterior(exact_posterior)})]
     for seed in args.train_seeds:
         estimator, epochs, seconds = train(seed, num_simulations)
-        posts = {"adapter": cl.as_posterior(estimator), "raw inverse": RawInverse(estimator)}
+        posts = {
+            "adapter": cl.as_posterior(estimator, kind="posterior"),
+            "raw inverse": RawInverse(estimator),
+        }
         runs.append((seed, epochs, f"{seconds:.0f}", kl_from_exact(estimator), posts))
     for seed, epochs, seconds, kl, posts in runs:
         for size in args.sizes:
