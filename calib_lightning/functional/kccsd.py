@@ -166,10 +166,18 @@ class _Setup:
         base_bandwidth: float | Tensor | None,
     ) -> None:
         _validate(
-            theta, score, base_scores, base_points, kernel, distribution_kernel,
-            {"bandwidth": bandwidth, "distribution_bandwidth": distribution_bandwidth,
-             "base_bandwidth": base_bandwidth},
-        )  # fmt: skip
+            theta,
+            score,
+            base_scores,
+            base_points,
+            kernel,
+            distribution_kernel,
+            {
+                "bandwidth": bandwidth,
+                "distribution_bandwidth": distribution_bandwidth,
+                "base_bandwidth": base_bandwidth,
+            },
+        )
         self.theta, self.score, self.kernel = theta, score, kernel
         self.bandwidth = median_bandwidth(theta, _MEDIAN_POINTS) if bandwidth is None else bandwidth
         self.left = self.right = None
@@ -189,9 +197,13 @@ class _Setup:
         """The block ``H[rows, cols]``; entries with ``i == j`` are set to zero."""
         theta, score = self.theta, self.score
         log_k, bracket = stein_kernel_terms(
-            theta[..., rows, :], score[..., rows, :], theta[..., cols, :], score[..., cols, :],
-            self.kernel, self.bandwidth,
-        )  # fmt: skip
+            theta[..., rows, :],
+            score[..., rows, :],
+            theta[..., cols, :],
+            score[..., cols, :],
+            self.kernel,
+            self.bandwidth,
+        )
         if self.left is not None:  # k(P_i, P_j) l(y_i, y_j) in one exp
             sq = embedding_sq_distances(self.left, self.right, rows, cols)
             sigma = _pairwise_bandwidth(self.distribution_bandwidth, sq)
@@ -236,9 +248,16 @@ def kccsd_matrix(
         ``(*, N, N)``.
     """
     setup = _Setup(
-        theta, score, base_scores, base_points, kernel, bandwidth,
-        distribution_kernel, distribution_bandwidth, base_bandwidth,
-    )  # fmt: skip
+        theta,
+        score,
+        base_scores,
+        base_points,
+        kernel,
+        bandwidth,
+        distribution_kernel,
+        distribution_bandwidth,
+        base_bandwidth,
+    )
     everything = slice(0, theta.shape[-2])
     return setup.block(everything, everything)
 
@@ -310,16 +329,26 @@ def kccsd(
         tensor(0.0020)
     """
     setup = _Setup(
-        theta, score, base_scores, base_points, kernel, bandwidth,
-        distribution_kernel, distribution_bandwidth, base_bandwidth,
-    )  # fmt: skip
+        theta,
+        score,
+        base_scores,
+        base_points,
+        kernel,
+        bandwidth,
+        distribution_kernel,
+        distribution_bandwidth,
+        base_bandwidth,
+    )
     check_positive("block_size", block_size, integer=True)
     if num_null != 0:
         check_positive("num_null", num_null, integer=True)
     matrix = SymmetricBlocks(
-        setup.block, (*theta.shape[:-2], theta.shape[-2], theta.shape[-2]), theta.dtype,
-        theta.device, block_size,
-    )  # fmt: skip
+        setup.block,
+        (*theta.shape[:-2], theta.shape[-2], theta.shape[-2]),
+        theta.dtype,
+        theta.device,
+        block_size,
+    )
     if num_null:
         draws = wild_bootstrap(matrix, num_null, generator)
         total = matrix.total  # summed in the same sweep as H W

@@ -160,8 +160,13 @@ class ImportanceCoverage(Metric):
         d = target.event_size()
         if theta.shape[1] != d:
             raise ValueError(f"theta must have shape (N, D) = (N, {d}), got {tuple(theta.shape)}")
-        parts = (self._prior_blocks if self.proposal is None else self._adaptive_blocks
-                 if isinstance(self.proposal, str) else self._proposal_blocks)  # fmt: skip
+        parts = (
+            self._prior_blocks
+            if self.proposal is None
+            else self._adaptive_blocks
+            if isinstance(self.proposal, str)
+            else self._proposal_blocks
+        )
         with torch.no_grad():
             for lt, lp, lt0, lp0 in parts(target, theta, x):
                 c, ess = importance_credibility(lt, lp, lt0, lp0, generator=self.generator)
@@ -212,8 +217,14 @@ class ImportanceCoverage(Metric):
         """Per block of pairs: target and proposal log-densities of all ``M`` draws."""
         m = self.num_proposal_samples
         held: list[tuple[Tensor, Tensor]] = []
-        chunks = draw_chunks(self.proposal, theta, x, m, log_densities=True,
-                             max_chunk_elements=self.max_chunk_elements)  # fmt: skip
+        chunks = draw_chunks(
+            self.proposal,
+            theta,
+            x,
+            m,
+            log_densities=True,
+            max_chunk_elements=self.max_chunk_elements,
+        )
         while (chunk := self._seeded(lambda: next(chunks, None))) is not None:
             rows = slice(chunk.start, chunk.start + chunk.theta.shape[0])
             lt = target.unnormalized_log_prob(chunk.samples, x[rows])
@@ -237,20 +248,27 @@ class ImportanceCoverage(Metric):
         their float64, a collective mismatch)."""
         available = distributed_available or self.distributed_available_fn
         if should_sync and callable(available) and available():
-            shape_empty_list_states(self, ("credibility", "effective_sample_size"),
-                                    process_group or self.process_group)  # fmt: skip
+            shape_empty_list_states(
+                self, ("credibility", "effective_sample_size"), process_group or self.process_group
+            )
         super().sync(dist_sync_fn, process_group, should_sync, distributed_available)
 
     def compute(self) -> ImportanceCoverageResult:
         """Tests, curve, coverage error and ESS summary (see the class docstring)."""
-        c = dim_zero_cat(self.credibility) if isinstance(self.credibility, list) and \
-            self.credibility else self.credibility  # fmt: skip
+        c = (
+            dim_zero_cat(self.credibility)
+            if isinstance(self.credibility, list) and self.credibility
+            else self.credibility
+        )
         if not isinstance(c, Tensor) or c.numel() < 2:
             n = c.numel() if isinstance(c, Tensor) else 0
             raise ValueError(f"ImportanceCoverage.compute() needs N >= 2 pairs, got N = {n}")
         ess = self.effective_sample_size
         ess = dim_zero_cat(ess) if isinstance(ess, list) else ess
         return importance_coverage(
-            c, ess, min_ess=self.min_ess, num_bins=self.num_bins,
+            c,
+            ess,
+            min_ess=self.min_ess,
+            num_bins=self.num_bins,
             num_ecdf_points=self.num_ecdf_points,
-        )  # fmt: skip
+        )
