@@ -223,3 +223,34 @@ def test_the_sample_metrics_refuse_a_single_sample():
     density.update(torch.randn(1, D))
     with pytest.raises(ValueError, match=r"needs at least n >= 2 samples, got n = 1"):
         density.compute()
+
+
+def test_a_kccsd_statistic_that_overflows_is_refused_not_read_as_a_rejection():
+    """Finite but huge scores (1e160 in float64) overflow the kernel sums: the functional
+    test's statistic is NaN, so its p-value is NaN (a NaN exceeded no bootstrap draw and
+    read as p = 1 / (1 + B), a rejection), and the metric raises, naming the scores' size."""
+    from calib_lightning.functional.combine import monte_carlo_p_value
+    from calib_lightning.functional.kccsd import kccsd
+
+    g = torch.Generator().manual_seed(0)
+    theta = torch.randn(50, 2, dtype=torch.float64, generator=g)
+    base = torch.randn(4, 2, dtype=torch.float64, generator=g)
+    score = 1e160 * torch.randn(50, 2, dtype=torch.float64, generator=g)
+    base_scores = 1e160 * torch.randn(50, 4, 2, dtype=torch.float64, generator=g)
+    out = kccsd(theta, score, base_scores, base, num_null=99, generator=g)
+    assert torch.isnan(out.statistic)
+    assert torch.isnan(out.p_value)
+    p = monte_carlo_p_value(torch.tensor([float("nan"), 0.25]), torch.tensor([[0.1, 0.3]] * 2))
+    assert torch.isnan(p[0])
+    assert p[1] == pytest.approx(2 / 3)
+
+    # the posterior N(x, 1e-80^2 I): finite log-densities (about -1e160), scores of 1e160
+    def posterior(xx):
+        return Independent(Normal(xx, torch.full_like(xx, 1e-80)), 1)
+
+    metric = cl.KCCSD(num_null=99)
+    metric.update(
+        posterior, theta, theta + torch.randn(theta.shape, dtype=theta.dtype, generator=g)
+    )
+    with pytest.raises(ValueError, match=r"KCCSD's statistic is .* scores are finite but as large"):
+        metric.compute()

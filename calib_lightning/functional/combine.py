@@ -231,7 +231,7 @@ def monte_carlo_p_value(
         dtype: of the result; ``None``: the dtype of ``draws``.
 
     Returns:
-        ``(*)``, in :math:`[1 / (1 + B), 1]`.
+        ``(*)``, in :math:`[1 / (1 + B), 1]`; NaN where ``statistic`` is NaN.
 
     References:
         Phipson, Smyth. "Permutation P-values Should Never Be Zero." Statistical
@@ -245,4 +245,6 @@ def monte_carlo_p_value(
     if tolerance:
         threshold = threshold - tolerance
     exceed = (draws >= threshold).sum(-1)
-    return (1.0 + exceed.to(draws.dtype if dtype is None else dtype)) / (1.0 + draws.shape[-1])
+    p = (1.0 + exceed.to(draws.dtype if dtype is None else dtype)) / (1.0 + draws.shape[-1])
+    # a NaN statistic exceeds nothing: it would read as the smallest p-value, a rejection
+    return p.masked_fill(torch.isnan(statistic.detach()), float("nan"))

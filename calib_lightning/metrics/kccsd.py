@@ -349,6 +349,15 @@ class KCCSD(Metric):
             generator=torch.Generator().manual_seed(self.seed + 1),
             block_size=self.block_size,
         )
+        if not torch.isfinite(out.statistic).all():
+            raise ValueError(
+                f"KCCSD's statistic is {out.statistic.detach().tolist()} on N = {n} pairs whose "
+                f"scores are finite but as large as {score.detach().abs().max().item():.3g} "
+                f"(theta up to {theta.detach().abs().max().item():.3g}, kernel bandwidth "
+                f"{float(out.bandwidth):.3g}): the kernel sums are not finite in {theta.dtype}. "
+                "Pass theta and the posterior in float64, or parameters in a scale where the "
+                "scores are moderate (standardized parameters)"
+            )
         p = out.p_value.detach().double()
         return KCCSDResult(
             **out._asdict(),
