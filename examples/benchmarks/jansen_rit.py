@@ -155,7 +155,9 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=100, help="posterior draws per pair")
     parser.add_argument("--epochs", type=int, default=300)
     parser.add_argument("--train-minutes", type=float, default=10.0)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the simulations")
+    parser.add_argument("--flow-seed", type=int, default=0, help="seed of the flow's training")
+    parser.add_argument("--name", default="jansen_rit", help="prefix of the written files")
     add_smoke_argument(parser)
     args = parser.parse_args()
     if args.smoke:
@@ -184,7 +186,7 @@ def main() -> None:
     x_o = simulated(task, "observations", theta_o, args.seed + 2, cache)
     lap(f"simulate {args.pairs} held-out pairs and {len(GAINS)} observations")
 
-    flow, epochs = train(theta, x, args.epochs, args.train_minutes, args.seed)
+    flow, epochs = train(theta, x, args.epochs, args.train_minutes, args.flow_seed)
     lap(f"train the MAF ({epochs} epochs)")
 
     report = cl.diagnose(
@@ -225,10 +227,10 @@ def main() -> None:
         ),
     }
     for name, fig in figures.items():
-        fig.savefig(out / f"jansen_rit_{name}.png", dpi=110, bbox_inches="tight")
-        print("wrote", out / f"jansen_rit_{name}.png")
-    write_results(out / "jansen_rit.md", args, report, local, seconds, epochs)
-    print("wrote", out / "jansen_rit.md")
+        fig.savefig(out / f"{args.name}_{name}.png", dpi=110, bbox_inches="tight")
+        print("wrote", out / f"{args.name}_{name}.png")
+    write_results(out / f"{args.name}.md", args, report, local, seconds, epochs)
+    print("wrote", out / f"{args.name}.md")
 
 
 def write_results(
@@ -242,7 +244,8 @@ def write_results(
         "",
         f"{machine()}. Command: `python examples/benchmarks/jansen_rit.py"
         f" --simulations {args.simulations} --pairs {args.pairs} --null {args.null}"
-        f" --eval-points {args.eval_points} --train-minutes {args.train_minutes:g}`.",
+        f" --eval-points {args.eval_points} --train-minutes {args.train_minutes:g}"
+        f" --seed {args.seed} --flow-seed {args.flow_seed} --name {args.name}`.",
         "",
         f"NPE: zuko MAF, 10 layers of (50, 50) hidden units, trained on {args.simulations:,} "
         f"simulations ({epochs} epochs, batch 200, Adam 5e-4, best of 10 % validation). "
@@ -299,8 +302,9 @@ def write_results(
         "| --- | --- |",
         *[f"| {name} | {s:.0f} |" for name, s in seconds.items()],
         "",
-        "Figures: `jansen_rit_ranks.png` (rank ECDFs, marginal and joint), `jansen_rit_local.png`"
-        " (statistic against g), `jansen_rit_pp_g10.png`, `jansen_rit_map_g10.png`.",
+        f"Figures: `{args.name}_ranks.png` (rank ECDFs, marginal and joint), "
+        f"`{args.name}_local.png` (statistic against g), `{args.name}_pp_g10.png`, "
+        f"`{args.name}_map_g10.png`.",
     ]
     path.write_text("\n".join(lines) + "\n")
 
