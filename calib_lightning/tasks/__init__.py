@@ -10,6 +10,8 @@ Two families live here:
 * :class:`NPTGaussian`, the perturbation suite of neural posterior testing (Chen,
   Bansal and Scott 2024): a Gaussian posterior whose mean and covariance depend on
   ``x`` and its failure modes;
+* :class:`JansenRit`, the stochastic Jansen-Rit neural mass model of the L-C2ST
+  paper's case study (no tractable posterior), with its log-PSD summary :class:`LogPSD`;
 * :class:`GaussianToy`, the conjugate toy :math:`\theta \sim N(0, I)`,
   :math:`x = \theta + N(0, s^2 I)` whose exact posterior is Gaussian, with knobs to
   inflate, shrink or shift it.
@@ -23,6 +25,7 @@ References:
 """
 
 from calib_lightning.tasks.images import GaussianBlob, Oscillator
+from calib_lightning.tasks.jansen_rit import JansenRit, LogPSD
 from calib_lightning.tasks.npt import NPT_MODES, MultivariateT, NPTGaussian
 from calib_lightning.tasks.sbi import SLCP, GaussianLinearUniform, SBITask, TwoMoons
 from calib_lightning.tasks.synthetic import HGM, LGM, MGM, QGM, SyntheticModel
@@ -39,6 +42,8 @@ __all__ = [
     "GaussianBlob",
     "GaussianLinearUniform",
     "GaussianToy",
+    "JansenRit",
+    "LogPSD",
     "MultivariateT",
     "NPTGaussian",
     "Oscillator",
