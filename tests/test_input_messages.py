@@ -254,3 +254,9 @@ def test_a_kccsd_statistic_that_overflows_is_refused_not_read_as_a_rejection():
     )
     with pytest.raises(ValueError, match=r"KCCSD's statistic is .* scores are finite but as large"):
         metric.compute()
+    # cl.diagnose runs the other checks and lists KCCSD as skipped, with the reason
+    x = theta + torch.randn(theta.shape, dtype=theta.dtype, generator=g)
+    result = cl.diagnose(posterior, theta, x, checks=("kccsd", "ranks"))
+    assert "kccsd" not in result.checks
+    assert "scores are finite but as large" in result.skipped["kccsd"]
+    assert "ranks" in result.checks
