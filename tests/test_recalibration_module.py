@@ -216,11 +216,11 @@ def test_selection_is_a_table_that_says_why():
     assert fixed.is_identity
     text = repr(table)
     assert text.splitlines()[1].split()[:3] == ["method", "calibration", "error"]
-    assert len(text.splitlines()) == 2 + 4  # the note, the header, one row per candidate
+    assert len(text.splitlines()) == 2 + 6  # the note, the header, one row per candidate
     why = {row.method: row.why for row in table.rows}
     assert why["scale"] == "same map as 'none' (fitted on all pairs)"  # scale fitted to 1
-    assert [row.chosen for row in table.rows] == [True, False, False, False]
-    assert set(table) == {"none", "scale", "radial", "scale+radial"}
+    assert [row.chosen for row in table.rows] == [True] + [False] * 5
+    assert set(table) == {"none", "scale", "radial", "scale+radial", "marginal", "marginal+radial"}
     assert Selection.from_state(table.state()) == table
     plain = table.state()  # plain values only: what weights_only loading reads
     assert isinstance(plain["rows"][0]["why"], str)
@@ -286,5 +286,5 @@ def test_auto_fixes_heavy_tails_with_per_coordinate_errors(seed):
     theta_test, x_test = _heavy_tailed_pairs(2000, generator)
     assert _max_coverage_gap(_gaussian_estimator, theta_test, x_test) > 0.2
     fixed = cl.recalibrate(_gaussian_estimator, theta_val, x_val, method="auto")
-    assert fixed.method == "scale+radial", fixed.selection
+    assert fixed.method == "marginal", fixed.selection
     assert _max_coverage_gap(fixed, theta_test, x_test) <= 0.03

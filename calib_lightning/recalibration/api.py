@@ -171,7 +171,7 @@ def recalibrate(
         >>> fixed.selection["scale"]["calibration_error"] < 0.02  # held out, cross-fitted
         True
         >>> print(fixed.selection.rows[1].why)  # the radial map: as calibrated, less sharp
-        within 2 SE of the best 'radial' (+0.0042); the lowest NLL of those
+        within 2 SE of the best 'radial' (+0.0018); the lowest NLL of those
     """
     if method != "auto" and method not in METHODS:
         raise ValueError(f"method must be 'auto' or one of {sorted(METHODS)}, got {method!r}")
