@@ -277,10 +277,12 @@ def test_auto_fixes_heavy_tails_with_per_coordinate_errors(seed):
     2,000 fresh ones. Before: max |coverage - level| 0.28 on these pairs (the issue's
     0.26). The original rule (signed coverage area) picked the shared HPD scale, 0.099
     here (0.113 at seed 0); the per-coordinate scales then the radial map reach 0.016,
-    which "auto" now picks. Over seeds 0-9 (same construction), "auto" picked scale+radial
-    9 times and the radial map once, with max gaps 0.016-0.039 (7 of 10 at or below 0.03); the exact
-    posterior reads 0.013-0.028 on the same test pairs: 0.03 is about the Monte Carlo
-    noise of 2,000 pairs."""
+    the marginal map 0.015, which "auto" picks here (it ranks by the HPD and the
+    per-coordinate held-out errors). Over seeds 0-9 (examples/benchmarks/results/
+    marginal_recalibration.md) "auto" picked scale+radial 7 times and a marginal map 3
+    times, max gaps 0.015-0.043 (6 of 10 at or below 0.03), "marginal" alone 0.015-0.030
+    (9 of 10); the exact posterior reads 0.013-0.028 on the same test pairs: 0.03 is about
+    the Monte Carlo noise of 2,000 pairs."""
     generator = torch.Generator().manual_seed(seed)
     theta_val, x_val = _heavy_tailed_pairs(1000, generator)
     theta_test, x_test = _heavy_tailed_pairs(2000, generator)

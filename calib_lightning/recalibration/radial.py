@@ -4,7 +4,9 @@ For any posterior with an inverse (``to_latent``) and a forward map (``from_late
 zuko flows, nflows ``Flow`` s, sbi's flow estimators, torch ``TransformedDistribution`` s
 and Gaussians. With :math:`z = T_x^{-1}(\theta)` the flow's latent and :math:`u = g(z)`
 the recalibrated one, :math:`g` = per-coordinate scales :math:`s` then the radial map
-:math:`R` (:mod:`calib_lightning.functional.radial`),
+:math:`R` (:mod:`calib_lightning.functional.radial`), after a marginal map :math:`m`
+when there is one (a monotone map per coordinate, :mod:`calib_lightning.functional.marginal`;
+left out below),
 
 .. math::
     g(z) = R(\|z / s\|) \frac{z / s}{\|z / s\|}, \qquad
