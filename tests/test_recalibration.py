@@ -225,7 +225,14 @@ def test_auto_picks_by_held_out_hpd_coverage_and_says_so(caplog):
         fixed = cl.recalibrate(toy.posterior(variance_scale=0.25), theta, x)
     assert fixed.method == "scale"
     assert "picked by 'auto'" in repr(fixed)
-    assert set(fixed.selection) == {"none", "scale", "radial", "scale+radial"}
+    assert set(fixed.selection) == {
+        "none",
+        "scale",
+        "radial",
+        "scale+radial",
+        "marginal",
+        "marginal+radial",
+    }
     for scores in fixed.selection.values():
         assert {"hpd_coverage_error", "hpd_se", "hpd_difference_se", "nll",
                 "latent_coverage_error", "kept_by_nll"} <= set(scores)  # fmt: skip

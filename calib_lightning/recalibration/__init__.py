@@ -4,7 +4,8 @@ A posterior that the diagnosis finds miscalibrated is fixed here, without retrai
 from pairs the estimator never trained on (the validation split):
 
 * :func:`recalibrate` (:mod:`.api`): one call, any estimator with an inverse, methods
-  ``"scale"``, ``"radial"``, ``"scale+radial"`` and ``"auto"``; what it returns is an
+  ``"scale"``, ``"radial"``, ``"scale+radial"``, ``"marginal"``, ``"marginal+radial"`` and
+  ``"auto"``; what it returns is an
   ``nn.Module`` called like the flow (``fixed(x)`` a distribution, :mod:`._module`), and
   ``"auto"`` says what it scored and why it chose in a :class:`Selection` table
   (:mod:`.selection`, on the cross-fitted held-out scores of :mod:`.cross_fit`);

@@ -10,9 +10,12 @@ callback and ``cl.diagnose`` accept. Methods (:data:`METHODS`):
 * ``"radial"``: the radial map of the latent norm (:mod:`calib_lightning.functional.radial`),
   with its finite-sample guarantee on latent balls;
 * ``"scale+radial"``: scales, then the radius of the scaled latents;
+* ``"marginal"``: a monotone map per latent coordinate, :math:`\Phi^{-1}` of its
+  kernel-smoothed CDF (:mod:`calib_lightning.functional.marginal`), for a shape error
+  per coordinate; ``"marginal+radial"``: then the radius of the mapped latents;
 * ``"none"``: the identity (what ``"auto"`` returns when nothing helps);
-* ``"auto"``: cross-fitted choice among the above by held-out HPD coverage error, with
-  held-out NLL as a guard (:func:`~.selection.select_method`, on the scores of
+* ``"auto"``: cross-fitted choice among the above by held-out HPD and per-coordinate
+  coverage error, with held-out NLL as a guard (:func:`~.selection.select_method`, on the scores of
   :func:`~.cross_fit.cross_fit_scores`).
 
 Another module adds a method with :func:`register_method`.
@@ -119,8 +122,8 @@ def recalibrate(
             the model kept fits those better than new pairs); ``n >= MIN_PAIRS``
             (``2 * MIN_PAIRS`` for ``"auto"``).
         x_val: their observations ``(n, *X)``.
-        method: ``"auto"``, ``"scale"``, ``"radial"``, ``"scale+radial"``, ``"none"``, or
-            a name added with :func:`register_method`.
+        method: ``"auto"``, ``"scale"``, ``"radial"``, ``"scale+radial"``, ``"marginal"``,
+            ``"marginal+radial"``, ``"none"``, or a name added with :func:`register_method`.
         band: the radial map's band :math:`w`: latent balls of every level :math:`a`
             cover new exchangeable pairs with probability within :math:`w/(n+1)` of
             :math:`a` (:mod:`calib_lightning.functional.radial`; with ``"scale+radial"``
@@ -171,7 +174,7 @@ def recalibrate(
         >>> fixed.selection["scale"]["calibration_error"] < 0.02  # held out, cross-fitted
         True
         >>> print(fixed.selection.rows[1].why)  # the radial map: as calibrated, less sharp
-        within 2 SE of the best 'radial' (+0.0042); the lowest NLL of those
+        within 2 SE of the best 'radial' (+0.0018); the lowest NLL of those
     """
     if method != "auto" and method not in METHODS:
         raise ValueError(f"method must be 'auto' or one of {sorted(METHODS)}, got {method!r}")

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from calib_lightning.functional.marginal import marginal_knots
 from calib_lightning.functional.radial import latent_ball_levels, radial_knots
 from calib_lightning.recalibration._hpd import LatentDraws, levels_and_log_share, on_cpu
 from calib_lightning.recalibration.radial import LatentMap, standard_normal_log_prob
@@ -28,11 +29,13 @@ __all__ = [
     "coverage_gaps",
     "cross_fit_scores",
     "default_band",
+    "marginal_coverage_gaps",
     "scale_kinds",
 ]
 
-#: the candidates of ``method="auto"``, in order of preference on ties
-AUTO_CANDIDATES = ("none", "scale", "radial", "scale+radial")
+#: the candidates of ``method="auto"``, in order of preference on ties (simplest first:
+#: the marginal maps, ``D`` monotone splines, come after the one-dimensional maps)
+AUTO_CANDIDATES = ("none", "scale", "radial", "scale+radial", "marginal", "marginal+radial")
 #: the levels the held-out expected-coverage curve is compared with the diagonal at
 CALIBRATION_LEVELS = torch.arange(1, 100, dtype=torch.float64) / 100
 
@@ -52,10 +55,16 @@ def scale_kinds(scale_target: str | None) -> dict[str, str]:
 def _fit_map(
     z: Tensor, method: str, band: int | None, log_hpd_scale: Tensor | None = None
 ) -> LatentMap:
-    """The :class:`LatentMap` of ``method`` fitted on held-out latents ``z (n, D)``; its
-    scales the shared ``log_hpd_scale`` when given (``scale_target="hpd"``), else
-    :func:`~.scale.latent_log_scale`."""
+    """The :class:`LatentMap` of ``method`` fitted on held-out latents ``z (n, D)``: its
+    marginal map (``"marginal"``, :func:`~calib_lightning.functional.marginal.marginal_knots`),
+    its scales, the shared ``log_hpd_scale`` when given (``scale_target="hpd"``), else
+    :func:`~.scale.latent_log_scale`, then its radial map, each fitted on the latents the
+    parts before it mapped."""
     dim = z.shape[1]
+    marginal = None
+    if "marginal" in method:
+        marginal = marginal_knots(z)
+        z = LatentMap(dim, marginal_knots=marginal)(z.double())[0]
     log_scale = None
     if "scale" in method:
         log_scale = latent_log_scale(z) if log_hpd_scale is None else log_hpd_scale.expand(dim)
@@ -64,7 +73,7 @@ def _fit_map(
         scaled = z.double() if log_scale is None else z.double() * torch.exp(-log_scale)
         band = default_band(z.shape[0]) if band is None else band
         knots = radial_knots(scaled.norm(dim=-1), dim, band)
-    return LatentMap(dim, log_scale, knots)
+    return LatentMap(dim, log_scale, knots, marginal)
 
 
 def default_band(n: int) -> int:
@@ -94,6 +103,37 @@ def coverage_gaps(levels: Tensor) -> Tensor:
     return (levels[:, None] <= CALIBRATION_LEVELS).double().mean(0) - CALIBRATION_LEVELS
 
 
+def marginal_coverage_gaps(
+    levels: Tensor, folds: Tensor | None = None, weight: Tensor | None = None
+) -> Tensor:
+    r"""Per-coordinate expected-coverage curves minus the diagonal: for each latent
+    coordinate :math:`j`, :math:`\hat C_j(a) - a` at :data:`CALIBRATION_LEVELS`, with
+    :math:`\hat C_j(a)` the share of the held-out levels :math:`\Phi(u_{ij})` at most
+    :math:`a` (uniform when the recalibrated latent coordinates are standard normal; for
+    a flow that acts coordinate by coordinate, a Gaussian, these are the marginal ranks
+    ``RankCalibration`` tests).
+
+    Each fold's curve apart (``folds (n,)``, the fold of each pair; ``None``: one): two
+    folds of quantile maps fitted on each other are antithetic, their pooled curve hugs
+    the diagonal far closer than either (the two empirical CDFs' errors cancel), so
+    pooling them would favour the marginal map by construction.
+
+    Arguments:
+        levels: ``(n, D)``.
+        folds: ``(n,)`` integer fold labels, or ``None``.
+        weight: ``(B, n)`` resampling weights (bootstrap), or ``None``.
+
+    Returns:
+        ``(F, D, 99)`` (``(B, F, D, 99)`` with ``weight``), ``F`` the number of folds.
+    """
+    folds = torch.zeros(levels.shape[0], dtype=torch.long) if folds is None else folds
+    below = (levels[:, :, None] <= CALIBRATION_LEVELS).double()  # (n, D, 99)
+    masks = torch.stack([folds == f for f in folds.unique()]).double()  # (F, n)
+    w = masks if weight is None else weight[:, None, :] * masks  # (F, n) or (B, F, n)
+    w = w / w.sum(-1, keepdim=True)
+    return torch.einsum("...n,ndl->...dl", w, below) - CALIBRATION_LEVELS
+
+
 def _map_log_density(latent_map: LatentMap) -> Callable[[Tensor], Tensor]:
     """``z -> log N(g(z)) + log|det g'(z)|``: the latent density of the recalibrated
     posterior, in the flow's latent."""
@@ -108,13 +148,17 @@ def _map_log_density(latent_map: LatentMap) -> Callable[[Tensor], Tensor]:
 def _cross_fit(
     z: Tensor, log_prob: Tensor, candidates: tuple[str, ...], band: int | None, seed: int,
     draws: LatentDraws | None, scale_target: str | None,
-) -> tuple[dict[str, dict[str, float]], dict[str, Tensor], dict[str, Tensor]]:  # fmt: skip
-    """:func:`cross_fit_scores`, each candidate's held-out HPD levels ``(n,)`` (pair
-    order; empty without ``draws``) and its held-out ``log q' - log q`` ``(n,)`` (fold
-    order, the same for every candidate)."""
+) -> tuple[dict[str, dict[str, float]], dict[str, Tensor], dict[str, Tensor],
+           dict[str, Tensor], Tensor]:  # fmt: skip
+    r""":func:`cross_fit_scores`, each candidate's held-out HPD levels ``(n,)`` (pair
+    order; empty without ``draws``), its held-out ``log q' - log q`` ``(n,)`` (fold
+    order, the same for every candidate) and its held-out per-coordinate latent levels
+    :math:`\Phi(u)` ``(n, D)`` (pair order), and which fold scored each pair ``(n,)``."""
     n = z.shape[0]
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     halves = (order[: n // 2], order[n // 2 :])
+    folds = torch.zeros(n, dtype=torch.long)
+    folds[halves[0]] = 1  # the fold that scored each pair
     z, log_prob = z.detach().double().cpu(), log_prob.detach().double().cpu()
     draws = None if draws is None else on_cpu(draws)  # the maps are fitted on the CPU
     kinds = scale_kinds(scale_target) if draws is not None else scale_kinds("latent")
@@ -124,14 +168,17 @@ def _cross_fit(
     scores: dict[str, dict[str, float]] = {}
     changes: dict[str, Tensor] = {}
     levels: dict[str, Tensor] = {}
+    coordinate_levels: dict[str, Tensor] = {}
     for name in candidates:
         errors, nlls, parts = [], [], []
         level = torch.empty(n, dtype=torch.float64)
+        coordinate_level = torch.empty_like(z)
         hpd = kinds.get(name) == "hpd"
         for fold, (fit_rows, test_rows) in enumerate((halves, halves[::-1])):
             latent_map = _fit_map(z[fit_rows], name, band, hpd_scales[fold] if hpd else None)
             z_test = z[test_rows]
             u, log_det = latent_map(z_test)
+            coordinate_level[test_rows] = torch.special.ndtr(u)
             change = standard_normal_log_prob(u) - standard_normal_log_prob(z_test) + log_det
             if draws is not None:  # restricted to the prior's support: log q' - log Z'
                 level[test_rows], log_share = levels_and_log_share(
@@ -142,6 +189,10 @@ def _cross_fit(
             parts.append(change)
         scores[name] = {"latent_coverage_error": sum(errors) / 2, "nll": sum(nlls) / 2}
         changes[name] = torch.cat(parts)
+        coordinate_levels[name] = coordinate_level
+        coordinate_gaps = marginal_coverage_gaps(coordinate_level, folds)
+        scores[name].update(marginal_calibration_error=float(coordinate_gaps.abs().mean()),
+                            max_marginal_gap=float(coordinate_gaps.abs().max()))  # fmt: skip
         if draws is not None:
             levels[name] = level
             gaps = coverage_gaps(level)
@@ -151,7 +202,7 @@ def _cross_fit(
     for name in candidates:  # paired standard error of the NLL difference to the first
         diff = changes[candidates[0]] - changes[name]
         scores[name]["nll_difference_se"] = float(diff.std() / math.sqrt(diff.numel()))
-    return scores, levels, changes
+    return scores, levels, changes, coordinate_levels, folds
 
 
 def cross_fit_scores(
@@ -174,6 +225,11 @@ def cross_fit_scores(
       held out), and ``max_gap``, its largest :math:`|\hat C(a) - a|`;
       ``hpd_coverage_error``, the signed area :math:`1/2 - \bar c` (negative =
       over-confident; the ``coverage_error`` of ``RankCalibration``);
+    * ``marginal_calibration_error``: the mean over the latent coordinates and the same
+      levels of :math:`|\hat C_j(a) - a|`, the curves of the held-out :math:`\Phi(u_{ij})`
+      of each fold (:func:`marginal_coverage_gaps`; sampling-free), averaged, and
+      ``max_marginal_gap``, their
+      largest gap;
     * ``latent_coverage_error``: the latent coverage error of the recalibrated latents (mean
       absolute gap of their ball levels to uniform), averaged over the two folds;
     * ``nll``: the held-out negative log-density, and ``nll_difference_se``, the standard

@@ -4,7 +4,9 @@ For any posterior with an inverse (``to_latent``) and a forward map (``from_late
 zuko flows, nflows ``Flow`` s, sbi's flow estimators, torch ``TransformedDistribution`` s
 and Gaussians. With :math:`z = T_x^{-1}(\theta)` the flow's latent and :math:`u = g(z)`
 the recalibrated one, :math:`g` = per-coordinate scales :math:`s` then the radial map
-:math:`R` (:mod:`calib_lightning.functional.radial`),
+:math:`R` (:mod:`calib_lightning.functional.radial`), after a marginal map :math:`m`
+when there is one (a monotone map per coordinate, :mod:`calib_lightning.functional.marginal`;
+left out below),
 
 .. math::
     g(z) = R(\|z / s\|) \frac{z / s}{\|z / s\|}, \qquad
@@ -29,6 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Transform, constraints
 
+from calib_lightning.functional.marginal import marginal_map
 from calib_lightning.functional.radial import radial_map
 
 __all__ = ["IDENTITY_TOLERANCE", "LatentMap", "LatentMapTransform", "standard_normal_log_prob"]
@@ -47,21 +50,30 @@ def standard_normal_log_prob(z: Tensor) -> Tensor:
 
 
 class LatentMap(nn.Module):
-    r"""The map :math:`g` of the latent space: scales :math:`s`, then a radial map.
+    r"""The map :math:`g` of the latent space: a marginal map :math:`m` (per coordinate,
+    :mod:`calib_lightning.functional.marginal`), scales :math:`s`, then a radial map.
 
     Its state (``log_scale (D,)``, zeros without scales; ``knots (2, K)``, empty without
-    a radial map) is a pair of buffers, saved and loaded with ``state_dict`` (a fresh
-    ``LatentMap(D)`` loads any fitted state).
+    a radial map; ``marginal_knots (3, D, K')``, empty without a marginal map) are
+    buffers, saved and loaded with ``state_dict`` (a fresh ``LatentMap(D)`` loads any
+    fitted state, and a state saved before the marginal map existed).
 
     Arguments:
         dim: :math:`D`.
         log_scale: :math:`\log s`, ``(D,)``; ``None``: no scaling.
         knots: ``(2, K)`` knots of :func:`~calib_lightning.functional.radial.radial_knots`;
             ``None``: no radial map.
+        marginal_knots: ``(3, D, K')`` knots of
+            :func:`~calib_lightning.functional.marginal.marginal_knots`; ``None``: no
+            marginal map.
     """
 
     def __init__(
-        self, dim: int, log_scale: Tensor | None = None, knots: Tensor | None = None
+        self,
+        dim: int,
+        log_scale: Tensor | None = None,
+        knots: Tensor | None = None,
+        marginal_knots: Tensor | None = None,
     ) -> None:
         super().__init__()
         if log_scale is None:
@@ -71,6 +83,34 @@ class LatentMap(nn.Module):
         self.register_buffer("log_scale", log_scale.detach().double().clone())
         empty = torch.zeros(2, 0, dtype=torch.float64)
         self.register_buffer("knots", empty if knots is None else knots.detach().double().clone())
+        if marginal_knots is None:
+            marginal_knots = torch.zeros(3, dim, 0, dtype=torch.float64)
+        if marginal_knots.ndim != 3 or tuple(marginal_knots.shape[:2]) != (3, dim):
+            raise ValueError(
+                f"marginal_knots must have shape (3, {dim}, K), got {tuple(marginal_knots.shape)}"
+            )
+        self.register_buffer("marginal_knots", marginal_knots.detach().double().clone())
+
+    @property
+    def marginal(self) -> bool:
+        """Whether the map has a marginal part."""
+        return self.marginal_knots.shape[-1] > 0
+
+    def _marginal_is_identity(self, tolerance: float) -> bool:
+        if not self.marginal:
+            return True
+        x, y, derivative = self.marginal_knots
+        gaps = torch.stack([y - x, derivative.log()]).abs()
+        return bool((gaps < tolerance).all())
+
+    def _same_marginal(self, other: LatentMap, tolerance: float) -> bool:
+        mine, theirs = self._marginal_is_identity(tolerance), other._marginal_is_identity(tolerance)
+        if mine or theirs:
+            return mine and theirs
+        if self.marginal_knots.shape != other.marginal_knots.shape:
+            return False
+        gap = self.marginal_knots - other.marginal_knots.to(self.marginal_knots)
+        return bool((gap.abs() < tolerance).all())
 
     @property
     def radial(self) -> bool:
@@ -79,9 +119,12 @@ class LatentMap(nn.Module):
 
     def is_identity(self, tolerance: float = IDENTITY_TOLERANCE) -> bool:
         r"""Whether :math:`g` is the identity within ``tolerance``: every
-        :math:`|\log s_d|`, and for a radial part every knot's
-        :math:`|\log R - \log t|` and every log-slope between knots, below it."""
+        :math:`|\log s_d|`, for a radial part every knot's
+        :math:`|\log R - \log t|` and every log-slope between knots, and for a marginal
+        part every knot's :math:`|y - x|` and log-derivative, below it."""
         if bool((self.log_scale.abs() >= tolerance).any()):
+            return False
+        if not self._marginal_is_identity(tolerance):
             return False
         if not self.radial:
             return True
@@ -93,8 +136,10 @@ class LatentMap(nn.Module):
 
     def same_as(self, other: LatentMap, tolerance: float = IDENTITY_TOLERANCE) -> bool:
         """Whether ``other`` is the same map within ``tolerance`` (log-scales, and knots
-        of the same number; a radial part that is the identity counts as none)."""
+        of the same number; a radial or marginal part that is the identity counts as none)."""
         if self.log_scale.shape != other.log_scale.shape:
+            return False
+        if not self._same_marginal(other, tolerance):
             return False
         if bool(((self.log_scale - other.log_scale.to(self.log_scale)).abs() >= tolerance).any()):
             return False
@@ -113,6 +158,8 @@ class LatentMap(nn.Module):
         if self.is_identity():
             return "identity"
         parts = []
+        if not self._marginal_is_identity(IDENTITY_TOLERANCE):
+            parts.append(f"marginal map with {self.marginal_knots.shape[-1]} knots per coordinate")
         if bool((self.log_scale.abs() >= IDENTITY_TOLERANCE).any()):
             scales = ", ".join(f"{float(v):.3g}" for v in self.log_scale.exp()[:4])
             more = ", ..." if self.log_scale.numel() > 4 else ""
@@ -125,13 +172,27 @@ class LatentMap(nn.Module):
         saved = state_dict.get(prefix + "knots")
         if saved is not None:  # fitted knots have their own number of columns
             self.knots = torch.empty_like(saved, device=self.knots.device)
+        saved = state_dict.get(prefix + "marginal_knots")
+        dim = self.log_scale.numel()
+        if saved is not None:
+            self.marginal_knots = torch.empty_like(saved, device=self.marginal_knots.device)
+        else:  # a state saved before the marginal map: none
+            self.marginal_knots = torch.zeros(
+                2, dim, 0, dtype=torch.float64, device=self.marginal_knots.device
+            )
         super()._load_from_state_dict(state_dict, prefix, *args)
+        missing = args[2]  # (local_metadata, strict, missing_keys, ...)
+        if saved is None and prefix + "marginal_knots" in missing:
+            missing.remove(prefix + "marginal_knots")
 
     def forward(self, z: Tensor) -> tuple[Tensor, Tensor]:
         r"""``u = g(z)`` ``(*, D)`` and :math:`\log |\det \partial g / \partial z|` ``(*,)``."""
         log_scale = self.log_scale.to(z)
-        u = z * torch.exp(-log_scale)
         log_det = -log_scale.sum().expand(z.shape[:-1])
+        if self.marginal:
+            z, log_derivative = marginal_map(z, self.marginal_knots)
+            log_det = log_det + log_derivative.sum(-1)
+        u = z * torch.exp(-log_scale)
         if self.radial:
             t = u.norm(dim=-1)
             r, log_slope = radial_map(t, self.knots)
@@ -147,12 +208,14 @@ class LatentMap(nn.Module):
             t, _ = radial_map(r, self.knots, inverse=True)
             ratio = torch.where(r > 0, t / r.clamp_min(1e-300), torch.ones_like(r))
             u = u * ratio.unsqueeze(-1)
-        return u * torch.exp(self.log_scale.to(u))
+        u = u * torch.exp(self.log_scale.to(u))
+        return marginal_map(u, self.marginal_knots, inverse=True)[0] if self.marginal else u
 
     def extra_repr(self) -> str:
         scales = ", ".join(f"{float(v):.3g}" for v in self.log_scale.exp()[:4])
         more = ", ..." if self.log_scale.numel() > 4 else ""
-        return f"scale=[{scales}{more}], radial knots={self.knots.shape[1]}"
+        marginal = f", marginal knots={self.marginal_knots.shape[-1]}" if self.marginal else ""
+        return f"scale=[{scales}{more}], radial knots={self.knots.shape[1]}{marginal}"
 
 
 class LatentMapTransform(Transform):

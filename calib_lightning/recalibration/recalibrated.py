@@ -31,7 +31,8 @@ class RecalibratedPosterior(PosteriorModule):
     (:class:`~._module.PosteriorModule`): ``fixed(x)`` is the recalibrated distribution
     (for a zuko flow, a ``NormalizingFlow`` whose transform is the flow's followed by
     :math:`g`, with ``rsample``), and ``state_dict`` holds the wrapped estimator's
-    weights (``estimator.*``), the map (``latent_map.log_scale``, ``latent_map.knots``)
+    weights (``estimator.*``), the map (``latent_map.log_scale``, ``latent_map.knots``,
+    ``latent_map.marginal_knots``)
     and what was fitted (``method``, ``scale_target``, ``selection``, as plain values).
 
     To load a saved state, build the same structure with the map left empty and load it:
@@ -59,7 +60,7 @@ class RecalibratedPosterior(PosteriorModule):
         inner: the wrapped :class:`~calib_lightning.posteriors.Posterior`.
         latent_map: the :class:`~.radial.LatentMap`.
         method: what was fitted (``"none"``, ``"scale"``, ``"radial"``,
-            ``"scale+radial"``).
+            ``"scale+radial"``, ``"marginal"``, ``"marginal+radial"``).
         selection: the :class:`~calib_lightning.recalibration.selection.Selection` table
             of ``method="auto"``, or ``None``.
     """

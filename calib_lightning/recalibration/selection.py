@@ -35,6 +35,7 @@ from calib_lightning.recalibration.cross_fit import (
     CALIBRATION_LEVELS,
     _cross_fit,
     _fit_map,
+    marginal_coverage_gaps,
     scale_kinds,
 )
 from calib_lightning.recalibration.radial import LatentMap
@@ -55,6 +56,10 @@ class Candidate:
         nll: cross-fitted held-out negative log-density (the guard).
         chosen: whether ``"auto"`` returned it.
         why: the reason, in words.
+        marginal_error: cross-fitted held-out mean :math:`|\\mathrm{coverage} -
+            \\mathrm{level}|` of the latent coordinates
+            (:func:`~.cross_fit.marginal_coverage_gaps`; ``nan`` in a table saved before
+            it was scored).
     """
 
     method: str
@@ -63,6 +68,7 @@ class Candidate:
     nll: float
     chosen: bool
     why: str
+    marginal_error: float = float("nan")
 
 
 class Selection(Mapping[str, dict[str, float]]):
@@ -104,13 +110,34 @@ class Selection(Mapping[str, dict[str, float]]):
 
     def table(self) -> str:
         """The rows as an aligned text table."""
-        header = ("method", "calibration error", "max |cov - level|", "NLL", "chosen", "why")
-        body = [(row.method, f"{row.calibration_error:.4f}", f"{row.max_gap:.3f}",
-                 f"{row.nll:.4f}", "yes" if row.chosen else "", row.why)
-                for row in self.rows]  # fmt: skip
-        widths = [max(len(line[i]) for line in (header, *body)) for i in range(5)]
-        lines = ["  ".join(cell.ljust(width) for cell, width in zip(line[:5], widths, strict=True))
-                 + "  " + line[5] for line in (header, *body)]  # fmt: skip
+        header = (
+            "method",
+            "calibration error",
+            "max |cov - level|",
+            "marginal error",
+            "NLL",
+            "chosen",
+            "why",
+        )
+        body = [
+            (
+                row.method,
+                f"{row.calibration_error:.4f}",
+                f"{row.max_gap:.3f}",
+                f"{row.marginal_error:.4f}",
+                f"{row.nll:.4f}",
+                "yes" if row.chosen else "",
+                row.why,
+            )
+            for row in self.rows
+        ]
+        widths = [max(len(line[i]) for line in (header, *body)) for i in range(6)]
+        lines = [
+            "  ".join(cell.ljust(width) for cell, width in zip(line[:6], widths, strict=True))
+            + "  "
+            + line[6]
+            for line in (header, *body)
+        ]
         return "\n".join(line.rstrip() for line in lines)
 
     def __repr__(self) -> str:
@@ -148,9 +175,17 @@ class Selection(Mapping[str, dict[str, float]]):
 BOOTSTRAP_RESAMPLES = 200
 
 
-def _bootstrap_se(levels: dict[str, Tensor], best: str, seed: int) -> dict[str, float]:
+def _bootstrap_se(
+    levels: dict[str, Tensor],
+    best: str,
+    seed: int,
+    coordinate_levels: dict[str, Tensor] | None = None,
+    folds: Tensor | None = None,
+) -> dict[str, float]:
     """Paired bootstrap standard error of each candidate's calibration error minus the
-    best's: :data:`BOOTSTRAP_RESAMPLES` resamples of the pairs, shared by all."""
+    best's: :data:`BOOTSTRAP_RESAMPLES` resamples of the pairs, shared by all (with
+    ``coordinate_levels``, of the error the rule then ranks by: the mean of the HPD and
+    the per-coordinate errors)."""
     n = levels[best].numel()
     generator = torch.Generator().manual_seed(seed + 1)
     rows = torch.randint(n, (BOOTSTRAP_RESAMPLES, n), generator=generator)
@@ -162,8 +197,14 @@ def _bootstrap_se(levels: dict[str, Tensor], best: str, seed: int) -> dict[str, 
         curve = weight @ (level[:, None] <= CALIBRATION_LEVELS).double()
         return (curve - CALIBRATION_LEVELS).abs().mean(1)
 
-    reference = errors(levels[best])
-    return {name: float((errors(level) - reference).std()) for name, level in levels.items()}
+    def combined(name: str) -> Tensor:
+        if coordinate_levels is None:
+            return errors(levels[name])
+        gaps = marginal_coverage_gaps(coordinate_levels[name], folds, weight)
+        return 0.5 * (errors(levels[name]) + gaps.abs().mean((1, 2, 3)))
+
+    reference = combined(best)
+    return {name: float((combined(name) - reference).std()) for name in levels}
 
 
 def select_method(
@@ -199,8 +240,9 @@ def select_method(
        (:meth:`~.radial.LatentMap.same_as`: ``"scale"`` fitted to the identity is
        ``"none"``) gives way to it, and the table says so.
     """
-    scores, levels, changes = _cross_fit(z, log_prob, AUTO_CANDIDATES, band, seed, draws,
-                                         scale_target)  # fmt: skip
+    scores, levels, changes, coordinate_levels, folds = _cross_fit(
+        z, log_prob, AUTO_CANDIDATES, band, seed, draws, scale_target
+    )
     kinds = scale_kinds(scale_target)
     full_hpd = shared_hpd_log_scale(on_cpu(draws))
     z_all = z.detach().double().cpu()
@@ -209,22 +251,42 @@ def select_method(
     same = {name: next((other for other in AUTO_CANDIDATES[: AUTO_CANDIDATES.index(name)]
                         if maps[name].same_as(maps[other])), None)
             for name in AUTO_CANDIDATES}  # fmt: skip
-    chosen, selection = choose(scores, levels, changes, same, seed=seed,
-                               nll_tolerance=nll_tolerance,
-                               num_standard_errors=num_standard_errors)  # fmt: skip
+    chosen, selection = choose(
+        scores,
+        levels,
+        changes,
+        same,
+        seed=seed,
+        nll_tolerance=nll_tolerance,
+        num_standard_errors=num_standard_errors,
+        coordinate_levels=coordinate_levels,
+        folds=folds,
+    )
     return chosen, selection, maps
 
 
 def choose(
-    scores: dict[str, dict[str, float]], levels: dict[str, Tensor], changes: dict[str, Tensor],
-    same: dict[str, str | None], *, seed: int = 0, nll_tolerance: float = 0.01,
+    scores: dict[str, dict[str, float]],
+    levels: dict[str, Tensor],
+    changes: dict[str, Tensor],
+    same: dict[str, str | None],
+    *,
+    seed: int = 0,
+    nll_tolerance: float = 0.01,
     num_standard_errors: float = 2.0,
-) -> tuple[str, Selection]:  # fmt: skip
-    """The rule of :func:`select_method` on the cross-fitted ``scores`` (each candidate's
+    coordinate_levels: dict[str, Tensor] | None = None,
+    folds: Tensor | None = None,
+) -> tuple[str, Selection]:
+    r"""The rule of :func:`select_method` on the cross-fitted ``scores`` (each candidate's
     ``calibration_error``, ``max_gap``, ``nll`` and ``nll_difference_se``), held-out HPD
     levels ``(n,)``, per-pair log-density changes ``(n,)`` and ``same`` (candidate -> the
     simpler candidate with the same map, or ``None``), in :data:`AUTO_CANDIDATES` order:
-    the method chosen and the :class:`~.selection.Selection` table."""
+    the method chosen and the :class:`~.selection.Selection` table. With
+    ``coordinate_levels`` (candidate -> held-out :math:`\Phi(u)` ``(n, D)``; ``folds``
+    ``(n,)``: the fold that scored each pair, each fold's curves apart), the error
+    ranked is the mean of the HPD error and the per-coordinate one
+    (``marginal_calibration_error``), so that a map that calibrates the HPD regions but
+    leaves each coordinate's shape wrong is not as calibrated as one that fixes both."""
     names = list(scores)
     reference = scores[names[0]]["nll"]
     margin = nll_tolerance * max(1.0, abs(reference))
@@ -232,8 +294,14 @@ def choose(
     limit = {name: reference + margin + k * scores[name]["nll_difference_se"] for name in names}
     kept = [name for name in names if scores[name]["nll"] <= limit[name]]
     error = {name: scores[name]["calibration_error"] for name in names}
+    if coordinate_levels is not None:
+        for name in names:
+            gaps = marginal_coverage_gaps(coordinate_levels[name], folds).abs().mean()
+            scores[name]["marginal_calibration_error"] = float(gaps)
+            scores[name]["selection_error"] = 0.5 * (error[name] + float(gaps))
+        error = {name: scores[name]["selection_error"] for name in names}
     best = min(kept, key=error.__getitem__)
-    se = _bootstrap_se(levels, best, seed)
+    se = _bootstrap_se(levels, best, seed, coordinate_levels, folds)
     root_n = math.sqrt(levels[best].numel())
     signed = {name: abs(scores[name]["hpd_coverage_error"]) for name in names}
     signed_se = {name: float((levels[name] - levels[best]).std() / root_n) for name in names}
@@ -286,9 +354,28 @@ def choose(
                     f"{sharpest!r}'s, beyond {k:g} SE ({k * nll_se[name]:.4f})")  # fmt: skip
         return f"as calibrated and as sharp (within {k:g} SE), but {chosen!r} is simpler"
 
-    rows = [Candidate(name, error[name], scores[name]["max_gap"], nll[name], name == chosen,
-                      why(name)) for name in names]  # fmt: skip
-    note = (f"2-fold cross-fit on {levels[best].numel()} held-out pairs; calibration error = "
-            f"mean |coverage - level| of the HPD regions; NLL guard +{nll_tolerance:g} x "
-            f"max(1, |NLL|) + {k:g} SE")  # fmt: skip
+    nan = float("nan")
+    rows = [
+        Candidate(
+            name,
+            scores[name]["calibration_error"],
+            scores[name]["max_gap"],
+            nll[name],
+            name == chosen,
+            why(name),
+            scores[name].get("marginal_calibration_error", nan),
+        )
+        for name in names
+    ]
+    ranked = (
+        "mean of the HPD and the marginal error"
+        if coordinate_levels is not None
+        else "the calibration error"
+    )
+    note = (
+        f"2-fold cross-fit on {levels[best].numel()} held-out pairs; calibration error = "
+        f"mean |coverage - level| of the HPD regions, marginal error = that of the "
+        f"latent coordinates; ranked by the {ranked}; NLL guard +{nll_tolerance:g} x "
+        f"max(1, |NLL|) + {k:g} SE"
+    )
     return chosen, Selection(rows, scores, note)
