@@ -39,26 +39,10 @@ from calib_lightning.metrics._shapes import KeepShapes
 from calib_lightning.posteriors import Posterior
 from calib_lightning.results import Result
 
-__all__ = [
-    "FOLDS",
-    "JOINT_TEST_SETTINGS",
-    "REPEATS",
-    "TRAIN_DRAWS",
-    "JointC2ST",
-    "JointC2STResult",
-    "joint_c2st",
-]
+__all__ = ["FOLDS", "REPEATS", "JointC2ST", "JointC2STResult", "joint_c2st"]
 
 #: folds of the cross-fit and its repetitions (``examples/benchmarks/results/seed_stability.md``)
 FOLDS, REPEATS = 2, 4
-#: posterior draws per training pair that enter class 0 (at most ``M``): ten draws with
-#: :data:`JOINT_TEST_SETTINGS` doubled the power on an over-confident posterior at the
-#: same cost (``docs/design.md``, "The joint classifier test: power per second")
-TRAIN_DRAWS = 10
-#: :class:`~calib_lightning.classifiers.MLPEnsemble` settings of the joint test under the
-#: user's ``classifier_kwargs`` (``classifier="mlp"`` only): mini-batches of 256 rows, as
-#: its training sets hold ``(1 + L) N / 2`` rows
-JOINT_TEST_SETTINGS: dict[str, Any] = {"batch_size": 256}
 
 
 @dataclass(eq=False)
@@ -78,9 +62,10 @@ class JointC2STResult(Result):
             :math:`\bar u_i`, ``(N,)``.
         num_train: pairs each classifier trained on.
         num_classifiers: classifiers trained (folds x repetitions x ensemble members).
-        p_value_error: ``()`` Monte Carlo standard error of ``p_value``: the standard
-            error over the repetitions of each repetition's own combination, what other
-            folds and initializations could move it by.
+        p_value_error: ``()`` Monte Carlo standard error of ``p_value``: the jackknife
+            over the repetitions (the combination without each one), what other folds
+            and initializations could move it by; ``cl.diagnose`` says a decision within
+            twice it of the level may turn with the seed.
     """
 
     logged = ("p_value", "statistic", "mean_rank")
@@ -107,7 +92,6 @@ def joint_c2st(
     classifier_kwargs: dict[str, Any] | None = None,
     seed: int = 0,
     check: int = 0,
-    train_draws: int = TRAIN_DRAWS,
 ) -> JointC2STResult:
     r"""The joint classifier test on calibration pairs and posterior draws.
 
@@ -121,13 +105,10 @@ def joint_c2st(
         num_ensemble: classifiers whose log-odds are averaged, per fold.
         classifier: ``"mlp"``, ``"sbibm"`` or a scikit-learn classifier
             (:func:`~calib_lightning.classifiers.make_ensemble`).
-        classifier_kwargs: :class:`~calib_lightning.classifiers.MLPEnsemble` settings
-            (over :data:`JOINT_TEST_SETTINGS`).
+        classifier_kwargs: :class:`~calib_lightning.classifiers.MLPEnsemble` settings.
         seed: with ``check`` and the observations, keys the folds, the classifiers and the
             ties.
         check: a counter that makes repeated checks on the same data draw fresh randomness.
-        train_draws: ``L``, posterior draws of each training pair in class 0 (the first
-            ``min(L, M)``); the truths enter class 1 once.
 
     Every random stream is keyed by ``seed``, ``check`` and the digest of ``x`` only:
     nothing the classifiers do depends on a pair's :math:`\theta^*` unless they train on
@@ -149,27 +130,19 @@ def joint_c2st(
         raise ValueError(f"samples must have shape (M, N, D) = (M, {theta.shape[0]}, "
                          f"{theta.shape[1]}), got {tuple(samples.shape)}")  # fmt: skip
     check_positive("num_ensemble", num_ensemble, integer=True)
-    check_positive("train_draws", train_draws, integer=True)
     key = [check, *digest_words(x)]
     assignment = joint_c2st_folds(theta.shape[0], folds, repeats, generator(seed, 1, *key))
     members = folds * repeats * num_ensemble
     ensemble = make_ensemble(classifier, members, stream_seed(seed, 2, *key),
-                             **joint_test_kwargs(classifier, classifier_kwargs))  # fmt: skip
+                             **(classifier_kwargs or {}))  # fmt: skip
     z, p_value, ranks, error = joint_c2st_test(
         theta[None], x[None], samples.to(theta)[None], ensemble, assignment,
-        generator(seed, 3, *key), train_draws=min(train_draws, samples.shape[0]),
+        generator(seed, 3, *key),
     )  # fmt: skip
     num_train = theta.shape[0] - int(max(assignment.eq(k).sum(1).max() for k in range(folds)))
     return JointC2STResult(statistic=z[0], p_value=p_value[0], mean_rank=ranks[0].mean(),
                            ranks=ranks[0], num_train=num_train, num_classifiers=members,
                            p_value_error=error[0])  # fmt: skip
-
-
-def joint_test_kwargs(classifier: str | Any, kwargs: dict[str, Any] | None) -> dict[str, Any]:
-    """:data:`JOINT_TEST_SETTINGS` under ``kwargs`` for ``"mlp"``, ``kwargs`` alone else."""
-    kwargs = dict(kwargs or {})
-    mlp = isinstance(classifier, str) and classifier == "mlp"
-    return {**JOINT_TEST_SETTINGS, **kwargs} if mlp else kwargs
 
 
 class JointC2ST(KeepShapes):
@@ -192,13 +165,10 @@ class JointC2ST(KeepShapes):
         repeats: ``R`` cross-fits averaged.
         num_ensemble: classifiers averaged per fold.
         classifier: ``"mlp"``, ``"sbibm"`` or a scikit-learn classifier.
-        classifier_kwargs: :class:`~calib_lightning.classifiers.MLPEnsemble` settings
-            (over :data:`JOINT_TEST_SETTINGS`).
+        classifier_kwargs: :class:`~calib_lightning.classifiers.MLPEnsemble` settings.
         max_pairs: per-process bound on stored pairs.
         seed: keys every random stream with the data and the check counter; ``None``
             draws it from fresh entropy.
-        train_draws: ``L``, posterior draws of each training pair in class 0 (at most
-            ``num_posterior_samples``).
 
     Example:
         >>> from calib_lightning.tasks import GaussianToy
@@ -229,7 +199,6 @@ class JointC2ST(KeepShapes):
         classifier_kwargs: dict[str, Any] | None = None,
         max_pairs: int = 10_000,
         seed: int | None = 0,
-        train_draws: int = TRAIN_DRAWS,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("compute_with_cache", False)
@@ -243,8 +212,6 @@ class JointC2ST(KeepShapes):
             raise ValueError(f"num_posterior_samples must be >= 2, got {num_posterior_samples}")
         check_positive("num_ensemble", num_ensemble, integer=True)
         check_positive("max_pairs", max_pairs, integer=True)
-        check_positive("train_draws", train_draws, integer=True)
-        self.train_draws = train_draws
         joint_c2st_folds(2 * folds, folds, repeats)  # validates folds and repeats
         self.num_posterior_samples, self.folds, self.repeats = num_posterior_samples, folds, repeats
         self.num_ensemble, self.max_pairs, self.seed = num_ensemble, max_pairs, seed
@@ -288,7 +255,7 @@ class JointC2ST(KeepShapes):
             theta[order], x[order], samples[order].transpose(0, 1),
             folds=self.folds, repeats=self.repeats, num_ensemble=self.num_ensemble,
             classifier=self.classifier_spec, classifier_kwargs=self.classifier_kwargs,
-            seed=self.seed, check=int(self.checks), train_draws=self.train_draws,
+            seed=self.seed, check=int(self.checks),
         )  # fmt: skip
         self.checks += 1
         return result

@@ -8,7 +8,7 @@ ensemble fit (``classifiers.joint_c2st_test``, the function the metric calls). F
 (N, D): the rejection rate at 0.05 with its 99 % binomial band and the KS p-value of the
 p-values.
 
-    python examples/benchmarks/joint_c2st_level.py [--smoke] [--datasets 400] [--cases 1 3]
+    python examples/benchmarks/joint_c2st_level.py [--smoke]
 
 Writes examples/benchmarks/results/joint_c2st_level.md.
 """
@@ -25,7 +25,7 @@ import torch
 from scipy import stats
 
 from calib_lightning.classifiers import joint_c2st_folds, joint_c2st_test, make_ensemble
-from calib_lightning.metrics.joint_c2st import FOLDS, JOINT_TEST_SETTINGS, REPEATS, TRAIN_DRAWS
+from calib_lightning.metrics.joint_c2st import FOLDS, REPEATS
 
 RESULTS = Path(__file__).parent / "results"
 CASES = ((100, 10, 2000), (100, 3, 2000), (300, 3, 1500), (1000, 3, 800))  # N, D, datasets
@@ -40,26 +40,18 @@ def level(reps: int, n: int, dim: int, draws: int, seed: int) -> tuple[float, fl
     noise = torch.randn(reps, draws, n, dim, generator=g)
     samples = weight * x[:, None] + (weight * 0.25) ** 0.5 * noise
     folds = joint_c2st_folds(n, FOLDS, REPEATS, torch.Generator().manual_seed(seed + 1))
-    classifier = make_ensemble("mlp", reps * FOLDS * REPEATS, seed=seed + 2, **JOINT_TEST_SETTINGS)
+    classifier = make_ensemble("mlp", reps * FOLDS * REPEATS, seed=seed + 2)
     _, p, _, _ = joint_c2st_test(theta, x, samples, classifier, folds,
-                                 torch.Generator().manual_seed(seed + 3),
-                                 train_draws=min(TRAIN_DRAWS, draws))  # fmt: skip
+                                 torch.Generator().manual_seed(seed + 3))  # fmt: skip
     return float((p < 0.05).double().mean()), float(stats.kstest(p.numpy(), "uniform").pvalue)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--datasets", type=int, default=None,
-                        help="datasets per case (default: CASES' 800-2,000)")  # fmt: skip
-    parser.add_argument("--cases", type=int, nargs="+", default=None, metavar="I",
-                        help="indices into CASES (default: all)")  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(1)
-    cases = [CASES[i] for i in args.cases] if args.cases else list(CASES)
-    if args.datasets:
-        cases = [(n, dim, args.datasets) for n, dim, _ in cases]
-    cases = [(50, 2, 20)] if args.smoke else cases
+    cases = ((50, 2, 20),) if args.smoke else CASES
     rows, start = [], time.perf_counter()
     for n, dim, reps in cases:
         begin = time.perf_counter()
@@ -75,12 +67,9 @@ def main() -> None:
                             text=True, check=False).stdout.strip()  # fmt: skip
     text = "\n".join([
         "# Level of the joint classifier test at its defaults", "",
-        f"Written by `python examples/benchmarks/joint_c2st_level.py"
-        f"{f' --datasets {args.datasets}' if args.datasets else ''}"
-        f"{' --cases ' + ' '.join(map(str, args.cases)) if args.cases else ''}` at commit {commit} "
+        f"Written by `python examples/benchmarks/joint_c2st_level.py` at commit {commit} "
         f"({platform.machine()}, one thread, {(time.perf_counter() - start) / 60:.0f} min). "
-        f"Folds {FOLDS}, repetitions {REPEATS}, {TRAIN_DRAWS} posterior draws per training "
-        f"pair, the default classifier ({JOINT_TEST_SETTINGS}), M = 20 exact "
+        f"Folds {FOLDS}, repetitions {REPEATS}, the default classifier, M = 20 exact "
         "posterior draws per pair, a fresh dataset per repetition.", "",
         "| N | D | datasets | rejection rate at 0.05 | 99 % band | inside | KS p | seconds |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |", *rows, "",
