@@ -198,8 +198,9 @@ def test_rank_sum_p_value_does_not_underflow():
     the float64 range the smallest normal float64, never 0."""
     z = torch.tensor([15.8, -15.8, 40.0, 0.0], dtype=torch.float64)
     p = normal_two_sided_p_value(z)
-    torch.testing.assert_close(p[:2], torch.full((2,), 2 * stats.norm.sf(15.8),
-                                                 dtype=torch.float64), rtol=1e-9, atol=0)
+    torch.testing.assert_close(
+        p[:2], torch.full((2,), 2 * stats.norm.sf(15.8), dtype=torch.float64), rtol=1e-9, atol=0
+    )
     assert float(p[2]) == 2.2250738585072014e-308
     assert float(p[3]) == 1.0
     n = 1000
@@ -257,3 +258,25 @@ def test_bad_inputs_raise():
         metric.update(
             lambda x: normal(torch.zeros(x.shape[0], 3), 1.0), theta, torch.cat([x, x], 1)
         )
+
+
+def test_train_draws_and_jackknife_error():
+    """Several draws per training pair keep the shapes; the jackknife error is 0 for one
+    repetition and positive for several; train_draws beyond M is refused."""
+    g = torch.Generator().manual_seed(11)
+    theta, x = TOY.sample(60, g)
+    samples = TOY.posterior()(x).sample((6,))[None]
+    for repeats in (1, 3):
+        folds = joint_c2st_folds(60, 2, repeats, torch.Generator().manual_seed(0))
+        classifier = make_ensemble("mlp", 2 * repeats, seed=1)
+        rank_generator = torch.Generator().manual_seed(2)
+        out = joint_c2st_test(
+            theta[None], x[None], samples, classifier, folds, rank_generator, train_draws=4
+        )
+        z, p, ranks, error = out
+        assert z.shape == p.shape == error.shape == (1,)
+        assert ranks.shape == (1, 60)
+        assert (float(error) == 0) == (repeats == 1)
+    classifier = make_ensemble("mlp", 2)
+    with pytest.raises(ValueError, match=r"train_draws must be in 1..M = 6, got 7"):
+        joint_c2st_test(theta[None], x[None], samples, classifier, folds[:1], train_draws=7)

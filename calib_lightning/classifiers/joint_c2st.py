@@ -4,9 +4,9 @@ The calibration pairs are split ``R`` times into ``K`` folds; the folds are draw
 generator the caller seeds from the observations ``x`` only, so they carry no
 information about :math:`\theta^*`. For each repetition and fold a classifier learns
 :math:`d(\theta, x) = P(\text{class } 1 \mid \theta, x)` on the other folds, with class 1
-:math:`(\theta^*_i, x_i)` and class 0 :math:`(\tilde\theta_i, x_i)`, one posterior draw
-per pair (:func:`joint_c2st_train`), and scores the :math:`M + 1` values (the truth and
-the ``M`` draws) of every pair of its fold. The ranks of the truths in a fold and their
+:math:`(\theta^*_i, x_i)` and class 0 :math:`(\tilde\theta_{il}, x_i)`, ``L`` posterior
+draws per pair (:func:`joint_c2st_train`), and scores the :math:`M + 1` values (the truth
+and the ``M`` draws) of every pair of its fold. The ranks of the truths in a fold and their
 exact null variances (:func:`~calib_lightning.functional.joint_c2st.averaged_ranks`) give
 the fold's exact test (:func:`~calib_lightning.functional.joint_c2st.rank_sum_test`), and
 the ``K R`` fold p-values are combined by the Cauchy combination (why not one pooled
@@ -55,12 +55,13 @@ def joint_c2st_train(
     theta: Tensor, posterior_theta: Tensor, x: Tensor, classifier: Ensemble
 ) -> Ensemble:
     r"""Train :math:`d(\theta, x)`: class 1 :math:`(\theta^*_i, x_i)`, class 0
-    :math:`(\tilde\theta_i, x_i)`.
+    :math:`(\tilde\theta_{il}, x_i)`, ``L`` draws per pair.
 
     Arguments:
-        theta: true parameters ``(G, n, D)``.
-        posterior_theta: one draw :math:`\tilde\theta_i \sim q(\cdot \mid x_i)` per pair,
-            ``(G, n, D)``.
+        theta: true parameters ``(G, n, D)``, each once in class 1.
+        posterior_theta: draws :math:`\tilde\theta_{il} \sim q(\cdot \mid x_i)`,
+            ``(G, n, D)`` (one per pair) or ``(G, L, n, D)``, all in class 0 (the classes
+            are then ``1 : L``; a ranking of the scores does not care).
         x: observations ``(G, n, X)``.
         classifier: unfitted ensemble of ``G E`` members, training set ``g`` in members
             ``g E .. g E + E - 1``.
@@ -69,10 +70,14 @@ def joint_c2st_train(
         ``classifier``, fitted.
     """
     groups, n = theta.shape[:2]
+    if posterior_theta.ndim == theta.ndim:
+        posterior_theta = posterior_theta.unsqueeze(1)
+    draws = posterior_theta.shape[1]
     per_group = classifier.num_members // groups
-    rows = torch.cat([theta, posterior_theta], 1).repeat_interleave(per_group, 0)
-    context = torch.cat([x, x], 1).repeat_interleave(per_group, 0)
-    labels = torch.cat([theta.new_ones(n), theta.new_zeros(n)])
+    negatives = posterior_theta.flatten(1, 2)  # (G, L n, D), draw-major
+    rows = torch.cat([theta, negatives], 1).repeat_interleave(per_group, 0)
+    context = x.repeat(1, 1 + draws, 1).repeat_interleave(per_group, 0)
+    labels = torch.cat([theta.new_ones(n), theta.new_zeros(draws * n)])
     if groups * per_group == 1:
         return classifier.fit([rows[0], context[0]], labels)
     return classifier.fit([rows, context], labels)
@@ -97,6 +102,7 @@ def joint_c2st_test(
     classifier: Ensemble,
     folds: Tensor,
     rank_generator: torch.Generator | None = None,
+    train_draws: int = 1,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     r"""Run the cross-fitted joint classifier test on ``B`` datasets at once.
 
@@ -104,19 +110,21 @@ def joint_c2st_test(
         theta: true parameters ``(B, N, D)``.
         x: observations, flattened, ``(B, N, X)``.
         samples: posterior draws :math:`\theta_{im} \sim q(\cdot \mid x_i)`,
-            ``(B, M, N, D)``, ``M >= 2``: draw 0 is class 0 of the training pairs, all
-            ``M`` are ranked at the pairs a classifier did not see.
+            ``(B, M, N, D)``, ``M >= 2``: draws ``0 .. L - 1`` are class 0 of the training
+            pairs, all ``M`` are ranked at the pairs a classifier did not see.
         classifier: unfitted ensemble of ``B R K E`` members.
         folds: :func:`joint_c2st_folds` ``(R, N)`` (the same for every dataset).
         rank_generator: draws the tie-breaking of the ranks.
+        train_draws: ``L``, draws ``0 .. L - 1`` of each training pair in class 0.
 
     Returns:
         ``(z, p_value, ranks, p_value_error)``: the mean of the fold statistics
         :math:`Z_f` ``(B,)`` (each ``N(0, 1)`` under :math:`H_0`, positive when the truths
         score above the draws), the Cauchy combination of the folds' two-sided p-values
         ``(B,)``, every pair's rank averaged over the repetitions ``(B, N)``, and the
-        p-value's Monte Carlo error ``(B,)``: the standard error over the repetitions of
-        each repetition's own combination (0 for one repetition).
+        p-value's Monte Carlo error ``(B,)``: the jackknife standard error over the
+        repetitions, from the combinations that leave one repetition out (0 for one
+        repetition).
         Each classifier trains on the first ``n_train`` pairs outside its fold, ``n_train``
         the smallest such count (folds differ in size by at most one).
     """
@@ -128,6 +136,8 @@ def joint_c2st_test(
         )
     if samples.shape[1] < 2:
         raise ValueError(f"samples must hold M >= 2 draws per pair, got M = {samples.shape[1]}")
+    if not 1 <= train_draws <= samples.shape[1]:
+        raise ValueError(f"train_draws must be in 1..M = {samples.shape[1]}, got {train_draws}")
     repeats, num_folds = folds.shape[0], int(folds.max()) + 1
     groups = repeats * num_folds
     if classifier.num_members % (datasets * groups):
@@ -155,7 +165,8 @@ def joint_c2st_test(
         ]
     )  # fmt: skip  (G, n_held)
     train, held = train.to(theta.device), held.to(theta.device)
-    joint_c2st_train(theta[:, train].flatten(0, 1), samples[:, 0][:, train].flatten(0, 1),
+    negatives = samples[:, :train_draws][:, :, train].transpose(1, 2)  # (B, G, L, n_train, D)
+    joint_c2st_train(theta[:, train].flatten(0, 1), negatives.flatten(0, 1),
                      x[:, train].flatten(0, 1), classifier)  # fmt: skip
     values = torch.cat([theta.unsqueeze(1), samples.to(theta)], 1)  # (B, M + 1, N, D)
     num_values = values.shape[1]
@@ -177,6 +188,11 @@ def joint_c2st_test(
     p_folds = normal_two_sided_p_value(statistics)  # (B, R, K)
     p_value = combine_p_values(p_folds.flatten(1), dim=-1)
     error = torch.zeros_like(p_value)
-    if repeats > 1:
-        error = combine_p_values(p_folds, dim=-1).std(-1) / repeats**0.5
+    if repeats > 1:  # jackknife over the repetitions: the combination without each one
+        keep = ~torch.eye(repeats, dtype=torch.bool, device=p_folds.device)  # (R, R)
+        left_out = torch.stack(
+            [combine_p_values(p_folds[:, keep[r]].flatten(1), dim=-1) for r in range(repeats)], -1
+        )  # (B, R)
+        spread = (left_out - left_out.mean(-1, keepdim=True)).square().sum(-1)
+        error = (spread * (repeats - 1) / repeats).sqrt()
     return statistics.flatten(1).mean(-1), p_value, ranks.mean(1), error

@@ -62,9 +62,10 @@ class JointC2STResult(Result):
             :math:`\bar u_i`, ``(N,)``.
         num_train: pairs each classifier trained on.
         num_classifiers: classifiers trained (folds x repetitions x ensemble members).
-        p_value_error: ``()`` Monte Carlo standard error of ``p_value``: the standard
-            error over the repetitions of each repetition's own combination, what other
-            folds and initializations could move it by.
+        p_value_error: ``()`` Monte Carlo standard error of ``p_value``: the jackknife
+            over the repetitions (the combination without each one), what other folds
+            and initializations could move it by; ``cl.diagnose`` says a decision within
+            twice it of the level may turn with the seed.
     """
 
     logged = ("p_value", "statistic", "mean_rank")
