@@ -7,6 +7,7 @@ a trained estimator does; the property holds for any parameters.
 """
 
 import math
+import os
 from collections.abc import Callable
 
 import pytest
@@ -125,6 +126,38 @@ def sbi_vector_field(method: str) -> object:
         return inference.train(max_num_epochs=20, training_batch_size=200)
 
 
+def bayesflow_approximator(network: str) -> object:
+    """A BayesFlow ``ContinuousApproximator`` on Keras' torch backend (float32: Keras'),
+    trained briefly (seconds) with ``fit`` on the offset, scaled pairs, every variable
+    standardized by the approximator; flow matching integrates with 10 fixed RK45 steps."""
+    os.environ.setdefault("KERAS_BACKEND", "torch")
+    grad = torch.is_grad_enabled()
+    bf = pytest.importorskip("bayesflow")
+    torch.set_grad_enabled(grad)  # bayesflow turns autograd off when it is imported
+    import keras
+
+    theta, x = simulate(NUM_TRAIN, seed=1)
+    data = {"theta": theta.float().numpy(), "x": x.float().numpy()}
+    keras.utils.set_random_seed(0)
+    adapter = bf.ContinuousApproximator.build_adapter(
+        inference_variables=["theta"], inference_conditions=["x"]
+    )
+    net = (
+        bf.networks.CouplingFlow(depth=2, subnet_kwargs={"widths": (32, 32)})
+        if network == "coupling"
+        else bf.networks.FlowMatching(
+            subnet_kwargs={"widths": (32, 32)}, integrate_kwargs={"method": "rk45", "steps": 10}
+        )
+    )
+    approximator = bf.ContinuousApproximator(
+        inference_network=net, adapter=adapter, standardize="all"
+    )
+    approximator.compile(optimizer=keras.optimizers.Adam(1e-3))
+    dataset = bf.datasets.OfflineDataset(data, batch_size=100, adapter=adapter)
+    approximator.fit(dataset=dataset, epochs=5, verbose=0)
+    return approximator
+
+
 def _loc(x: torch.Tensor) -> torch.Tensor:
     """The exact posterior mean of the task: a shrunken, standardized ``x``."""
     gain = SCALE / (SCALE**2 + NOISE**2)
@@ -166,12 +199,16 @@ ADAPTERS: dict[str, Callable[[], object]] = {
     "sbi-direct-posterior": lambda: sbi_estimator("maf", direct_posterior=True),
     "sbi-fmpe": lambda: sbi_vector_field("fmpe"),
     "sbi-npse": lambda: sbi_vector_field("npse"),
+    "bayesflow-coupling": lambda: bayesflow_approximator("coupling"),
+    "bayesflow-flow-matching": lambda: bayesflow_approximator("flow_matching"),
     "transformed-distribution": lambda: transformed,
     "independent-normal": lambda: independent_normal,
     "multivariate-normal": lambda: multivariate_normal,
 }
 # an ODE per sample: fewer samples, looser change-of-variables tolerance
-SLOW = {"zuko-cnf", "sbi-fmpe", "sbi-npse"}
+SLOW = {"zuko-cnf", "sbi-fmpe", "sbi-npse", "bayesflow-flow-matching"}
+#: float32 models (Keras'): the change of variables to float32's precision
+FLOAT32 = {"bayesflow-coupling", "bayesflow-flow-matching"}
 
 
 def assert_standard_normal(z: torch.Tensor) -> None:
@@ -225,7 +262,7 @@ def test_log_prob_is_the_change_of_variables_of_the_latents(adapter):
     torch.manual_seed(5)
     theta = post.sample(x, 1)[0]
     expected = change_of_variables(post, theta, x)
-    tolerance = 1e-3 if name in SLOW else 1e-7
+    tolerance = 1e-3 if name in SLOW | FLOAT32 else 1e-7
     torch.testing.assert_close(post.log_prob(theta, x), expected, rtol=tolerance, atol=tolerance)
     log_prob, z = post.log_prob_and_latent(theta, x)
     torch.testing.assert_close(log_prob, expected, rtol=tolerance, atol=tolerance)
@@ -364,8 +401,12 @@ def test_every_adapter_truncated_to_a_box_samples_inside_with_one_normalizer(ada
     theta, x = simulate(4 * n, seed=13)
     keep = (theta.abs() < 1).all(-1).nonzero()[:n, 0]
     theta, x = theta[keep], x[keep]
-    box = Independent(torch.distributions.Uniform(-torch.ones(D, dtype=torch.float64),
-                                                  torch.ones(D, dtype=torch.float64)), 1)
+    box = Independent(
+        torch.distributions.Uniform(
+            -torch.ones(D, dtype=torch.float64), torch.ones(D, dtype=torch.float64)
+        ),
+        1,
+    )
     truncated = cl.TruncatedPosterior(post, box, num_normalizer_samples=draws)
     torch.manual_seed(14)
     inside, log_q = truncated.sample_and_log_prob(x, draws)

@@ -81,8 +81,14 @@ ALLOWED = {
     "misspecification": {"_utils", "evaluation", "functional", "results", "classifiers"},
     # metrics know nothing about Lightning or figures
     "metrics": {
-        "_utils", "classifiers", "evaluation", "functional", "kernels", "posteriors",
-        "results", "misspecification",
+        "_utils",
+        "classifiers",
+        "evaluation",
+        "functional",
+        "kernels",
+        "posteriors",
+        "results",
+        "misspecification",
     },
     "losses": {"_utils", "evaluation", "functional", "kernels", "posteriors"},
     "baselines": {"_utils", "classifiers", "functional", "kernels"},
@@ -91,17 +97,43 @@ ALLOWED = {
     # they do not log or draw
     "recalibration": {"_utils", "evaluation", "functional", "losses", "posteriors"},
     "diagnosis": {
-        "_utils", "evaluation", "functional", "metrics", "misspecification", "plots",
-        "posteriors", "recalibration", "results",
+        "_utils",
+        "evaluation",
+        "functional",
+        "metrics",
+        "misspecification",
+        "plots",
+        "posteriors",
+        "recalibration",
+        "results",
     },
     "callbacks": {
-        "_utils", "baselines", "evaluation", "functional", "metrics", "misspecification",
-        "plots", "posteriors", "recalibration", "results",
+        "_utils",
+        "baselines",
+        "evaluation",
+        "functional",
+        "metrics",
+        "misspecification",
+        "plots",
+        "posteriors",
+        "recalibration",
+        "results",
     },
     "__main__": {"callbacks", "diagnosis", "posteriors"},
+    # the Keras callback runs the Lightning callbacks' checks; nothing imports it
+    "keras": {"_utils", "callbacks"},
     "calib_lightning": {
-        "baselines", "classifiers", "evaluation", "functional", "kernels", "losses",
-        "metrics", "misspecification", "posteriors", "recalibration", "tasks",
+        "baselines",
+        "classifiers",
+        "evaluation",
+        "functional",
+        "kernels",
+        "losses",
+        "metrics",
+        "misspecification",
+        "posteriors",
+        "recalibration",
+        "tasks",
     },
 }
 
@@ -213,9 +245,12 @@ def test_every_name_in_every_all_exists() -> None:
     """``from module import *`` works for every module: each name in an ``__all__`` is
     defined (``functional.__all__`` listed a ``kccsd_test`` that was not)."""
     import importlib
+    import importlib.util
 
     missing = []
     for name in modules():
+        if name == "calib_lightning.keras" and importlib.util.find_spec("keras") is None:
+            continue  # needs Keras (the extra calib_lightning[bayesflow])
         module = importlib.import_module(name)
         missing += [f"{name}.{n}" for n in module.__all__ if not hasattr(module, n)]
     assert missing == []
@@ -230,3 +265,16 @@ if __name__ == "__main__":
         : int(sys.argv[1]) if len(sys.argv) > 1 else 15
     ]:
         print(f"{size:5d}  {name}")
+
+
+def test_importing_the_package_imports_neither_keras_nor_bayesflow() -> None:
+    """The BayesFlow adapter recognizes an approximator by its class alone, so a user
+    without Keras pays nothing for it (``calib_lightning.keras`` is imported on demand)."""
+    import subprocess
+
+    code = (
+        "import sys, calib_lightning; "
+        "print(sorted(m for m in ('keras', 'bayesflow') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -74,6 +74,7 @@ from calib_lightning.posteriors.base import (
     supports,
     unsupported,
 )
+from calib_lightning.posteriors.bayesflow import BayesFlowPosterior
 from calib_lightning.posteriors.distributions import DistributionPosterior
 from calib_lightning.posteriors.flows import NflowsPosterior
 from calib_lightning.posteriors.samples import SamplePosterior
@@ -84,6 +85,7 @@ from calib_lightning.posteriors.wrapped import WrappedPosterior
 
 __all__ = [
     "CAPABILITIES",
+    "BayesFlowPosterior",
     "DistributionPosterior",
     "NflowsPosterior",
     "NotDifferentiableError",

@@ -20,6 +20,7 @@ from typing import Any
 from torch import Tensor
 
 import calib_lightning.posteriors._lampe as lampe
+import calib_lightning.posteriors.bayesflow as bayesflow
 import calib_lightning.posteriors.distributions as distributions
 import calib_lightning.posteriors.flows as flows
 import calib_lightning.posteriors.sbi as sbi
@@ -29,7 +30,7 @@ from calib_lightning.posteriors.base import Recognized
 __all__ = ["FAMILIES", "KINDS", "recognize", "resolve", "resolve_with_data"]
 
 #: the adapter modules, asked in this order (the specific before the generic callables)
-FAMILIES = (lampe, vector_fields, sbi, flows, distributions)
+FAMILIES = (lampe, vector_fields, sbi, bayesflow, flows, distributions)
 
 #: what a caller may declare an estimator to be (``cl.as_posterior(obj, kind=...)``)
 KINDS = ("posterior", "likelihood", "ratio")
@@ -50,6 +51,7 @@ def tried() -> str:
     return (
         "a Posterior, a lampe NPE, FMPE or NRE, an sbi vector-field estimator (FMPE, NPSE), "
         "an sbi density, ratio or likelihood estimator, DirectPosterior or MCMCPosterior, "
+        "a BayesFlow ContinuousApproximator (torch backend), "
         "an nflows Flow, a zuko flow or any callable x -> Distribution, or a callable "
         "f(theta, x) with prior="
     )

@@ -1,5 +1,5 @@
 r"""Samples-only posteriors: an estimator that can draw from :math:`q(\theta \mid x)` and
-nothing else (BayesFlow, ABC, MCMC, a home-grown sampler).
+nothing else (ABC, MCMC, a home-grown sampler).
 
 :class:`SamplePosterior` wraps a callable ``fn(x, num_samples) -> (S, N, D)``. The
 sampling-based checks apply to it: marginal ranks, with the distance rank
