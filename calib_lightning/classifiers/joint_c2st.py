@@ -41,14 +41,19 @@ def joint_c2st_folds(
     check_positive("folds", folds, integer=True)
     check_positive("repeats", repeats, integer=True)
     if folds < 2:
-        raise ValueError(f"folds must be at least 2 (every pair ranked by a classifier that "
-                         f"did not see it), got {folds}")  # fmt: skip
+        raise ValueError(
+            f"folds must be at least 2 (every pair ranked by a classifier that "
+            f"did not see it), got {folds}"
+        )
     if num_pairs < 2 * folds:
-        raise ValueError(f"the joint classifier test needs N >= 2 * folds = {2 * folds} pairs, "
-                         f"got N = {num_pairs}")  # fmt: skip
+        raise ValueError(
+            f"the joint classifier test needs N >= 2 * folds = {2 * folds} pairs, "
+            f"got N = {num_pairs}"
+        )
     labels = torch.arange(num_pairs) % folds
-    return torch.stack([labels[torch.randperm(num_pairs, generator=generator)]
-                        for _ in range(repeats)])  # fmt: skip
+    return torch.stack(
+        [labels[torch.randperm(num_pairs, generator=generator)] for _ in range(repeats)]
+    )
 
 
 def joint_c2st_train(
@@ -163,17 +168,25 @@ def joint_c2st_test(
             for k in range(num_folds)
             for idx in [folds[r].eq(k).nonzero().flatten()]
         ]
-    )  # fmt: skip  (G, n_held)
+    )  # (G, n_held)
     train, held = train.to(theta.device), held.to(theta.device)
     negatives = samples[:, :train_draws][:, :, train].transpose(1, 2)  # (B, G, L, n_train, D)
-    joint_c2st_train(theta[:, train].flatten(0, 1), negatives.flatten(0, 1),
-                     x[:, train].flatten(0, 1), classifier)  # fmt: skip
+    joint_c2st_train(
+        theta[:, train].flatten(0, 1),
+        negatives.flatten(0, 1),
+        x[:, train].flatten(0, 1),
+        classifier,
+    )
     values = torch.cat([theta.unsqueeze(1), samples.to(theta)], 1)  # (B, M + 1, N, D)
     num_values = values.shape[1]
     points = values[:, :, held].permute(0, 2, 1, 3, 4)  # (B, G, M + 1, n_held, D)
     context = x[:, held].unsqueeze(2).expand(-1, -1, num_values, -1, -1)
-    scores = _scores(classifier, points.reshape(datasets * groups, -1, dim),
-                     context.reshape(datasets * groups, -1, x.shape[-1]), ensemble)  # fmt: skip
+    scores = _scores(
+        classifier,
+        points.reshape(datasets * groups, -1, dim),
+        context.reshape(datasets * groups, -1, x.shape[-1]),
+        ensemble,
+    )
     scores = scores.view(datasets, repeats, num_folds, num_values, held_size)
     statistics = scores.new_empty(datasets, repeats, num_folds)
     ranks = scores.new_empty(datasets, repeats, num_pairs)

@@ -99,10 +99,13 @@ def conformal_ranks(
         (True, True)
     """
     if (
-        not isinstance(score, Tensor) or not isinstance(drawn_scores, Tensor)
-        or drawn_scores.ndim != score.ndim + 1 or drawn_scores.shape[-1] != score.shape[-1]
-        or drawn_scores.shape[:-2] != score.shape[:-1] or drawn_scores.shape[-2] < 1
-    ):  # fmt: skip
+        not isinstance(score, Tensor)
+        or not isinstance(drawn_scores, Tensor)
+        or drawn_scores.ndim != score.ndim + 1
+        or drawn_scores.shape[-1] != score.shape[-1]
+        or drawn_scores.shape[:-2] != score.shape[:-1]
+        or drawn_scores.shape[-2] < 1
+    ):
         got = tuple(drawn_scores.shape) if isinstance(drawn_scores, Tensor) else drawn_scores
         shape = tuple(score.shape) if isinstance(score, Tensor) else score
         raise ValueError(
@@ -202,7 +205,9 @@ def rank_sum_test(ranks: Tensor, variance: Tensor) -> tuple[Tensor, Tensor]:
         (3.0, 0.0027)
     """
     if ranks.shape != variance.shape or ranks.ndim < 1 or ranks.shape[-1] < 1:
-        raise ValueError(f"ranks and variance must have one shape (*, n) with n >= 1, got "
-                         f"{tuple(ranks.shape)} and {tuple(variance.shape)}")  # fmt: skip
+        raise ValueError(
+            f"ranks and variance must have one shape (*, n) with n >= 1, got "
+            f"{tuple(ranks.shape)} and {tuple(variance.shape)}"
+        )
     z = (ranks.double() - 0.5).sum(-1) / variance.double().sum(-1).sqrt()
     return z, normal_two_sided_p_value(z)

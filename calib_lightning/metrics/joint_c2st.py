@@ -127,22 +127,35 @@ def joint_c2st(
     theta, x = check_pairs(theta, x, min_rows=4)
     x = x.reshape(x.shape[0], -1)
     if samples.ndim != 3 or samples.shape[1:] != theta.shape:
-        raise ValueError(f"samples must have shape (M, N, D) = (M, {theta.shape[0]}, "
-                         f"{theta.shape[1]}), got {tuple(samples.shape)}")  # fmt: skip
+        raise ValueError(
+            f"samples must have shape (M, N, D) = (M, {theta.shape[0]}, "
+            f"{theta.shape[1]}), got {tuple(samples.shape)}"
+        )
     check_positive("num_ensemble", num_ensemble, integer=True)
     key = [check, *digest_words(x)]
     assignment = joint_c2st_folds(theta.shape[0], folds, repeats, generator(seed, 1, *key))
     members = folds * repeats * num_ensemble
-    ensemble = make_ensemble(classifier, members, stream_seed(seed, 2, *key),
-                             **(classifier_kwargs or {}))  # fmt: skip
+    ensemble = make_ensemble(
+        classifier, members, stream_seed(seed, 2, *key), **(classifier_kwargs or {})
+    )
     z, p_value, ranks, error = joint_c2st_test(
-        theta[None], x[None], samples.to(theta)[None], ensemble, assignment,
+        theta[None],
+        x[None],
+        samples.to(theta)[None],
+        ensemble,
+        assignment,
         generator(seed, 3, *key),
-    )  # fmt: skip
+    )
     num_train = theta.shape[0] - int(max(assignment.eq(k).sum(1).max() for k in range(folds)))
-    return JointC2STResult(statistic=z[0], p_value=p_value[0], mean_rank=ranks[0].mean(),
-                           ranks=ranks[0], num_train=num_train, num_classifiers=members,
-                           p_value_error=error[0])  # fmt: skip
+    return JointC2STResult(
+        statistic=z[0],
+        p_value=p_value[0],
+        mean_rank=ranks[0].mean(),
+        ranks=ranks[0],
+        num_train=num_train,
+        num_classifiers=members,
+        p_value_error=error[0],
+    )
 
 
 class JointC2ST(KeepShapes):
@@ -228,8 +241,10 @@ class JointC2ST(KeepShapes):
         check_event_size(posterior, theta, x)
         flat = x.reshape(x.shape[0], -1)
         if self.x and flat.shape[1] != self.x[0].shape[1]:
-            raise ValueError(f"x must keep X = {self.x[0].shape[1]} features across updates, "
-                             f"got shape {tuple(x.shape)}")  # fmt: skip
+            raise ValueError(
+                f"x must keep X = {self.x[0].shape[1]} features across updates, "
+                f"got shape {tuple(x.shape)}"
+            )
         keep = room_for_rows(self, theta.shape[0], self.theta)
         if keep:
             drawn = draws(posterior, x[:keep], self.num_posterior_samples)  # (M, n, D)
@@ -249,13 +264,21 @@ class JointC2ST(KeepShapes):
         samples = dim_zero_cat(self.samples)
         order = canonical_order(x)
         if x.shape[0] < 2 * self.folds:
-            raise ValueError(f"JointC2ST needs at least N >= 2 * folds = {2 * self.folds} "
-                             f"calibration pairs, got N = {len(x)}")  # fmt: skip
+            raise ValueError(
+                f"JointC2ST needs at least N >= 2 * folds = {2 * self.folds} "
+                f"calibration pairs, got N = {len(x)}"
+            )
         result = joint_c2st(
-            theta[order], x[order], samples[order].transpose(0, 1),
-            folds=self.folds, repeats=self.repeats, num_ensemble=self.num_ensemble,
-            classifier=self.classifier_spec, classifier_kwargs=self.classifier_kwargs,
-            seed=self.seed, check=int(self.checks),
-        )  # fmt: skip
+            theta[order],
+            x[order],
+            samples[order].transpose(0, 1),
+            folds=self.folds,
+            repeats=self.repeats,
+            num_ensemble=self.num_ensemble,
+            classifier=self.classifier_spec,
+            classifier_kwargs=self.classifier_kwargs,
+            seed=self.seed,
+            check=int(self.checks),
+        )
         self.checks += 1
         return result

@@ -106,9 +106,12 @@ def _zuko_flow_on_normal(dist: Any) -> bool:
     from zuko.distributions import NormalizingFlow
 
     base = getattr(dist, "base", None)
-    return (type(dist) is NormalizingFlow and isinstance(base, Independent)
-            and isinstance(base.base_dist, Normal)
-            and base.reinterpreted_batch_ndims == 1)  # fmt: skip
+    return (
+        type(dist) is NormalizingFlow
+        and isinstance(base, Independent)
+        and isinstance(base.base_dist, Normal)
+        and base.reinterpreted_batch_ndims == 1
+    )
 
 
 def normal_log_kernel(z: Tensor, log_s: Tensor | float) -> Tensor:
@@ -142,8 +145,14 @@ class LatentDraws:
 
 def on_cpu(draws: LatentDraws) -> LatentDraws:
     """``draws`` with every tensor on the CPU (where the latent maps are fitted)."""
-    return replace(draws, **{f.name: getattr(draws, f.name).cpu() for f in fields(draws)
-                             if getattr(draws, f.name) is not None})  # fmt: skip
+    return replace(
+        draws,
+        **{
+            f.name: getattr(draws, f.name).cpu()
+            for f in fields(draws)
+            if getattr(draws, f.name) is not None
+        },
+    )
 
 
 def latent_draws(
@@ -186,14 +195,23 @@ def latent_draws(
                 inside.append(~outside_support(prior, draws))
     z, base = torch.cat(latents), torch.cat(bases)
     log_mixture = torch.logsumexp(torch.stack([normal_log_kernel(z, p) for p in proposals]), 0)
-    return LatentDraws(z_true, base_true, z, base, log_mixture - math.log(len(proposal_scales)),
-                       torch.cat(inside) if inside else None)  # fmt: skip
+    return LatentDraws(
+        z_true,
+        base_true,
+        z,
+        base,
+        log_mixture - math.log(len(proposal_scales)),
+        torch.cat(inside) if inside else None,
+    )
 
 
 def levels_and_log_share(
-    draws: LatentDraws, log_latent_density: Callable[[Tensor], Tensor], rows: Tensor | None = None,
-    *, with_share: bool = True,
-) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    draws: LatentDraws,
+    log_latent_density: Callable[[Tensor], Tensor],
+    rows: Tensor | None = None,
+    *,
+    with_share: bool = True,
+) -> tuple[Tensor, Tensor | None]:
     r"""The HPD levels of :func:`hpd_levels` and :math:`\log \hat Z(x_i)` ``(n,)`` (on
     the CPU), the log of that posterior's mass inside the prior's support at each pair:
     the self-normalized importance estimate from the same weights (0 without

@@ -75,8 +75,9 @@ def _latent_method(method: str) -> Callable[..., RecalibratedPosterior]:
         target = options.get("scale_target", "latent") if "scale" in method else ""
         if target == "hpd":
             hpd = hpd_log_scale(posterior, theta, x, prior=options.get("prior"))
-        return RecalibratedPosterior(posterior, _fit_map(z, method, options.get("band"), hpd),
-                                     method, scale_target=target)  # fmt: skip
+        return RecalibratedPosterior(
+            posterior, _fit_map(z, method, options.get("band"), hpd), method, scale_target=target
+        )
 
     return fit
 
@@ -205,13 +206,24 @@ def recalibrate(
         if method != "auto":
             if method in AUTO_CANDIDATES:  # the HPD scale then targets the restricted one
                 options = {"prior": prior, **options}
-            return restrict(METHODS[method](post, theta_val, x_val, z, band=band,
-                                            scale_target=scale_target, **options))  # fmt: skip
+            return restrict(
+                METHODS[method](
+                    post, theta_val, x_val, z, band=band, scale_target=scale_target, **options
+                )
+            )
         log_prob = post.log_prob(theta_val, x_val)
-        draws = latent_draws(post, theta_val, x_val, AUTO_NUM_POSTERIOR_SAMPLES, seed=seed,
-                             truth=(z, log_prob), prior=prior)  # fmt: skip
-        chosen, selection, maps = select_method(z, log_prob, draws, band=band, seed=seed,
-                                                scale_target=scale_target)  # fmt: skip
+        draws = latent_draws(
+            post,
+            theta_val,
+            x_val,
+            AUTO_NUM_POSTERIOR_SAMPLES,
+            seed=seed,
+            truth=(z, log_prob),
+            prior=prior,
+        )
+        chosen, selection, maps = select_method(
+            z, log_prob, draws, band=band, seed=seed, scale_target=scale_target
+        )
     target = scale_kinds(scale_target).get(chosen, "")
     fixed = RecalibratedPosterior(post, maps[chosen], chosen, selection, scale_target=target)
     log.info("recalibrate(method='auto') picked %r\n%r", chosen, selection)

@@ -146,10 +146,16 @@ def _map_log_density(latent_map: LatentMap) -> Callable[[Tensor], Tensor]:
 
 
 def _cross_fit(
-    z: Tensor, log_prob: Tensor, candidates: tuple[str, ...], band: int | None, seed: int,
-    draws: LatentDraws | None, scale_target: str | None,
-) -> tuple[dict[str, dict[str, float]], dict[str, Tensor], dict[str, Tensor],
-           dict[str, Tensor], Tensor]:  # fmt: skip
+    z: Tensor,
+    log_prob: Tensor,
+    candidates: tuple[str, ...],
+    band: int | None,
+    seed: int,
+    draws: LatentDraws | None,
+    scale_target: str | None,
+) -> tuple[
+    dict[str, dict[str, float]], dict[str, Tensor], dict[str, Tensor], dict[str, Tensor], Tensor
+]:
     r""":func:`cross_fit_scores`, each candidate's held-out HPD levels ``(n,)`` (pair
     order; empty without ``draws``), its held-out ``log q' - log q`` ``(n,)`` (fold
     order, the same for every candidate) and its held-out per-coordinate latent levels
@@ -182,7 +188,8 @@ def _cross_fit(
             change = standard_normal_log_prob(u) - standard_normal_log_prob(z_test) + log_det
             if draws is not None:  # restricted to the prior's support: log q' - log Z'
                 level[test_rows], log_share = levels_and_log_share(
-                    draws, _map_log_density(latent_map), test_rows)  # fmt: skip
+                    draws, _map_log_density(latent_map), test_rows
+                )
                 change = change - log_share.to(change)
             errors.append(_coverage_error(u))
             nlls.append(float(-(log_prob[test_rows] + change).mean()))
@@ -191,14 +198,18 @@ def _cross_fit(
         changes[name] = torch.cat(parts)
         coordinate_levels[name] = coordinate_level
         coordinate_gaps = marginal_coverage_gaps(coordinate_level, folds)
-        scores[name].update(marginal_calibration_error=float(coordinate_gaps.abs().mean()),
-                            max_marginal_gap=float(coordinate_gaps.abs().max()))  # fmt: skip
+        scores[name].update(
+            marginal_calibration_error=float(coordinate_gaps.abs().mean()),
+            max_marginal_gap=float(coordinate_gaps.abs().max()),
+        )
         if draws is not None:
             levels[name] = level
             gaps = coverage_gaps(level)
-            scores[name].update(hpd_coverage_error=float(0.5 - level.mean()),
-                                calibration_error=float(gaps.abs().mean()),
-                                max_gap=float(gaps.abs().max()))  # fmt: skip
+            scores[name].update(
+                hpd_coverage_error=float(0.5 - level.mean()),
+                calibration_error=float(gaps.abs().mean()),
+                max_gap=float(gaps.abs().max()),
+            )
     for name in candidates:  # paired standard error of the NLL difference to the first
         diff = changes[candidates[0]] - changes[name]
         scores[name]["nll_difference_se"] = float(diff.std() / math.sqrt(diff.numel()))
@@ -206,10 +217,15 @@ def _cross_fit(
 
 
 def cross_fit_scores(
-    z: Tensor, log_prob: Tensor, candidates: tuple[str, ...] = AUTO_CANDIDATES, *,
-    band: int | None = None, seed: int = 0, draws: LatentDraws | None = None,
+    z: Tensor,
+    log_prob: Tensor,
+    candidates: tuple[str, ...] = AUTO_CANDIDATES,
+    *,
+    band: int | None = None,
+    seed: int = 0,
+    draws: LatentDraws | None = None,
     scale_target: str | None = "latent",
-) -> dict[str, dict[str, float]]:  # fmt: skip
+) -> dict[str, dict[str, float]]:
     r"""Held-out scores of latent ``candidates`` from latents ``z (n, D)`` and
     log-densities ``log_prob (n,)`` of the posterior at the same held-out pairs.
 

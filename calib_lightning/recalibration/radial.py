@@ -144,9 +144,11 @@ class LatentMap(nn.Module):
         if bool(((self.log_scale - other.log_scale.to(self.log_scale)).abs() >= tolerance).any()):
             return False
         mine = self.radial and not LatentMap(self.log_scale.numel(), None, self.knots).is_identity(
-            tolerance)  # fmt: skip
+            tolerance
+        )
         theirs = other.radial and not LatentMap(
-            other.log_scale.numel(), None, other.knots).is_identity(tolerance)  # fmt: skip
+            other.log_scale.numel(), None, other.knots
+        ).is_identity(tolerance)
         if not (mine or theirs):
             return True
         if not (mine and theirs) or self.knots.shape != other.knots.shape:
@@ -236,8 +238,9 @@ class LatentMapTransform(Transform):
     codomain = constraints.real_vector
     bijective = True
 
-    def __init__(self, latent_map: LatentMap, loc: Tensor | None = None,
-                 scale: Tensor | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, latent_map: LatentMap, loc: Tensor | None = None, scale: Tensor | None = None
+    ) -> None:
         super().__init__()
         self.latent_map, self.loc, self.scale = latent_map, loc, scale
 

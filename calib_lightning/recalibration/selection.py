@@ -86,8 +86,9 @@ class Selection(Mapping[str, dict[str, float]]):
         note: the line above the table.
     """
 
-    def __init__(self, rows: list[Candidate], scores: dict[str, dict[str, float]],
-                 note: str = "") -> None:  # fmt: skip
+    def __init__(
+        self, rows: list[Candidate], scores: dict[str, dict[str, float]], note: str = ""
+    ) -> None:
         self.rows = tuple(rows)
         self._scores = {name: dict(values) for name, values in scores.items()}
         chosen = [row.method for row in self.rows if row.chosen]
@@ -147,8 +148,11 @@ class Selection(Mapping[str, dict[str, float]]):
     def state(self) -> dict[str, Any]:
         """The table and the scores as plain values (``str``, ``float``, ``bool``,
         lists and dicts), for a ``state_dict`` or a checkpoint."""
-        return {"rows": [asdict(row) for row in self.rows], "scores": self._scores,
-                "note": self.note}  # fmt: skip
+        return {
+            "rows": [asdict(row) for row in self.rows],
+            "scores": self._scores,
+            "note": self.note,
+        }
 
     @classmethod
     def from_state(cls, state: Any) -> Selection | None:
@@ -162,11 +166,17 @@ class Selection(Mapping[str, dict[str, float]]):
         if "rows" in state:
             rows = [Candidate(**row) for row in state["rows"]]
             return cls(rows, state["scores"], state.get("note", ""))
-        rows = [Candidate(name, float(values.get("calibration_error", float("nan"))),
-                          float(values.get("max_gap", float("nan"))),
-                          float(values.get("nll", float("nan"))),
-                          bool(values.get("chosen", 0.0)), "")
-                for name, values in state.items()]  # fmt: skip
+        rows = [
+            Candidate(
+                name,
+                float(values.get("calibration_error", float("nan"))),
+                float(values.get("max_gap", float("nan"))),
+                float(values.get("nll", float("nan"))),
+                bool(values.get("chosen", 0.0)),
+                "",
+            )
+            for name, values in state.items()
+        ]
         return cls(rows, dict(state))
 
 
@@ -208,10 +218,16 @@ def _bootstrap_se(
 
 
 def select_method(
-    z: Tensor, log_prob: Tensor, draws: LatentDraws, *, band: int | None = None,
-    seed: int = 0, nll_tolerance: float = 0.01, num_standard_errors: float = 2.0,
+    z: Tensor,
+    log_prob: Tensor,
+    draws: LatentDraws,
+    *,
+    band: int | None = None,
+    seed: int = 0,
+    nll_tolerance: float = 0.01,
+    num_standard_errors: float = 2.0,
     scale_target: str | None = None,
-) -> tuple[str, Selection, dict[str, LatentMap]]:  # fmt: skip
+) -> tuple[str, Selection, dict[str, LatentMap]]:
     r"""The method ``"auto"`` picks, the :class:`~.selection.Selection` table of every
     candidate's :func:`~.cross_fit.cross_fit_scores`, and each candidate's map fitted on all pairs.
 
@@ -246,11 +262,21 @@ def select_method(
     kinds = scale_kinds(scale_target)
     full_hpd = shared_hpd_log_scale(on_cpu(draws))
     z_all = z.detach().double().cpu()
-    maps = {name: _fit_map(z_all, name, band, full_hpd if kinds.get(name) == "hpd" else None)
-            for name in AUTO_CANDIDATES}  # fmt: skip
-    same = {name: next((other for other in AUTO_CANDIDATES[: AUTO_CANDIDATES.index(name)]
-                        if maps[name].same_as(maps[other])), None)
-            for name in AUTO_CANDIDATES}  # fmt: skip
+    maps = {
+        name: _fit_map(z_all, name, band, full_hpd if kinds.get(name) == "hpd" else None)
+        for name in AUTO_CANDIDATES
+    }
+    same = {
+        name: next(
+            (
+                other
+                for other in AUTO_CANDIDATES[: AUTO_CANDIDATES.index(name)]
+                if maps[name].same_as(maps[other])
+            ),
+            None,
+        )
+        for name in AUTO_CANDIDATES
+    }
     chosen, selection = choose(
         scores,
         levels,
@@ -309,10 +335,11 @@ def choose(
     # as calibrated as the best: within k SE of it by the curve's distance, and by the
     # signed area (the more powerful against a shift of every level, a variance error)
     # unless that area is itself within k SE of 0
-    off = {name: signed[name] > k * own_se[name]
-           and signed[name] - signed[best] > k * signed_se[name] for name in names}  # fmt: skip
-    level = [name for name in kept if error[name] - error[best] <= k * se[name]
-             and not off[name]]  # fmt: skip
+    off = {
+        name: signed[name] > k * own_se[name] and signed[name] - signed[best] > k * signed_se[name]
+        for name in names
+    }
+    level = [name for name in kept if error[name] - error[best] <= k * se[name] and not off[name]]
     nll = {name: scores[name]["nll"] for name in names}
     sharpest = min(level, key=nll.__getitem__)
     nll_se = {name: float((changes[sharpest] - changes[name]).std() / root_n) for name in names}
@@ -331,27 +358,36 @@ def choose(
         if same[name] is not None:
             return f"same map as {same[name]!r} (fitted on all pairs)"
         if name not in kept:
-            return (f"NLL {nll[name] - reference:+.4f} over {names[0]!r}'s, beyond the guard "
-                    f"({limit[name] - reference:.4f}): out")  # fmt: skip
+            return (
+                f"NLL {nll[name] - reference:+.4f} over {names[0]!r}'s, beyond the guard "
+                f"({limit[name] - reference:.4f}): out"
+            )
         if name == chosen and name != within[0]:
             return f"{within[0]!r} won, and fitted on all pairs its map is this one"
         if gap > k * se[name]:
             return f"{gap:+.4f} from the best {best!r}, beyond {k:g} SE ({k * se[name]:.4f})"
         if name not in level:
-            return (f"signed coverage area {signed[name] - signed[best]:+.4f} beyond the best "
-                    f"{best!r}'s, more than {k:g} SE ({k * signed_se[name]:.4f})")  # fmt: skip
+            return (
+                f"signed coverage area {signed[name] - signed[best]:+.4f} beyond the best "
+                f"{best!r}'s, more than {k:g} SE ({k * signed_se[name]:.4f})"
+            )
         loss = nll[name] - nll[sharpest]
         if name == chosen:
-            calibrated = ("lowest held-out calibration error" if name == best else
-                          f"within {k:g} SE of the best {best!r} ({gap:+.4f})")  # fmt: skip
+            calibrated = (
+                "lowest held-out calibration error"
+                if name == best
+                else f"within {k:g} SE of the best {best!r} ({gap:+.4f})"
+            )
             if len(level) == 1:
                 return calibrated
             if name == sharpest:
                 return f"{calibrated}; the lowest NLL of those"
             return f"{calibrated}; NLL within {k:g} SE of the lowest ({loss:+.4f}), simplest"
         if loss > k * nll_se[name]:
-            return (f"as calibrated (within {k:g} SE), but NLL {loss:+.4f} over "
-                    f"{sharpest!r}'s, beyond {k:g} SE ({k * nll_se[name]:.4f})")  # fmt: skip
+            return (
+                f"as calibrated (within {k:g} SE), but NLL {loss:+.4f} over "
+                f"{sharpest!r}'s, beyond {k:g} SE ({k * nll_se[name]:.4f})"
+            )
         return f"as calibrated and as sharp (within {k:g} SE), but {chosen!r} is simpler"
 
     nan = float("nan")
