@@ -191,3 +191,34 @@ def test_another_keras_backend_is_refused_with_the_reason(approximator, monkeypa
     monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
     with pytest.raises(ValueError, match=r"torch backend.*got the 'jax' backend"):
         cl.as_posterior(approximator)
+
+
+def test_level_on_its_own_draws_and_power_when_tempered(approximator):
+    """Through the public classes with their default arguments, a fresh set of pairs per
+    repetition: where each truth is one of the approximator's own draws at its x, the
+    approximator is calibrated by construction, and ``cl.RankCalibration`` and
+    ``cl.LatentCalibration`` reject at most at their level (binomial tail over the
+    repetitions); where the truths spread twice as far from the draws' mean, the
+    approximator is over-confident and both reject nearly always."""
+    from scipy import stats
+
+    post = cl.as_posterior(approximator)
+    repetitions, n = 40, 100
+    rejected = {(name, tempered): 0 for name in ("ranks", "latent") for tempered in (0, 1)}
+    for r in range(repetitions):
+        _, x = tensors(simulate(n, seed=1000 + r))
+        torch.manual_seed(r)
+        with torch.no_grad():
+            draws = post.sample(x, 65)  # (65, n, D): one for the truth, 64 for the mean
+        own, mean = draws[0], draws[1:].mean(0)
+        for tempered, truth in ((0, own), (1, mean + 2.0 * (own - mean))):
+            for name, metric in (
+                ("ranks", cl.RankCalibration()),
+                ("latent", cl.LatentCalibration()),
+            ):
+                metric.update(post, truth, x)
+                rejected[name, tempered] += int(metric.compute().global_p_value < 0.05)
+    for name in ("ranks", "latent"):
+        level = stats.binom.sf(rejected[name, 0] - 1, repetitions, 0.05)
+        assert level > 1e-3, (name, rejected)  # at most the level: 5 or fewer of 40
+        assert rejected[name, 1] >= 0.9 * repetitions, (name, rejected)
