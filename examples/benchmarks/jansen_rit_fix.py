@@ -39,7 +39,9 @@ from calib_lightning.tasks import JansenRit
 from examples._smoke import add_smoke_argument, output_folder
 from examples.benchmarks.jansen_rit import CACHE, LABELS, RESULTS, machine, simulated, train
 
-CHECKS = ("kccsd", "ranks", "tarp", "joint_c2st", "support")
+# KCCSD left out: on this flow its statistic is not finite in float32 and it raises
+# (see the results file)
+CHECKS = ("ranks", "tarp", "joint_c2st", "support")
 
 
 def main() -> None:
@@ -83,10 +85,22 @@ def main() -> None:
     x_new = simulated(task, "fresh", theta_new, fresh_seed, cache)
     lap(f"simulate (or read) {args.fresh_pairs} fresh pairs (seed {fresh_seed})")
 
-    flow, epochs = train(theta, x, args.epochs, args.train_minutes, args.flow_seed)
-    lap(f"train the MAF ({epochs} epochs)")
-    if cache is not None:  # kept for a look afterwards; a rerun trains anew
-        torch.save({"state": flow.state_dict(), "epochs": epochs}, cache / "fix_flow.pt")
+    # the trained flow is cached too (training is capped by wall time, so its epochs
+    # depend on the load: a rerun reuses the flow rather than training another one)
+    key = [args.simulations, args.seed, args.flow_seed, args.epochs, args.train_minutes]
+    stored = cache / "fix_flow.pt" if cache is not None else None
+    if stored is not None and stored.is_file() and torch.load(stored)["key"] == key:
+        flow, epochs = train(theta, x, 0, args.train_minutes, args.flow_seed)  # untrained
+        saved = torch.load(stored)
+        flow.load_state_dict(saved["state"])
+        epochs = saved["epochs"]
+        lap(f"read the trained MAF ({epochs} epochs, {saved['seconds']:.0f} s to train)")
+    else:
+        flow, epochs = train(theta, x, args.epochs, args.train_minutes, args.flow_seed)
+        lap(f"train the MAF ({epochs} epochs)")
+        if stored is not None:
+            state = {"state": flow.state_dict(), "epochs": epochs, "key": key}
+            torch.save({**state, "seconds": seconds[next(reversed(seconds))]}, stored)
 
     fixed = cl.recalibrate(flow, theta_cal, x_cal, method="auto", seed=args.seed)
     lap(f"cl.recalibrate(method='auto') on {args.pairs} pairs")
@@ -111,10 +125,17 @@ def main() -> None:
     lap(f"cl.diagnose: truncated, {args.fresh_pairs} fresh pairs")
     print(report_truncated.comparison.table())
 
+    # truncation alone (no latent map), to tell its effect from the map's
+    only = cl.TruncatedPosterior(flow, prior)
+    report_only = cl.diagnose(only, theta_new, x_new, before=report_fixed.before, **common)
+    lap(f"cl.diagnose: truncated only, {args.fresh_pairs} fresh pairs")
+    print(report_only.comparison.table())
+
     reports = {
         "flow": report_fixed.before,
         f"recalibrated ({fixed.method})": report_fixed,
         f"recalibrated + truncated ({truncated.method})": report_truncated,
+        f"truncated only ({only.method})": report_only,
     }
     path = out / f"{args.name}.md"
     write_results(path, args, epochs, reports, fixed, truncated, seconds, fresh_seed)
@@ -151,7 +172,8 @@ def write_results(
         f"same seed; {epochs} epochs here), recalibrated with `cl.recalibrate(flow, theta, "
         f"x, method='auto')` on the {args.pairs:,} calibration pairs of `jansen_rit.py`, "
         "with and without `prior=task.prior()` (truncation to the prior's box after the "
-        f"map). Judged on {args.fresh_pairs:,} fresh pairs (simulation seed {fresh_seed}), "
+        "map), and the flow truncated without a map (`cl.TruncatedPosterior(flow, prior)`). "
+        f"Judged on {args.fresh_pairs:,} fresh pairs (simulation seed {fresh_seed}), "
         f"by `cl.diagnose(..., prior=prior, before=flow)`, {args.draws} posterior draws per "
         f"pair, seed {args.seed} for every posterior (common random numbers).",
         "",
@@ -189,13 +211,9 @@ def write_results(
         + " |"
     )
     # the coverage errors of each posterior, from the before/after comparisons (public API)
-    flow_vs_fixed = reports[names[1]].comparison.coverage_rows()
-    flow_vs_truncated = reports[names[2]].comparison.coverage_rows()
-    errors = [
-        {row["quantity"]: (row["description"], row["before"]) for row in flow_vs_fixed},
-        {row["quantity"]: (row["description"], row["after"]) for row in flow_vs_fixed},
-        {row["quantity"]: (row["description"], row["after"]) for row in flow_vs_truncated},
-    ]
+    after = [report.comparison.coverage_rows() for report in list(reports.values())[1:]]
+    errors = [{row["quantity"]: (row["description"], row["before"]) for row in after[0]}]
+    errors += [{row["quantity"]: (row["description"], row["after"]) for row in a} for a in after]
     for key in dict.fromkeys(k for e in errors for k in e):
         description = next(e[key][0] for e in errors if key in e)
         lines.append(
