@@ -55,6 +55,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the simulations")
     parser.add_argument("--flow-seed", type=int, default=0, help="seed of the flow's training")
     parser.add_argument("--name", default="jansen_rit_fix", help="name of the results file")
+    parser.add_argument(
+        "--kccsd64",
+        action="store_true",
+        help="only KCCSD on the fresh pairs, in float64, for the flow and both fixes (printed)",
+    )
     add_smoke_argument(parser)
     args = parser.parse_args()
     if args.smoke:
@@ -108,6 +113,23 @@ def main() -> None:
     truncated = cl.recalibrate(flow, theta_cal, x_cal, method="auto", seed=args.seed, prior=prior)
     lap(f"cl.recalibrate(method='auto', prior=prior) on {args.pairs} pairs")
     print(truncated.selection)
+
+    if args.kccsd64:  # KCCSD only, every posterior in float64 (in float32 it raises)
+        for name, post in (("recalibrated", fixed), ("recalibrated + truncated", truncated)):
+            report = cl.diagnose(
+                post.to(torch.float64),
+                theta_new.double(),
+                x_new.double(),
+                checks=("kccsd",),
+                seed=args.seed,
+                before=flow.to(torch.float64),
+            )
+            flow.to(torch.float32)
+            lap(f"KCCSD in float64, flow and {name}, {args.fresh_pairs} fresh pairs")
+            for side, diagnosis in (("flow", report.before), (name, report)):
+                kccsd = diagnosis.checks["kccsd"]
+                print(f"{side}: KCCSD {float(kccsd.statistic):.4g}, p {float(kccsd.p_value):.3g}")
+        return
 
     common = {
         "labels": LABELS,
