@@ -351,11 +351,17 @@ class KCCSD(Metric):
             block_size=self.block_size,
         )
         if not torch.isfinite(out.statistic).all():  # cl.diagnose lists kccsd as skipped, why
+            at_base = ""
+            if base_scores is not None:
+                largest = base_scores.detach().abs().max().item()
+                at_base = f", at the base points as large as {largest:.3g}"
             raise UnsupportedError(
                 f"KCCSD's statistic is {out.statistic.detach().tolist()} on N = {n} pairs whose "
-                f"scores are finite but as large as {score.detach().abs().max().item():.3g} "
-                f"(theta up to {theta.detach().abs().max().item():.3g}, kernel bandwidth "
-                f"{float(out.bandwidth):.3g}): the kernel sums are not finite in {theta.dtype}. "
+                f"scores are finite but as large as {score.detach().abs().max().item():.3g}"
+                f"{at_base} (theta up to {theta.detach().abs().max().item():.3g}, kernel "
+                f"bandwidth {float(out.bandwidth):.3g}, between models "
+                f"{float(out.distribution_bandwidth):.3g}): the kernel sums are not finite in "
+                f"{theta.dtype}. "
                 "Pass theta and the posterior in float64, or parameters in a scale where the "
                 "scores are moderate (standardized parameters)"
             )
