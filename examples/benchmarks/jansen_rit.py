@@ -111,7 +111,32 @@ def train(
     return flow, epochs
 
 
-def machine() -> str:
+class Laps:
+    """Seconds of each step, in order: ``laps("name")`` ends the step begun at the last call."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._clock = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = now - self._clock
+        self._clock = now
+        print(f"{name}: {self.seconds[name]:.0f} s", flush=True)
+
+
+def training_and_calibration(
+    task: JansenRit, simulations: int, pairs: int, seed: int, cache: Path | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The training set (seed ``seed``) and the held-out calibration pairs (``seed + 1``)."""
+    theta = task.sample_prior(simulations, torch.Generator().manual_seed(seed))
+    x = simulated(task, "train", theta, seed, cache)
+    theta_cal = task.sample_prior(pairs, torch.Generator().manual_seed(seed + 1))
+    x_cal = simulated(task, "calibration", theta_cal, seed + 1, cache)
+    return theta, x, theta_cal, x_cal
+
+
+def machine(libraries: str = f"zuko {zuko.__version__}, ") -> str:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"],
         capture_output=True,
@@ -121,7 +146,7 @@ def machine() -> str:
     return (
         f"commit {commit or 'unknown'}, {platform.machine()}, {os.cpu_count()} cores shared "
         f"with other jobs (load average {os.getloadavg()[0]:.1f} at the end), torch "
-        f"{torch.__version__}, zuko {zuko.__version__}, one thread, {time.strftime('%Y-%m-%d')}"
+        f"{torch.__version__}, {libraries}one thread, {time.strftime('%Y-%m-%d')}"
     )
 
 
@@ -166,25 +191,16 @@ def main() -> None:
     torch.set_num_threads(1)
     out = output_folder(RESULTS, args.smoke)
     cache = None if args.smoke else CACHE
-    seconds: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def lap(name: str) -> None:
-        nonlocal clock
-        seconds[name] = time.perf_counter() - clock
-        clock = time.perf_counter()
-        print(f"{name}: {seconds[name]:.0f} s", flush=True)
-
+    lap = Laps()
     task = JansenRit()
     prior = task.prior()
-    theta = task.sample_prior(args.simulations, torch.Generator().manual_seed(args.seed))
-    x = simulated(task, "train", theta, args.seed, cache)
-    lap(f"simulate {args.simulations} training pairs")
-    theta_cal = task.sample_prior(args.pairs, torch.Generator().manual_seed(args.seed + 1))
-    x_cal = simulated(task, "calibration", theta_cal, args.seed + 1, cache)
+    theta, x, theta_cal, x_cal = training_and_calibration(
+        task, args.simulations, args.pairs, args.seed, cache
+    )
+    lap(f"simulate {args.simulations} training and {args.pairs} held-out pairs")
     theta_o = torch.tensor([[135.0, 220.0, 2000.0, float(g)] for g in GAINS])
     x_o = simulated(task, "observations", theta_o, args.seed + 2, cache)
-    lap(f"simulate {args.pairs} held-out pairs and {len(GAINS)} observations")
+    lap(f"simulate {len(GAINS)} observations")
 
     flow, epochs = train(theta, x, args.epochs, args.train_minutes, args.flow_seed)
     lap(f"train the MAF ({epochs} epochs)")
@@ -229,7 +245,7 @@ def main() -> None:
     for name, fig in figures.items():
         fig.savefig(out / f"{args.name}_{name}.png", dpi=110, bbox_inches="tight")
         print("wrote", out / f"{args.name}_{name}.png")
-    write_results(out / f"{args.name}.md", args, report, local, seconds, epochs)
+    write_results(out / f"{args.name}.md", args, report, local, lap.seconds, epochs)
     print("wrote", out / f"{args.name}.md")
 
 

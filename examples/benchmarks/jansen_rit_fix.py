@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 if not __package__:  # run as a file (python examples/x.py): make `examples` importable
@@ -37,7 +36,16 @@ import torch
 import calib_lightning as cl
 from calib_lightning.tasks import JansenRit
 from examples._smoke import add_smoke_argument, output_folder
-from examples.benchmarks.jansen_rit import CACHE, LABELS, RESULTS, machine, simulated, train
+from examples.benchmarks.jansen_rit import (
+    CACHE,
+    LABELS,
+    RESULTS,
+    Laps,
+    machine,
+    simulated,
+    train,
+    training_and_calibration,
+)
 
 # KCCSD left out: on this flow its statistic is not finite in float32 and it raises
 # (see the results file)
@@ -68,22 +76,13 @@ def main() -> None:
     torch.set_num_threads(1)
     out = output_folder(RESULTS, args.smoke)
     cache = None if args.smoke else CACHE
-    seconds: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def lap(name: str) -> None:
-        nonlocal clock
-        seconds[name] = time.perf_counter() - clock
-        clock = time.perf_counter()
-        print(f"{name}: {seconds[name]:.0f} s", flush=True)
-
+    lap = Laps()
     task = JansenRit()
     prior = task.prior()
     # the sets of jansen_rit.py (seeds seed and seed + 1; seed + 2 are its observations)
-    theta = task.sample_prior(args.simulations, torch.Generator().manual_seed(args.seed))
-    x = simulated(task, "train", theta, args.seed, cache)
-    theta_cal = task.sample_prior(args.pairs, torch.Generator().manual_seed(args.seed + 1))
-    x_cal = simulated(task, "calibration", theta_cal, args.seed + 1, cache)
+    theta, x, theta_cal, x_cal = training_and_calibration(
+        task, args.simulations, args.pairs, args.seed, cache
+    )
     lap(f"simulate (or read) {args.simulations} training and {args.pairs} calibration pairs")
     fresh_seed = args.seed + 3
     theta_new = task.sample_prior(args.fresh_pairs, torch.Generator().manual_seed(fresh_seed))
@@ -105,7 +104,7 @@ def main() -> None:
         lap(f"train the MAF ({epochs} epochs)")
         if stored is not None:
             state = {"state": flow.state_dict(), "epochs": epochs, "key": key}
-            torch.save({**state, "seconds": seconds[next(reversed(seconds))]}, stored)
+            torch.save({**state, "seconds": lap.seconds[next(reversed(lap.seconds))]}, stored)
 
     fixed = cl.recalibrate(flow, theta_cal, x_cal, method="auto", seed=args.seed)
     lap(f"cl.recalibrate(method='auto') on {args.pairs} pairs")
@@ -160,7 +159,7 @@ def main() -> None:
         f"truncated only ({only.method})": report_only,
     }
     path = out / f"{args.name}.md"
-    write_results(path, args, epochs, reports, fixed, truncated, seconds, fresh_seed)
+    write_results(path, args, epochs, reports, fixed, truncated, lap.seconds, fresh_seed)
     print("wrote", path)
 
 

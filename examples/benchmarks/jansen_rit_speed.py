@@ -13,9 +13,6 @@ Run: python examples/benchmarks/jansen_rit_speed.py [--batches 256 1024 4096]
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,6 +24,7 @@ import torch
 
 from calib_lightning.tasks import JansenRit
 from examples._smoke import add_smoke_argument, output_folder
+from examples.benchmarks.jansen_rit import machine
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -41,20 +39,6 @@ def seconds(task: JansenRit, batch: int, repeats: int) -> float:
         task.simulate(theta, gen)
         best = min(best, time.perf_counter() - start)
     return best
-
-
-def machine() -> str:
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).parent,
-    ).stdout.strip()
-    return (
-        f"commit {commit or 'unknown'}, {platform.machine()}, {os.cpu_count()} cores shared "
-        f"with other jobs (load average {os.getloadavg()[0]:.1f} at the end), torch "
-        f"{torch.__version__}, one thread, {time.strftime('%Y-%m-%d')}"
-    )
 
 
 def main() -> None:
@@ -81,7 +65,7 @@ def main() -> None:
     lines = [
         "# Jansen-Rit simulator speed",
         "",
-        f"{machine()}. Command: `python examples/benchmarks/jansen_rit_speed.py"
+        f"{machine('')}. Command: `python examples/benchmarks/jansen_rit_speed.py"
         f"{' --full' if args.full else ''}`.",
         "",
         "One chunk of B prior draws: 10,232 Strang steps of 1/1024 s (2 s burn-in + 8 s, "
