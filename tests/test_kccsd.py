@@ -122,6 +122,41 @@ def test_bootstrap_draws_have_exact_mean_and_variance_by_enumeration():
     assert random_draws.shape == (3, 1000)
 
 
+@pytest.mark.parametrize("distribution_kernel", ["gfd", "kgfd"])
+def test_float32_scores_that_are_huge_at_the_base_points_give_the_float64_answer(
+    distribution_kernel,
+):
+    """A sharp posterior has moderate scores at its truths but huge ones at base points far
+    from it (up to 7.5e21 for the Jansen-Rit flow): their squared differences overflow
+    float32 (3.4e38), which made the statistic NaN. The divergences between models are
+    computed in float64, so float32 input gives the float64 statistic and p-value."""
+    g = _gen(0)
+    mean = torch.randn(200, 2, generator=g, dtype=F64)
+    theta = mean + torch.randn(200, 2, generator=g, dtype=F64)
+    base = gaussian_base_points(theta, 16, g)
+    score = -(theta - mean)
+    base_scores = -(base - mean[:, None]) * 1e21
+    results = {
+        dtype: kccsd(
+            theta.to(dtype),
+            score.to(dtype),
+            base_scores.to(dtype),
+            base.to(dtype),
+            distribution_kernel=distribution_kernel,
+            generator=_gen(1),
+        )
+        for dtype in (F64, torch.float32)
+    }
+    exact, single = results[F64], results[torch.float32]
+    assert single.statistic.dtype == torch.float32
+    assert torch.isfinite(single.statistic)
+    assert float(single.statistic) == pytest.approx(float(exact.statistic), rel=1e-4)
+    assert float(single.p_value) == pytest.approx(float(exact.p_value), abs=1 / 501 + 1e-6)
+    assert float(single.distribution_bandwidth) == pytest.approx(
+        float(exact.distribution_bandwidth), rel=1e-5
+    )
+
+
 def test_bootstrap_p_value_formula():
     draws = torch.tensor([[0.1, 0.2, 0.3, 0.4], [1.0, 2.0, 3.0, 4.0]])
     p = bootstrap_p_value(torch.tensor([0.25, 5.0]), draws)

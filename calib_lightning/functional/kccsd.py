@@ -183,8 +183,14 @@ class _Setup:
         self.left = self.right = None
         self.distribution_bandwidth = distribution_bandwidth
         if distribution_kernel is not None:
+            # the divergences between models in float64: in float32 the squared score
+            # differences overflow once the scores at the base points pass about 1e19
+            # (a sharp posterior far from a base point), and the statistic turned NaN
             self.left, self.right = score_embedding(
-                base_scores, distribution_kernel, base_points, base_bandwidth
+                base_scores.double(),
+                distribution_kernel,
+                None if base_points is None else base_points.double(),
+                base_bandwidth,
             )
             if distribution_bandwidth is None:
                 index = _evenly_spaced(theta.shape[-2], _MEDIAN_POINTS, theta.device)
@@ -207,7 +213,7 @@ class _Setup:
         if self.left is not None:  # k(P_i, P_j) l(y_i, y_j) in one exp
             sq = embedding_sq_distances(self.left, self.right, rows, cols)
             sigma = _pairwise_bandwidth(self.distribution_bandwidth, sq)
-            log_k = log_k - sq / (2.0 * sigma**2)
+            log_k = log_k - (sq / (2.0 * sigma**2)).to(log_k.dtype)
         h = torch.exp(log_k) * bracket
         first, last = max(rows.start, cols.start), min(rows.stop, cols.stop)
         if first < last:  # the block holds part of the diagonal

@@ -375,5 +375,7 @@ class KCCSDLoss(nn.Module):
         else:
             base_points = gaussian_base_points(theta, self.num_base_points)
             scores = evaluation.base_scores(posterior, x, base_points, create_graph=True)
-            sq = gfd_sq_distances(scores)
+            # in float64, as KCCSD's: squared score differences overflow float32 early
+            sq = gfd_sq_distances(scores.double())
+            return exponentiated(sq, median_from_sq_distances(sq)).to(scores.dtype)
         return exponentiated(sq, median_from_sq_distances(sq))
