@@ -63,8 +63,10 @@ def repetitions(data: dict, reps: int, first_seed: int) -> list[float]:
 
 def decades(z: float, seed_sd: float) -> float:
     """log10 of p(z - 1.645 sd) / p(z + 1.645 sd), two-sided normal p-values."""
-    log_p = [math.log10(2) + stats.norm.logsf(abs(v)) / math.log(10) for v in
-             (max(z - 1.645 * seed_sd, 0.0), z + 1.645 * seed_sd)]  # fmt: skip
+    log_p = [
+        math.log10(2) + stats.norm.logsf(abs(v)) / math.log(10)
+        for v in (max(z - 1.645 * seed_sd, 0.0), z + 1.645 * seed_sd)
+    ]
     return log_p[0] - log_p[1]
 
 
@@ -72,7 +74,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", type=int, default=60)
     parser.add_argument("--reps", type=int, default=16)
-    parser.add_argument("--groups", type=int, default=20, help="groups of --reps seeds per fixed set")
+    parser.add_argument(
+        "--groups",
+        type=int,
+        default=20,
+        help="groups of --reps seeds per fixed dataset",
+    )
     add_smoke_argument(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -83,8 +90,12 @@ def main(argv: list[str] | None = None) -> None:
     named = cases(task, setup)
     start = time.perf_counter()
     null = torch.tensor(
-        [repetitions(dataset(task, *named["exact"], setup, 100_000 + d), args.reps, 0)
-         for d in range(args.datasets)], dtype=torch.float64)  # fmt: skip
+        [
+            repetitions(dataset(task, *named["exact"], setup, 100_000 + d), args.reps, 0)
+            for d in range(args.datasets)
+        ],
+        dtype=torch.float64,
+    )
     per_rep = (time.perf_counter() - start) / null.numel()
     v_w = float(null.var(1).mean())
     v_b = float(null.mean(1).var()) - v_w / args.reps
@@ -92,11 +103,14 @@ def main(argv: list[str] | None = None) -> None:
     fixed = {}
     for name in ("over-confident", "biased"):
         data = dataset(task, *named[name], setup, 2026)
-        z = torch.tensor([repetitions(data, args.reps, 1000 + g * args.reps)
-                          for g in range(args.groups)], dtype=torch.float64)  # fmt: skip
+        z = torch.tensor(
+            [repetitions(data, args.reps, 1000 + g * args.reps) for g in range(args.groups)],
+            dtype=torch.float64,
+        )
         fixed[name] = (float(z.mean()), float(z.var(1).mean()))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     minutes = (time.perf_counter() - start) / 60
     lines = [
         "# The joint classifier test: the data's variance and the seed's",

@@ -63,8 +63,9 @@ def main(argv: list[str] | None = None) -> None:
                 score["picked"] = fixed.method
                 rows.setdefault((method, n), []).append(score)
         print(seed, {f"{m} {n}": round(r[-1]["p"], 3) for (m, n), r in rows.items()}, flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     minutes = (time.perf_counter() - start) / 60
 
     def summary(name: str, n: str, scores: list[dict]) -> str:
