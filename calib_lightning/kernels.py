@@ -72,6 +72,21 @@ def _evenly_spaced(n: int, count: int, device: torch.device) -> Tensor:
     return torch.linspace(0, n - 1, min(n, count), device=device).long()
 
 
+def _widened(value: Tensor) -> Tensor:
+    """``value`` ``(*, N, m, D)`` (scores at base points) as it is when the squared
+    differences of two rows, summed, stay finite in its dtype, else in float64 (float32 on
+    a device without float64, Apple MPS). A sharp posterior's scores at base points far
+    from it can pass 1e19, where float32's squares overflow (its range ends at 3.4e38);
+    widening only then keeps the usual float32 case at float32 speed."""
+    if not value.is_floating_point() or value.dtype == torch.float64 or value.numel() == 0:
+        return value
+    features = value.shape[-2] * value.shape[-1]
+    safe = 0.1 * (torch.finfo(value.dtype).max / (4.0 * features)) ** 0.5
+    if float(value.detach().abs().max()) <= safe:
+        return value
+    return value.to(torch.float32 if value.device.type == "mps" else torch.float64)
+
+
 def _pairwise_bandwidth(bandwidth: Tensor | float, like: Tensor) -> Tensor:
     """A bandwidth, float or of shape ``(*)``, as a tensor that broadcasts against the
     pairwise ``(*, N, M)`` matrices built from ``like`` (its dtype and device)."""

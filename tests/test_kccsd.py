@@ -157,6 +157,19 @@ def test_float32_scores_that_are_huge_at_the_base_points_give_the_float64_answer
     )
 
 
+def test_scores_are_widened_only_where_float32_would_overflow():
+    """Moderate float32 scores keep float32 (its speed); huge ones go to float64;
+    float64 is left alone."""
+    from calib_lightning.kernels import _widened
+
+    moderate = torch.randn(10, 32, 5)
+    assert _widened(moderate) is moderate
+    assert _widened(moderate * 1e15).dtype == torch.float32
+    assert _widened(moderate * 1e19).dtype == F64
+    wide = moderate.double() * 1e100
+    assert _widened(wide) is wide
+
+
 def test_bootstrap_p_value_formula():
     draws = torch.tensor([[0.1, 0.2, 0.3, 0.4], [1.0, 2.0, 3.0, 4.0]])
     p = bootstrap_p_value(torch.tensor([0.25, 5.0]), draws)

@@ -51,6 +51,7 @@ from calib_lightning.kernels import (
     KERNELS,
     _evenly_spaced,
     _pairwise_bandwidth,
+    _widened,
     embedding_sq_distances,
     median_bandwidth,
     median_from_sq_distances,
@@ -183,13 +184,13 @@ class _Setup:
         self.left = self.right = None
         self.distribution_bandwidth = distribution_bandwidth
         if distribution_kernel is not None:
-            # the divergences between models in float64: in float32 the squared score
-            # differences overflow once the scores at the base points pass about 1e19
-            # (a sharp posterior far from a base point), and the statistic turned NaN
+            # the divergences between models in float64 when float32's squared score
+            # differences would overflow (scores at the base points past about 1e18: a
+            # sharp posterior far from a base point), where the statistic turned NaN
             self.left, self.right = score_embedding(
-                base_scores.double(),
+                _widened(base_scores),
                 distribution_kernel,
-                None if base_points is None else base_points.double(),
+                None if base_points is None else _widened(base_points),
                 base_bandwidth,
             )
             if distribution_bandwidth is None:

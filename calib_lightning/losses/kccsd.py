@@ -41,6 +41,7 @@ from calib_lightning.functional._moments import std_or_one
 from calib_lightning.functional.kccsd import gaussian_base_points
 from calib_lightning.kernels import (
     KERNELS,
+    _widened,
     exponentiated,
     gfd_sq_distances,
     median_bandwidth,
@@ -375,7 +376,7 @@ class KCCSDLoss(nn.Module):
         else:
             base_points = gaussian_base_points(theta, self.num_base_points)
             scores = evaluation.base_scores(posterior, x, base_points, create_graph=True)
-            # in float64, as KCCSD's: squared score differences overflow float32 early
-            sq = gfd_sq_distances(scores.double())
+            # in float64 where float32's squared score differences would overflow, as KCCSD's
+            sq = gfd_sq_distances(_widened(scores))
             return exponentiated(sq, median_from_sq_distances(sq)).to(scores.dtype)
         return exponentiated(sq, median_from_sq_distances(sq))
