@@ -73,11 +73,11 @@ def _evenly_spaced(n: int, count: int, device: torch.device) -> Tensor:
 
 
 def _widened(value: Tensor) -> Tensor:
-    """``value`` ``(*, N, m, D)`` (scores at base points) as it is when the squared
-    differences of two rows, summed, stay finite in its dtype, else in float64 (float32 on
-    a device without float64, Apple MPS). A sharp posterior's scores at base points far
-    from it can pass 1e19, where float32's squares overflow (its range ends at 3.4e38);
-    widening only then keeps the usual float32 case at float32 speed."""
+    """Scores at base points ``(*, N, m, D)`` (:func:`score_embedding`) as they are when the
+    squared differences of two rows, summed, stay finite in their dtype, else in float64
+    (float32 on a device without float64, Apple MPS). A sharp posterior's scores at base
+    points far from it can pass 1e19, where float32's squares overflow (its range ends at
+    3.4e38); widening only then keeps the usual float32 case at float32 speed."""
     if not value.is_floating_point() or value.dtype == torch.float64 or value.numel() == 0:
         return value
     features = value.shape[-2] * value.shape[-1]
@@ -229,6 +229,7 @@ def score_embedding(
     """
     check_choice("distribution_kernel", kind, DISTRIBUTION_KERNELS)
     m = features.shape[-2]
+    features = _widened(features)  # float64 where float32's squared differences overflow
     features = features - features.mean(-3, keepdim=True).detach()  # shift invariant
     if kind == "gfd":
         left = features.flatten(-2) / m**0.5

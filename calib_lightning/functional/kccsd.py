@@ -51,7 +51,6 @@ from calib_lightning.kernels import (
     KERNELS,
     _evenly_spaced,
     _pairwise_bandwidth,
-    _widened,
     embedding_sq_distances,
     median_bandwidth,
     median_from_sq_distances,
@@ -184,14 +183,9 @@ class _Setup:
         self.left = self.right = None
         self.distribution_bandwidth = distribution_bandwidth
         if distribution_kernel is not None:
-            # the divergences between models in float64 when float32's squared score
-            # differences would overflow (scores at the base points past about 1e18: a
-            # sharp posterior far from a base point), where the statistic turned NaN
+            # float64 where float32's squared score differences overflow (score_embedding)
             self.left, self.right = score_embedding(
-                _widened(base_scores),
-                distribution_kernel,
-                None if base_points is None else _widened(base_points),
-                base_bandwidth,
+                base_scores, distribution_kernel, base_points, base_bandwidth
             )
             if distribution_bandwidth is None:
                 index = _evenly_spaced(theta.shape[-2], _MEDIAN_POINTS, theta.device)

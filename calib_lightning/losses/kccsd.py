@@ -41,7 +41,6 @@ from calib_lightning.functional._moments import std_or_one
 from calib_lightning.functional.kccsd import gaussian_base_points
 from calib_lightning.kernels import (
     KERNELS,
-    _widened,
     exponentiated,
     gfd_sq_distances,
     median_bandwidth,
@@ -372,11 +371,9 @@ class KCCSDLoss(nn.Module):
             return None
         if self.condition == "x":
             features = _standardized(x).detach()
-            sq = sq_distances(features, features)
+            sq, dtype = sq_distances(features, features), features.dtype
         else:
             base_points = gaussian_base_points(theta, self.num_base_points)
             scores = evaluation.base_scores(posterior, x, base_points, create_graph=True)
-            # in float64 where float32's squared score differences would overflow, as KCCSD's
-            sq = gfd_sq_distances(_widened(scores))
-            return exponentiated(sq, median_from_sq_distances(sq)).to(scores.dtype)
-        return exponentiated(sq, median_from_sq_distances(sq))
+            sq, dtype = gfd_sq_distances(scores), scores.dtype  # float64 where float32 overflows
+        return exponentiated(sq, median_from_sq_distances(sq)).to(dtype)
