@@ -319,3 +319,35 @@ def test_the_prior_support_callback_samples_through_the_shared_draws(pairs):
     assert support.epochs == [0, 1]
     assert not support.errors
     assert len(support.history["statistic"]) == 2
+
+
+@pytest.mark.parametrize("source", ["fresh", "shared, first pass", "shared, replayed"])
+def test_the_caller_keeps_autograd_while_it_handles_draws_and_after_it_stops_early(source):
+    """Draws are made without a graph, but the caller's loop body runs in the caller's grad
+    mode, and an exception in that loop leaves autograd on: a ``yield`` inside
+    ``no_grad`` turned it off for the rest of the process (the suspended generator stays
+    alive with the exception's traceback), and a training step after a failed check then
+    had no gradients."""
+    toy = GaussianToy(dim=2)
+    theta, x = toy.sample(40, torch.Generator().manual_seed(0))
+    posterior = cl.as_posterior(toy.posterior())
+    posterior = posterior if source == "fresh" else SharedDraws(posterior)
+    if source == "shared, replayed":
+        draws(posterior, x, 8)  # held: the chunks below replay them
+    seen = []
+
+    def stop_at_the_first_chunk() -> None:
+        for chunk in draw_chunks(posterior, theta, x, 8, max_chunk_elements=64):
+            seen.append(torch.is_grad_enabled())
+            assert not chunk.samples.requires_grad
+            raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError, match="stop"):
+        stop_at_the_first_chunk()
+    assert seen == [True]
+    assert torch.is_grad_enabled()
+    # the public path where it showed: a statistic that fails its shape check
+    metric = cl.RankCalibration(10, statistics={"bad": lambda t: t})
+    with pytest.raises(ValueError, match=r"statistics\['bad'\] must map theta"):
+        metric.update(posterior, theta, x)
+    assert torch.is_grad_enabled()

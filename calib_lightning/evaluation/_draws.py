@@ -165,10 +165,10 @@ def draw_chunks(
                     max_chunk_elements,
                     functools.partial(_draw_fresh, post.posterior, kept_bytes=kept_bytes),
                 )
-                if served is not None:
-                    for chunk in served:
-                        yield DrawChunk(*chunk)
-                    return
+            if served is not None:
+                for chunk in _without_grad(served):
+                    yield DrawChunk(*chunk)
+                return
             post = post.posterior
         yield from _draw_fresh(
             post, theta, x, num_posterior_samples, max_chunk_elements, dense, kept_bytes
@@ -192,8 +192,8 @@ def _draw_fresh(
     sizer.keep(kept_bytes)
     theta = theta.detach()
     log_prob_theta: Tensor | None = None
-    with torch.no_grad():
-        for rows, done, take in draw_blocks(n, m, sizer, whole_pairs=not dense):
+    for rows, done, take in draw_blocks(n, m, sizer, whole_pairs=not dense):
+        with torch.no_grad():  # not across the yield: the caller's grad mode is its own
             th, xc = theta[rows], x[rows]
             k = th.shape[0]
             if done == 0:
@@ -211,7 +211,21 @@ def _draw_fresh(
                     f"{(take, k, d)} and (S, N) = {(take, k)}, got "
                     f"{tuple(samples.shape)} and {shape}"
                 )
-            yield DrawChunk(rows.start, th, log_prob_theta, samples, log_prob, done)
+        yield DrawChunk(rows.start, th, log_prob_theta, samples, log_prob, done)
+
+
+def _without_grad(chunks: Iterator[Any]) -> Iterator[Any]:
+    """The items of ``chunks``, each made under ``torch.no_grad()``, the caller's code
+    between them in the caller's grad mode: a ``yield`` inside ``no_grad`` leaves autograd
+    off in the caller while it handles the item, and for good when it stops early (an
+    exception in its loop keeps the suspended generator, and ``no_grad``, alive)."""
+    end = object()
+    while True:
+        with torch.no_grad():
+            item = next(chunks, end)
+        if item is end:
+            return
+        yield item
 
 
 def chunk_sizer(x: Tensor, width: int, max_chunk_elements: int | None) -> ChunkSizer:
